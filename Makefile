@@ -1,0 +1,36 @@
+# Thin wrapper: the real work is in regions/local/cluster.py and scripts/.
+# The cargo target directory lives outside the clone so repeat builds (and CI) are warm.
+export CARGO_TARGET_DIR ?= $(HOME)/.cache/geostate/target
+CLUSTER := python3 regions/local/cluster.py
+
+.PHONY: demo test install build up down status lint fmt
+
+## The main job (for now: start the local multi-region infrastructure, print endpoints)
+demo: up
+	@$(CLUSTER) status
+
+## The whole test suite, starting and stopping the infrastructure it needs
+test:
+	scripts/test.sh $(ARGS)
+
+install:
+	$(CLUSTER) install
+
+build: install
+	cargo build --workspace --all-targets --locked
+
+up:
+	$(CLUSTER) up
+
+down:
+	$(CLUSTER) down
+
+status:
+	$(CLUSTER) status
+
+lint:
+	cargo fmt --all -- --check
+	cargo clippy --workspace --all-targets --locked -- -D warnings
+
+fmt:
+	cargo fmt --all

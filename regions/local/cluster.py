@@ -1,0 +1,542 @@
+#!/usr/bin/env python3
+"""Local multi-region infrastructure for geostate: one KRaft Kafka cluster per region,
+MirrorMaker 2 (dedicated mode) mirroring every region's `geostate.deltas` into every other
+region as `<region>.geostate.deltas`, and an S3-compatible server with a checkpoint bucket.
+
+    python3 regions/local/cluster.py install   # system packages, Kafka jars, S3 server (once)
+    python3 regions/local/cluster.py up        # start everything, write run/cluster.json
+    python3 regions/local/cluster.py status    # health of every process (exit 1 if any is down)
+    python3 regions/local/cluster.py down      # stop everything, leave no process behind
+
+Everything comes from package registries: Debian packages with apt, Apache Kafka and
+MirrorMaker 2 jars from Maven Central with Maven, the S3 server (s3s-fs) from crates.io.
+Downloads and builds go to a cache outside the repository ($GEOSTATE_CACHE, default
+~/.cache/geostate); run state, data and logs go to regions/local/run/ ($GEOSTATE_RUN_DIR).
+
+Only the standard library is used, so this runs before anything else is installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import NoReturn
+
+KAFKA_VERSION = "4.1.1"
+LOG4J_VERSION = "2.25.3"
+SLF4J_VERSION = "2.0.17"
+S3S_FS_VERSION = "0.14.1"  # newest s3s-fs that builds on Rust 1.95
+
+REGIONS = ["us-east-1", "eu-west-1"]
+S3_BUCKET = "geostate-checkpoints"
+S3_ACCESS_KEY = "geostate"
+S3_SECRET_KEY = "geostate-secret"
+
+# topic -> (partitions, extra configs). Deltas are compacted by key: a later delta for a key
+# supersedes an earlier one (DESIGN.md, Replication).
+TOPICS = {
+    "geostate.updates": (4, {}),
+    "geostate.deltas": (4, {"cleanup.policy": "compact", "min.compaction.lag.ms": "60000"}),
+    "geostate.dlq": (1, {}),
+}
+DELTAS_TOPIC = "geostate.deltas"
+
+REPO = Path(__file__).resolve().parents[2]
+CACHE = Path(os.environ.get("GEOSTATE_CACHE", Path.home() / ".cache" / "geostate"))
+RUN = Path(os.environ.get("GEOSTATE_RUN_DIR", REPO / "regions" / "local" / "run"))
+KAFKA_LIBS = CACHE / f"kafka-{KAFKA_VERSION}" / "libs"
+S3S_FS = CACHE / f"s3s-fs-{S3S_FS_VERSION}" / "bin" / "s3s-fs"
+LOGS = RUN / "logs"
+CLUSTER_JSON = RUN / "cluster.json"
+PIDS = RUN / "pids"
+
+APT_PACKAGES = {
+    # package -> a file whose presence shows it is installed
+    "libclang-dev": "/usr/lib/llvm-14/lib/libclang.so",
+    "protobuf-compiler": "/usr/bin/protoc",
+    "iproute2": "/usr/sbin/ip",
+    "iptables": "/usr/sbin/iptables",
+}
+
+
+def log(msg: str) -> None:
+    print(f"[cluster] {msg}", flush=True)
+
+
+def die(msg: str) -> NoReturn:
+    print(f"[cluster] error: {msg}", file=sys.stderr, flush=True)
+    sys.exit(1)
+
+
+# ---------------------------------------------------------------------------------------
+# install
+
+
+def install_apt() -> None:
+    missing = [p for p, f in APT_PACKAGES.items() if not Path(f).exists()]
+    if not missing:
+        return
+    if os.geteuid() != 0:
+        die(f"missing system packages {missing}; install them with apt-get as root")
+    log(f"installing system packages: {' '.join(missing)}")
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    subprocess.run(["apt-get", "update", "-qq"], check=True, env=env)
+    subprocess.run(["apt-get", "install", "-y", "-qq", *missing], check=True, env=env,
+                   stdout=subprocess.DEVNULL)
+
+
+KAFKA_POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>dev.geostate</groupId><artifactId>kafka-runtime</artifactId><version>1</version>
+  <packaging>pom</packaging>
+  <dependencies>
+    <dependency><groupId>org.apache.kafka</groupId><artifactId>kafka_2.13</artifactId><version>{kafka}</version></dependency>
+    <dependency><groupId>org.apache.kafka</groupId><artifactId>kafka-tools</artifactId><version>{kafka}</version></dependency>
+    <dependency><groupId>org.apache.kafka</groupId><artifactId>connect-mirror</artifactId><version>{kafka}</version></dependency>
+    <dependency><groupId>org.slf4j</groupId><artifactId>slf4j-api</artifactId><version>{slf4j}</version></dependency>
+    <dependency><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-slf4j2-impl</artifactId><version>{log4j}</version></dependency>
+    <dependency><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-core</artifactId><version>{log4j}</version></dependency>
+  </dependencies>
+</project>
+"""
+
+
+def install_kafka() -> None:
+    marker = KAFKA_LIBS / ".complete"
+    if marker.exists():
+        return
+    if shutil.which("mvn") is None:
+        die("Maven (mvn) is needed to fetch Apache Kafka from Maven Central")
+    log(f"fetching Apache Kafka {KAFKA_VERSION} and MirrorMaker 2 from Maven Central")
+    work = KAFKA_LIBS.parent
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "pom.xml").write_text(
+        KAFKA_POM.format(kafka=KAFKA_VERSION, slf4j=SLF4J_VERSION, log4j=LOG4J_VERSION))
+    tmp = work / "libs.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    subprocess.run(["mvn", "-q", "-B", "-f", str(work / "pom.xml"),
+                    "dependency:copy-dependencies", f"-DoutputDirectory={tmp}",
+                    "-DincludeScope=runtime"], check=True)
+    shutil.rmtree(KAFKA_LIBS, ignore_errors=True)
+    tmp.rename(KAFKA_LIBS)
+    marker.write_text(KAFKA_VERSION)
+
+
+def install_s3() -> None:
+    if S3S_FS.exists():
+        return
+    log(f"building the S3-compatible server s3s-fs {S3S_FS_VERSION} from crates.io")
+    subprocess.run(["cargo", "install", "s3s-fs", "--version", S3S_FS_VERSION, "--features",
+                    "binary", "--locked", "--root", str(S3S_FS.parents[1])], check=True)
+
+
+def cmd_install(_args: argparse.Namespace) -> None:
+    install_apt()
+    install_kafka()
+    install_s3()
+    log("installed: system packages, Kafka jars, S3 server")
+
+
+# ---------------------------------------------------------------------------------------
+# process helpers
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def port_open(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # a zombie is not alive
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+        return state != "Z"
+    except OSError:
+        return False
+
+
+def wait_for(what: str, check, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.2)
+    die(f"{what} not ready after {timeout:.0f}s (logs in {LOGS})")
+
+
+def spawn(name: str, argv: list[str], env: dict | None = None) -> int:
+    """Start a daemon in its own process group, stdout+stderr to logs/<name>.log."""
+    LOGS.mkdir(parents=True, exist_ok=True)
+    PIDS.mkdir(parents=True, exist_ok=True)
+    out = open(LOGS / f"{name}.log", "ab")
+    proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, start_new_session=True,
+                            env=dict(os.environ, **(env or {})))
+    (PIDS / name).write_text(str(proc.pid))
+    return proc.pid
+
+
+def stop_pid(name: str, pid: int, grace: float = 15.0) -> None:
+    if not pid_alive(pid):
+        return
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and pid_alive(pid):
+        time.sleep(0.1)
+    if pid_alive(pid):
+        log(f"{name} (pid {pid}) ignored SIGTERM; killing")
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def java() -> str:
+    home = os.environ.get("JAVA_HOME")
+    return str(Path(home) / "bin" / "java") if home else "java"
+
+
+def kafka_cp() -> str:
+    return str(KAFKA_LIBS / "*")
+
+
+def log4j_config() -> Path:
+    path = RUN / "log4j2.properties"
+    path.write_text(
+        "status = warn\n"
+        "appender.out.type = Console\n"
+        "appender.out.name = out\n"
+        "appender.out.layout.type = PatternLayout\n"
+        "appender.out.layout.pattern = [%d] %p %m (%c)%n\n"
+        "rootLogger.level = info\n"
+        "rootLogger.appenderRef.out.ref = out\n"
+        "logger.kafka.name = org.apache.kafka\n"
+        "logger.kafka.level = warn\n"
+        "logger.mirror.name = org.apache.kafka.connect.mirror\n"
+        "logger.mirror.level = info\n"
+        "logger.state.name = state.change.logger\n"
+        "logger.state.level = warn\n")
+    return path
+
+
+def java_tool(main: str, *args: str, check: bool = True, timeout: float = 60):
+    argv = [java(), "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
+            f"-Dlog4j2.configurationFile={RUN / 'log4j2.properties'}", "-cp", kafka_cp(),
+            main, *args]
+    return subprocess.run(argv, check=check, timeout=timeout, capture_output=True, text=True)
+
+
+# ---------------------------------------------------------------------------------------
+# kafka
+
+
+def kafka_properties(region: str, port: int, cport: int, data: Path) -> str:
+    return "\n".join([
+        "process.roles=broker,controller",
+        "node.id=1",
+        f"controller.quorum.voters=1@127.0.0.1:{cport}",
+        f"listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{cport}",
+        f"advertised.listeners=PLAINTEXT://127.0.0.1:{port}",
+        "controller.listener.names=CONTROLLER",
+        "inter.broker.listener.name=PLAINTEXT",
+        "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+        f"log.dirs={data}",
+        "num.partitions=4",
+        "offsets.topic.replication.factor=1",
+        "offsets.topic.num.partitions=4",
+        "transaction.state.log.replication.factor=1",
+        "transaction.state.log.min.isr=1",
+        "transaction.state.log.num.partitions=4",
+        "share.coordinator.state.topic.replication.factor=1",
+        "share.coordinator.state.topic.min.isr=1",
+        "group.initial.rebalance.delay.ms=0",
+        "auto.create.topics.enable=false",
+        "log.cleaner.backoff.ms=5000",
+        f"broker.rack={region}",
+        "",
+    ])
+
+
+def start_kafka(region: str) -> dict:
+    port, cport = free_port(), free_port()
+    base = RUN / "kafka" / region
+    data = base / "data"
+    shutil.rmtree(base, ignore_errors=True)
+    base.mkdir(parents=True)
+    props = base / "server.properties"
+    props.write_text(kafka_properties(region, port, cport, data))
+    cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    java_tool("kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(props),
+              "--ignore-formatted")
+    name = f"kafka-{region}"
+    pid = spawn(name, [java(), "-Xms256m", "-Xmx512m", "-XX:+UseG1GC",
+                       f"-Dlog4j2.configurationFile={RUN / 'log4j2.properties'}",
+                       f"-Dkafka.logs.dir={LOGS}", "-cp", kafka_cp(), "kafka.Kafka",
+                       str(props)])
+    log(f"kafka {region}: pid {pid}, 127.0.0.1:{port}")
+    return {"kafka": f"127.0.0.1:{port}", "kafka_pid": pid, "kafka_controller": cport}
+
+
+def kafka_topics(bootstrap: str) -> set[str] | None:
+    try:
+        out = java_tool("org.apache.kafka.tools.TopicCommand", "--bootstrap-server", bootstrap,
+                        "--list", check=False, timeout=30)
+    except subprocess.TimeoutExpired:
+        return None
+    if out.returncode != 0:
+        return None
+    return {t.strip() for t in out.stdout.splitlines() if t.strip()}
+
+
+def create_topics(bootstrap: str) -> None:
+    for topic, (partitions, configs) in TOPICS.items():
+        args = ["--bootstrap-server", bootstrap, "--create", "--if-not-exists", "--topic",
+                topic, "--partitions", str(partitions), "--replication-factor", "1"]
+        for k, v in configs.items():
+            args += ["--config", f"{k}={v}"]
+        java_tool("org.apache.kafka.tools.TopicCommand", *args)
+
+
+# ---------------------------------------------------------------------------------------
+# mirrormaker 2
+
+
+def mm2_properties(regions: dict) -> str:
+    lines = [
+        f"clusters = {', '.join(regions)}",
+        "replication.factor = 1",
+        "checkpoints.topic.replication.factor = 1",
+        "heartbeats.topic.replication.factor = 1",
+        "offset-syncs.topic.replication.factor = 1",
+        "offset.storage.replication.factor = 1",
+        "status.storage.replication.factor = 1",
+        "config.storage.replication.factor = 1",
+        "tasks.max = 1",
+        # low lag: pick up new topics quickly, commit source offsets often
+        "refresh.topics.interval.seconds = 5",
+        "refresh.groups.interval.seconds = 30",
+        "sync.topic.configs.interval.seconds = 30",
+        "offset.flush.interval.ms = 1000",
+    ]
+    for alias, r in regions.items():
+        lines += [
+            f"{alias}.bootstrap.servers = {r['kafka']}",
+            # consumer: answer a fetch as soon as one byte is there, wait at most 20 ms
+            f"{alias}.consumer.fetch.max.wait.ms = 20",
+            f"{alias}.consumer.fetch.min.bytes = 1",
+            # producer: send at once, idempotent, all acks
+            f"{alias}.producer.linger.ms = 0",
+            f"{alias}.producer.acks = all",
+            f"{alias}.producer.enable.idempotence = true",
+        ]
+    for src in regions:
+        for dst in regions:
+            if src != dst:
+                lines += [f"{src}->{dst}.enabled = true",
+                          f"{src}->{dst}.topics = {DELTAS_TOPIC.replace('.', chr(92) + '.')}"]
+    return "\n".join(lines) + "\n"
+
+
+def start_mm2(regions: dict) -> int:
+    props = RUN / "mm2.properties"
+    props.write_text(mm2_properties(regions))
+    pid = spawn("mirrormaker2", [java(), "-Xms128m", "-Xmx512m",
+                                 f"-Dlog4j2.configurationFile={RUN / 'log4j2.properties'}",
+                                 "-cp", kafka_cp(),
+                                 "org.apache.kafka.connect.mirror.MirrorMaker", str(props)])
+    log(f"mirrormaker 2: pid {pid}")
+    return pid
+
+
+def mirrored_topics_present(regions: dict) -> bool:
+    for dst, r in regions.items():
+        topics = kafka_topics(r["kafka"]) or set()
+        for src in regions:
+            if src != dst and f"{src}.{DELTAS_TOPIC}" not in topics:
+                return False
+    return True
+
+
+# ---------------------------------------------------------------------------------------
+# s3
+
+
+def s3_healthy(endpoint: str) -> bool:
+    try:
+        urllib.request.urlopen(endpoint + "/", timeout=1)
+        return True
+    except urllib.error.HTTPError:
+        return True  # any S3 answer (403 for an unsigned request) means it serves
+    except OSError:
+        return False
+
+
+def start_s3() -> dict:
+    port = free_port()
+    data = RUN / "s3"
+    (data / S3_BUCKET).mkdir(parents=True, exist_ok=True)  # s3s-fs: a bucket is a folder
+    pid = spawn("s3", [str(S3S_FS), "--host", "127.0.0.1", "--port", str(port),
+                       "--access-key", S3_ACCESS_KEY, "--secret-key", S3_SECRET_KEY,
+                       str(data)])
+    endpoint = f"http://127.0.0.1:{port}"
+    log(f"s3 (s3s-fs): pid {pid}, {endpoint}")
+    return {"endpoint": endpoint, "bucket": S3_BUCKET, "access_key": S3_ACCESS_KEY,
+            "secret_key": S3_SECRET_KEY, "region": "us-east-1", "pid": pid,
+            "data_dir": str(data)}
+
+
+# ---------------------------------------------------------------------------------------
+# up / down / status
+
+
+def read_cluster() -> dict | None:
+    try:
+        return json.loads(CLUSTER_JSON.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def write_cluster(cluster: dict) -> None:
+    tmp = CLUSTER_JSON.with_suffix(".tmp")
+    tmp.write_text(json.dumps(cluster, indent=2) + "\n")
+    tmp.rename(CLUSTER_JSON)
+
+
+def health(cluster: dict) -> dict[str, bool]:
+    out = {}
+    for region, r in cluster["regions"].items():
+        port = int(r["kafka"].rsplit(":", 1)[1])
+        out[f"kafka {region}"] = pid_alive(r["kafka_pid"]) and port_open(port)
+    out["mirrormaker2"] = pid_alive(cluster["mirrormaker2"]["pid"])
+    out["s3"] = pid_alive(cluster["s3"]["pid"]) and s3_healthy(cluster["s3"]["endpoint"])
+    return out
+
+
+def cmd_up(_args: argparse.Namespace) -> None:
+    existing = read_cluster()
+    if existing is not None:
+        h = health(existing)
+        if all(h.values()):
+            log(f"already up ({CLUSTER_JSON})")
+            return
+        log(f"partly up ({', '.join(k for k, v in h.items() if not v)} down); restarting")
+        cmd_down(_args)
+    cmd_install(_args)
+    started = time.monotonic()
+    RUN.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(LOGS, ignore_errors=True)
+    log4j_config()
+    try:
+        regions = {region: start_kafka(region) for region in REGIONS}
+        s3 = start_s3()
+        cluster = {"s3": s3, "regions": {}, "mirrormaker2": {}, "logs": str(LOGS)}
+        for region, r in regions.items():
+            cluster["regions"][region] = {
+                "kafka": r["kafka"], "kafka_pid": r["kafka_pid"],
+                "grpc": None, "metrics": None, "data_dir": str(RUN / "nodes" / region),
+                "pid": None}
+        cluster["mirrormaker2"] = {"pid": None}
+        write_cluster(cluster)  # so `down` finds whatever started, even if `up` fails now
+        for region, r in regions.items():
+            port = int(r["kafka"].rsplit(":", 1)[1])
+            wait_for(f"kafka {region}", lambda p=port: port_open(p), 90)
+            wait_for(f"kafka {region} metadata",
+                     lambda b=r["kafka"]: kafka_topics(b) is not None, 90)
+            create_topics(r["kafka"])
+        wait_for("s3", lambda: s3_healthy(s3["endpoint"]), 30)
+        cluster["mirrormaker2"]["pid"] = start_mm2(regions)
+        write_cluster(cluster)
+        wait_for("mirrormaker 2 remote topics", lambda: mirrored_topics_present(regions), 120)
+    except BaseException:
+        log("start failed; stopping what was started")
+        cmd_down(_args)
+        raise
+    log(f"up in {time.monotonic() - started:.1f}s; endpoints in {CLUSTER_JSON}")
+    print(json.dumps(cluster, indent=2))
+
+
+def cmd_down(_args: argparse.Namespace) -> None:
+    # stop every pid we ever recorded, clients first (mirrormaker), then brokers, then s3
+    names = sorted(p.name for p in PIDS.glob("*")) if PIDS.exists() else []
+    order = sorted(names, key=lambda n: (0 if n.startswith("node") else
+                                         1 if n == "mirrormaker2" else
+                                         2 if n.startswith("kafka") else 3))
+    for name in order:
+        try:
+            pid = int((PIDS / name).read_text())
+        except (OSError, ValueError):
+            continue
+        stop_pid(name, pid)
+        (PIDS / name).unlink(missing_ok=True)
+    CLUSTER_JSON.unlink(missing_ok=True)
+    log("down")
+
+
+def cmd_status(_args: argparse.Namespace) -> None:
+    cluster = read_cluster()
+    if cluster is None:
+        print("cluster: down (no cluster.json)")
+        sys.exit(1)
+    h = health(cluster)
+    topics = {region: kafka_topics(r["kafka"]) for region, r in cluster["regions"].items()}
+    for region, r in cluster["regions"].items():
+        ok = h[f"kafka {region}"] and topics[region] is not None
+        mirrored = sorted(t for t in (topics[region] or ()) if t.endswith("." + DELTAS_TOPIC))
+        print(f"kafka {region:<10} {'healthy' if ok else 'DOWN':<8} {r['kafka']:<22} "
+              f"pid {r['kafka_pid']}  mirrored: {', '.join(mirrored) or '-'}")
+        h[f"kafka {region}"] = ok
+    mm_ok = h["mirrormaker2"] and mirrored_topics_present(cluster["regions"])
+    h["mirrormaker2"] = mm_ok
+    print(f"mirrormaker2     {'healthy' if mm_ok else 'DOWN':<8} "
+          f"{'':<22} pid {cluster['mirrormaker2']['pid']}")
+    s3 = cluster["s3"]
+    print(f"s3               {'healthy' if h['s3'] else 'DOWN':<8} {s3['endpoint']:<22} "
+          f"pid {s3['pid']}  bucket {s3['bucket']}")
+    print(f"cluster.json     {CLUSTER_JSON}")
+    print(f"logs             {LOGS}")
+    if not all(h.values()):
+        sys.exit(1)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    for name, fn in [("install", cmd_install), ("up", cmd_up), ("down", cmd_down),
+                     ("status", cmd_status)]:
+        sub.add_parser(name).set_defaults(fn=fn)
+    args = parser.parse_args()
+    args.fn(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,6 @@
+//! Code generated from `proto/` (package `geostate.v1`) by `build.rs`. Domain types never
+//! leak these structs; conversions live next to the domain type they encode.
+
+#![allow(clippy::all, clippy::pedantic, missing_docs)]
+
+tonic::include_proto!("geostate.v1");
