@@ -2,7 +2,11 @@
 //! build needs no system protobuf compiler.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let protos = ["proto/geostate/v1/crdt.proto"];
+    let protos = [
+        "proto/geostate/v1/crdt.proto",
+        "proto/geostate/v1/update.proto",
+        "proto/geostate/v1/state.proto",
+    ];
     for proto in protos {
         println!("cargo:rerun-if-changed={proto}");
     }
@@ -12,6 +16,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     unsafe {
         std::env::set_var("PROTOC", protoc)
     };
-    tonic_prost_build::configure().compile_protos(&protos, &["proto"])?;
+    let descriptors =
+        std::path::PathBuf::from(std::env::var("OUT_DIR")?).join("geostate_descriptor.bin");
+    tonic_prost_build::configure()
+        .file_descriptor_set_path(descriptors)
+        .compile_protos(&protos, &["proto"])?;
     Ok(())
 }

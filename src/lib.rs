@@ -16,6 +16,13 @@
 //!  pb     generated protobuf code (proto/)
 //! ```
 
+pub mod api;
 pub mod clock;
+pub mod config;
 pub mod crdt;
+pub mod ingest;
+pub mod log;
+pub mod metrics;
+pub mod node;
 pub mod pb;
+pub mod store;

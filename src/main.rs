@@ -1,9 +1,14 @@
-//! The `geostate` binary: parses the command line and hands over to the library.
+//! The `geostate` binary: a region node (`run`) and an operator client (`get`, `update`,
+//! `scan`, `status`) over the public gRPC API.
 
 use std::io::Read;
+use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use geostate::pb;
+use geostate::pb::admin_client::AdminClient;
+use geostate::pb::state_client::StateClient;
 
 #[derive(Parser)]
 #[command(
@@ -18,13 +23,147 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Decode one `geostate.deltas` record value (protobuf `geostate.v1.Delta`) from
-    /// stdin and print it, e.g. `kcat -C -t geostate.deltas -c1 -D '' | geostate decode-delta`.
+    /// Run one region node.
+    Run {
+        #[arg(long)]
+        config: PathBuf,
+    },
+    /// Read one key.
+    Get {
+        #[arg(long, default_value = "http://127.0.0.1:50051")]
+        addr: String,
+        key: String,
+    },
+    /// Write one key: `--add N` for counters, `--set VALUE` for registers.
+    Update {
+        #[arg(long, default_value = "http://127.0.0.1:50051")]
+        addr: String,
+        key: String,
+        #[arg(long, allow_hyphen_values = true, conflicts_with = "set")]
+        add: Option<i64>,
+        #[arg(long)]
+        set: Option<String>,
+        /// Idempotency id.
+        #[arg(long)]
+        id: Option<String>,
+    },
+    /// List keys with a prefix.
+    Scan {
+        #[arg(long, default_value = "http://127.0.0.1:50051")]
+        addr: String,
+        prefix: String,
+        #[arg(long, default_value_t = 100)]
+        limit: u32,
+    },
+    /// Show the node's region, incarnation and per-partition progress.
+    Status {
+        #[arg(long, default_value = "http://127.0.0.1:50051")]
+        addr: String,
+    },
+    /// Decode one `geostate.deltas` record value (protobuf `geostate.v1.Delta`) from stdin.
     DecodeDelta,
 }
 
-fn main() -> anyhow::Result<()> {
-    match Cli::parse().command {
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let result = tokio::runtime::Runtime::new()
+        .context("starting the tokio runtime")
+        .and_then(|runtime| runtime.block_on(dispatch(cli.command)));
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            match e.downcast_ref::<tonic::Status>() {
+                Some(status) => eprintln!("error: {:?}: {}", status.code(), status.message()),
+                None => eprintln!("error: {e:#}"),
+            }
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn dispatch(command: Command) -> anyhow::Result<()> {
+    match command {
+        Command::Run { config } => {
+            let config = geostate::config::Config::load(&config)?;
+            let listeners = geostate::node::Listeners::bind(&config)
+                .await
+                .context("binding the gRPC and metrics addresses")?;
+            geostate::node::run(config, listeners, shutdown_signal()).await?;
+        }
+        Command::Get { addr, key } => {
+            let mut client = StateClient::connect(addr).await?;
+            let value = client.get(pb::GetRequest { key }).await?.into_inner();
+            println!("{}", show(&value));
+        }
+        Command::Update {
+            addr,
+            key,
+            add,
+            set,
+            id,
+        } => {
+            let op = match (add, set) {
+                (Some(n), None) => pb::update_request::Op::Add(n),
+                (None, Some(v)) => pb::update_request::Op::Set(v.into_bytes()),
+                _ => anyhow::bail!("give exactly one of --add or --set"),
+            };
+            let mut client = StateClient::connect(addr).await?;
+            let reply = client
+                .update(pb::UpdateRequest {
+                    key,
+                    op: Some(op),
+                    id: id.unwrap_or_default(),
+                })
+                .await?
+                .into_inner();
+            let at = reply.position.unwrap_or_default();
+            println!("applied at partition {} offset {}", at.partition, at.offset);
+        }
+        Command::Scan {
+            addr,
+            prefix,
+            limit,
+        } => {
+            let mut client = StateClient::connect(addr).await?;
+            let mut page_token = String::new();
+            loop {
+                let page = client
+                    .scan(pb::ScanRequest {
+                        prefix: prefix.clone(),
+                        page_token,
+                        limit,
+                    })
+                    .await?
+                    .into_inner();
+                for value in &page.values {
+                    println!("{}", show(value));
+                }
+                if page.next_page_token.is_empty() {
+                    break;
+                }
+                page_token = page.next_page_token;
+            }
+        }
+        Command::Status { addr } => {
+            let mut client = AdminClient::connect(addr).await?;
+            let s = client.status(pb::StatusRequest {}).await?.into_inner();
+            println!(
+                "region {} incarnation {} topic {} applied {} dead-lettered {}",
+                s.region, s.incarnation, s.updates_topic, s.events_applied, s.events_dead_lettered
+            );
+            for p in s.partitions {
+                println!(
+                    "  partition {} applied {} end {} lag {}",
+                    p.partition, p.applied_offset, p.end_offset, p.lag
+                );
+            }
+        }
         Command::DecodeDelta => {
             let mut bytes = Vec::new();
             std::io::stdin()
@@ -35,4 +174,35 @@ fn main() -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+fn show(v: &pb::Value) -> String {
+    match &v.value {
+        Some(pb::value::Value::Counter(n)) => format!("{} = {n}", v.key),
+        Some(pb::value::Value::Register(bytes)) => {
+            format!("{} = {:?}", v.key, String::from_utf8_lossy(bytes))
+        }
+        None => format!("{} (no value)", v.key),
+    }
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(term) => term,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
 }

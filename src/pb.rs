@@ -4,3 +4,6 @@
 #![allow(clippy::all, clippy::pedantic, missing_docs)]
 
 tonic::include_proto!("geostate.v1");
+
+/// Encoded descriptors of every message and service, for gRPC server reflection.
+pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("geostate_descriptor");

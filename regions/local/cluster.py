@@ -415,6 +415,68 @@ def start_s3() -> dict:
             "data_dir": str(data)}
 
 
+
+# ---------------------------------------------------------------------------------------
+# region nodes
+
+
+def geostate_bin() -> Path:
+    target = Path(os.environ.get("CARGO_TARGET_DIR", CACHE / "target"))
+    return target / "debug" / "geostate"
+
+
+def build_node() -> None:
+    log("building geostate")
+    env = dict(os.environ, CARGO_TARGET_DIR=str(geostate_bin().parents[1]))
+    subprocess.run(["cargo", "build", "--locked", "--bin", "geostate"], check=True, cwd=REPO,
+                   env=env)
+
+
+def node_config(region: str, kafka: str, grpc: int, metrics: int, data_dir: Path) -> Path:
+    """A copy of regions/<region>.toml with this cluster's addresses filled in."""
+    text = (REPO / "regions" / f"{region}.toml").read_text()
+    replacements = {
+        "data-dir": str(data_dir),
+        "bootstrap": kafka,
+        "grpc-listen": f"127.0.0.1:{grpc}",
+        "metrics-listen": f"127.0.0.1:{metrics}",
+    }
+    out = []
+    for line in text.splitlines():
+        key = line.split("=", 1)[0].strip()
+        if key in replacements and "=" in line and not line.lstrip().startswith("#"):
+            line = f'{key} = "{replacements[key]}"'
+        out.append(line)
+    path = RUN / "nodes" / f"{region}.toml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(out) + "\n")
+    return path
+
+
+def node_ready(grpc: str) -> bool:
+    out = subprocess.run([str(geostate_bin()), "status", "--addr", f"http://{grpc}"],
+                         capture_output=True, timeout=30)
+    return out.returncode == 0
+
+
+def start_node(region: str, r: dict) -> None:
+    """Starts (or restarts) the node of `region`, keeping its data dir and ports."""
+    if r.get("pid") and pid_alive(r["pid"]):
+        stop_pid(f"node-{region}", r["pid"])
+    grpc = int(r["grpc"].rsplit(":", 1)[1]) if r.get("grpc") else free_port()
+    metrics = int(r["metrics"].rsplit(":", 1)[1]) if r.get("metrics") else free_port()
+    data_dir = Path(r["data_dir"])
+    config = node_config(region, r["kafka"], grpc, metrics, data_dir)
+    pid = spawn(f"node-{region}", [str(geostate_bin()), "run", "--config", str(config)],
+                env={"RUST_LOG": os.environ.get("RUST_LOG", "info")})
+    r.update({"grpc": f"127.0.0.1:{grpc}", "metrics": f"127.0.0.1:{metrics}", "pid": pid,
+              "config": str(config)})
+    log(f"node {region}: pid {pid}, grpc {r['grpc']}, metrics {r['metrics']}")
+
+
+def wait_node(region: str, r: dict) -> None:
+    wait_for(f"node {region}", lambda: pid_alive(r["pid"]) and node_ready(r["grpc"]), 60)
+
 # ---------------------------------------------------------------------------------------
 # up / down / status
 
@@ -439,22 +501,36 @@ def health(cluster: dict) -> dict[str, bool]:
         out[f"kafka {region}"] = pid_alive(r["kafka_pid"]) and port_open(port)
     out["mirrormaker2"] = pid_alive(cluster["mirrormaker2"]["pid"])
     out["s3"] = pid_alive(cluster["s3"]["pid"]) and s3_healthy(cluster["s3"]["endpoint"])
+    for region, r in cluster["regions"].items():
+        out[f"node {region}"] = bool(r.get("pid")) and pid_alive(r["pid"])
     return out
 
 
 def cmd_up(_args: argparse.Namespace) -> None:
+    cmd_install(_args)
+    build_node()
     existing = read_cluster()
     if existing is not None:
         h = health(existing)
-        if all(h.values()):
+        down = [k for k, v in h.items() if not v]
+        if not down:
             log(f"already up ({CLUSTER_JSON})")
             return
-        log(f"partly up ({', '.join(k for k, v in h.items() if not v)} down); restarting")
+        if all(k.startswith("node ") for k in down):
+            for region, r in existing["regions"].items():
+                if f"node {region}" in down:
+                    start_node(region, r)
+                    write_cluster(existing)
+                    wait_node(region, r)
+            log(f"restarted {', '.join(down)}")
+            return
+        log(f"partly up ({', '.join(down)} down); restarting")
         cmd_down(_args)
-    cmd_install(_args)
     started = time.monotonic()
     RUN.mkdir(parents=True, exist_ok=True)
-    shutil.rmtree(LOGS, ignore_errors=True)
+    # a fresh cluster: new Kafka logs, so node state and checkpoints of the old one go too
+    for old in (LOGS, RUN / "nodes", RUN / "s3"):
+        shutil.rmtree(old, ignore_errors=True)
     log4j_config()
     try:
         regions = {region: start_kafka(region) for region in REGIONS}
@@ -477,6 +553,12 @@ def cmd_up(_args: argparse.Namespace) -> None:
         cluster["mirrormaker2"]["pid"] = start_mm2(regions)
         write_cluster(cluster)
         wait_for("mirrormaker 2 remote topics", lambda: mirrored_topics_present(regions), 120)
+        for region, r in cluster["regions"].items():
+            start_node(region, r)
+            write_cluster(cluster)
+        for region, r in cluster["regions"].items():
+            wait_node(region, r)
+        write_cluster(cluster)
     except BaseException:
         log("start failed; stopping what was started")
         cmd_down(_args)
@@ -519,6 +601,11 @@ def cmd_status(_args: argparse.Namespace) -> None:
     h["mirrormaker2"] = mm_ok
     print(f"mirrormaker2     {'healthy' if mm_ok else 'DOWN':<8} "
           f"{'':<22} pid {cluster['mirrormaker2']['pid']}")
+    for region, r in cluster["regions"].items():
+        ok = h[f"node {region}"] and node_ready(r["grpc"])
+        h[f"node {region}"] = ok
+        print(f"node {region:<11} {'healthy' if ok else 'DOWN':<8} {r['grpc'] or '-':<22} "
+              f"pid {r['pid']}  metrics {r['metrics']}  data {r['data_dir']}")
     s3 = cluster["s3"]
     print(f"s3               {'healthy' if h['s3'] else 'DOWN':<8} {s3['endpoint']:<22} "
           f"pid {s3['pid']}  bucket {s3['bucket']}")

@@ -1,0 +1,58 @@
+//! The one place errors become gRPC statuses.
+
+use tonic::{Code, Status};
+
+use crate::ingest::event::Rejection;
+use crate::log::LogError;
+use crate::store::StoreError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("{0}")]
+    Refused(Rejection),
+    #[error("{key:?} has no value: the register was never set")]
+    NotFound { key: String },
+    #[error("{0}")]
+    InvalidArgument(String),
+    #[error("the counter's value {value} does not fit in an int64")]
+    OutOfRange { value: String },
+    #[error("kafka is unreachable: {0}")]
+    Unavailable(String),
+    #[error("appended at {partition}/{offset} but not applied within {seconds}s")]
+    NotApplied {
+        partition: i32,
+        offset: i64,
+        seconds: u64,
+    },
+    #[error("storage failure: {0}")]
+    Store(#[from] StoreError),
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl From<LogError> for ApiError {
+    fn from(e: LogError) -> Self {
+        ApiError::Unavailable(e.to_string())
+    }
+}
+
+impl ApiError {
+    pub fn code(&self) -> Code {
+        match self {
+            ApiError::Refused(Rejection::OwnedWithoutLease { .. }) => Code::FailedPrecondition,
+            ApiError::Refused(Rejection::Overflow(_)) => Code::OutOfRange,
+            ApiError::Refused(_) | ApiError::InvalidArgument(_) => Code::InvalidArgument,
+            ApiError::NotFound { .. } => Code::NotFound,
+            ApiError::OutOfRange { .. } => Code::OutOfRange,
+            ApiError::Unavailable(_) => Code::Unavailable,
+            ApiError::NotApplied { .. } => Code::DeadlineExceeded,
+            ApiError::Store(_) | ApiError::Internal(_) => Code::Internal,
+        }
+    }
+}
+
+impl From<ApiError> for Status {
+    fn from(e: ApiError) -> Status {
+        Status::new(e.code(), e.to_string())
+    }
+}

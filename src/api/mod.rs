@@ -1,0 +1,349 @@
+//! The regional gRPC API (package `geostate.v1`): `State` for reads and writes, `Admin`
+//! for operators, plus server reflection and the standard health service. Thin: writes go
+//! to Kafka through the producer and are awaited on the ingest task's applied positions;
+//! reads come from the store. Every error becomes a status in `error.rs`.
+
+mod convert;
+mod error;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tonic::{Request, Response, Status};
+
+pub use error::ApiError;
+
+use crate::clock::Hlc;
+use crate::config::{Config, RecordFormat};
+use crate::crdt::CrdtType;
+use crate::ingest::event::{Op, Update};
+use crate::ingest::pump::IngestShared;
+use crate::metrics as m;
+use crate::pb;
+use crate::pb::admin_server::{Admin, AdminServer};
+use crate::pb::state_server::{State, StateServer};
+use crate::store::Store;
+
+/// How long `Update` waits for its record to be applied.
+const APPLY_TIMEOUT: Duration = Duration::from_secs(30);
+const SCAN_DEFAULT_LIMIT: usize = 100;
+const SCAN_MAX_LIMIT: usize = 1000;
+
+/// What the API handlers use.
+pub struct Api {
+    pub config: Arc<Config>,
+    pub incarnation: u32,
+    pub hlc: Arc<Hlc>,
+    pub store: Arc<Store>,
+    pub producer: FutureProducer,
+    pub shared: Arc<IngestShared>,
+    pub partitions: Vec<i32>,
+}
+
+/// Serves the API on `listener` until `shutdown` completes.
+pub async fn serve(
+    listener: TcpListener,
+    api: Arc<Api>,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), tonic::transport::Error> {
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health.set_serving::<StateServer<Handler>>().await;
+    health.set_serving::<AdminServer<Handler>>().await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(|e| {
+            tracing::error!(error = %e, "reflection descriptors are invalid");
+            e
+        });
+    let handler = Handler(api);
+    let mut router = tonic::transport::Server::builder()
+        .add_service(health_service)
+        .add_service(StateServer::new(handler.clone()))
+        .add_service(AdminServer::new(handler));
+    if let Ok(reflection) = reflection {
+        router = router.add_service(reflection);
+    }
+    router
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .await
+}
+
+#[derive(Clone)]
+struct Handler(Arc<Api>);
+
+/// Records a method's latency and error code.
+fn observe<T>(
+    method: &'static str,
+    started: Instant,
+    result: Result<T, ApiError>,
+) -> Result<T, Status> {
+    metrics::histogram!(m::GRPC_SECONDS, "method" => method)
+        .record(started.elapsed().as_secs_f64());
+    result.map_err(|e| {
+        let status = Status::from(e);
+        metrics::counter!(m::GRPC_ERRORS, "method" => method, "code" => format!("{:?}", status.code()))
+            .increment(1);
+        status
+    })
+}
+
+impl Handler {
+    fn crdt_of(&self, key: &str) -> Result<CrdtType, ApiError> {
+        self.0
+            .config
+            .namespaces
+            .lookup(key)
+            .map(|ns| ns.crdt)
+            .ok_or_else(|| ApiError::InvalidArgument(format!("key {key:?} is in no namespace")))
+    }
+
+    fn read(&self, key: &str) -> Result<pb::Value, ApiError> {
+        let crdt = self.crdt_of(key)?;
+        convert::value(key, crdt, self.0.store.get(key)?.as_ref())
+    }
+
+    async fn update(&self, req: pb::UpdateRequest) -> Result<pb::UpdateResponse, ApiError> {
+        let api = &self.0;
+        let op = match req.op {
+            Some(pb::update_request::Op::Add(n)) => Op::Add(n),
+            Some(pb::update_request::Op::Set(v)) => Op::Set(v),
+            None => {
+                return Err(ApiError::InvalidArgument(
+                    "one of `add` or `set` is required".into(),
+                ));
+            }
+        };
+        let mut update = Update {
+            key: req.key,
+            op,
+            id: (!req.id.is_empty()).then_some(req.id),
+            event_time_ms: None,
+            hlc: None,
+        };
+        let ns = update
+            .check(&api.config.namespaces, &api.config.ingest)
+            .map_err(ApiError::Refused)?;
+        if let Op::Set(v) = &update.op
+            && api.config.kafka.format == RecordFormat::Json
+            && std::str::from_utf8(v).is_err()
+        {
+            return Err(ApiError::InvalidArgument(
+                "register values must be UTF-8 text while kafka.format = \"json\"".into(),
+            ));
+        }
+        // The order stamp is fixed here, before the write enters the log.
+        if ns.crdt == CrdtType::LwwRegister {
+            update.hlc = Some(api.hlc.now());
+        }
+        let payload = update.encode(api.config.kafka.format);
+        let delivery = api
+            .producer
+            .send(
+                FutureRecord::to(&api.config.kafka.updates_topic)
+                    .key(&update.key)
+                    .payload(&payload),
+                Duration::from_secs(10),
+            )
+            .await
+            .map_err(|(e, _)| ApiError::Unavailable(e.to_string()))?;
+        let (partition, offset) = (delivery.partition, delivery.offset);
+        let mut applied = api.shared.applied.subscribe();
+        let waited = tokio::time::timeout(
+            APPLY_TIMEOUT,
+            applied.wait_for(|at| at.get(&partition).is_some_and(|&o| o >= offset)),
+        )
+        .await;
+        match waited {
+            Ok(Ok(_)) => {}
+            Ok(Err(_)) => return Err(ApiError::Unavailable("the node is shutting down".into())),
+            Err(_) => {
+                return Err(ApiError::NotApplied {
+                    partition,
+                    offset,
+                    seconds: APPLY_TIMEOUT.as_secs(),
+                });
+            }
+        }
+        if let Some(why) = api.shared.rejection(partition, offset) {
+            return Err(ApiError::Refused(why));
+        }
+        let stamp = update
+            .hlc
+            .map(|hlc| crate::crdt::OrderStamp::shared(hlc, api.config.region.clone()));
+        Ok(pb::UpdateResponse {
+            position: Some(pb::Position { partition, offset }),
+            stamp: stamp.as_ref().map(convert::stamp),
+        })
+    }
+
+    async fn scan(&self, req: pb::ScanRequest) -> Result<pb::ScanResponse, ApiError> {
+        let limit = match req.limit as usize {
+            0 => SCAN_DEFAULT_LIMIT,
+            n => n.min(SCAN_MAX_LIMIT),
+        };
+        let store = self.0.store.clone();
+        let prefix = req.prefix.clone();
+        let after = (!req.page_token.is_empty()).then_some(req.page_token);
+        let page =
+            tokio::task::spawn_blocking(move || store.scan(&prefix, after.as_deref(), limit))
+                .await
+                .map_err(|e| ApiError::Internal(e.to_string()))??;
+        let next_page_token = if page.len() == limit {
+            page.last().map(|(k, _)| k.clone()).unwrap_or_default()
+        } else {
+            String::new()
+        };
+        let values = page
+            .iter()
+            .map(|(k, v)| convert::value(k, v.crdt_type(), Some(v)))
+            .collect::<Result<_, _>>()?;
+        Ok(pb::ScanResponse {
+            values,
+            next_page_token,
+        })
+    }
+
+    async fn status(&self) -> Result<pb::StatusResponse, ApiError> {
+        let api = &self.0;
+        let applied = api.shared.applied.borrow().clone();
+        let ends = crate::log::end_offsets(
+            &api.config.kafka,
+            &api.config.kafka.updates_topic,
+            api.partitions.clone(),
+        )
+        .await
+        .ok();
+        let partitions = api
+            .partitions
+            .iter()
+            .map(|&p| {
+                let applied_offset = applied.get(&p).copied().unwrap_or(-1);
+                let end_offset = ends.as_ref().and_then(|e| e.get(&p).copied()).unwrap_or(-1);
+                pb::PartitionStatus {
+                    partition: p,
+                    applied_offset,
+                    end_offset,
+                    lag: if end_offset < 0 {
+                        -1
+                    } else {
+                        (end_offset - applied_offset - 1).max(0)
+                    },
+                }
+            })
+            .collect();
+        Ok(pb::StatusResponse {
+            region: api.config.region.to_string(),
+            incarnation: api.incarnation,
+            updates_topic: api.config.kafka.updates_topic.clone(),
+            partitions,
+            events_applied: api
+                .shared
+                .events_applied
+                .load(std::sync::atomic::Ordering::Relaxed),
+            events_dead_lettered: api
+                .shared
+                .events_dead_lettered
+                .load(std::sync::atomic::Ordering::Relaxed),
+        })
+    }
+}
+
+#[tonic::async_trait]
+impl State for Handler {
+    async fn update(
+        &self,
+        req: Request<pb::UpdateRequest>,
+    ) -> Result<Response<pb::UpdateResponse>, Status> {
+        let started = Instant::now();
+        observe(
+            "update",
+            started,
+            Handler::update(self, req.into_inner()).await,
+        )
+        .map(Response::new)
+    }
+
+    async fn get(&self, req: Request<pb::GetRequest>) -> Result<Response<pb::Value>, Status> {
+        let started = Instant::now();
+        observe("get", started, self.read(&req.into_inner().key)).map(Response::new)
+    }
+
+    async fn batch_get(
+        &self,
+        req: Request<pb::BatchGetRequest>,
+    ) -> Result<Response<pb::BatchGetResponse>, Status> {
+        let started = Instant::now();
+        let result = (|| {
+            let mut out = pb::BatchGetResponse::default();
+            for key in req.into_inner().keys {
+                match self.read(&key) {
+                    Ok(v) => out.values.push(v),
+                    Err(ApiError::NotFound { .. }) => out.missing.push(key),
+                    Err(e) => return Err(e),
+                }
+            }
+            Ok(out)
+        })();
+        observe("batch_get", started, result).map(Response::new)
+    }
+
+    async fn scan(
+        &self,
+        req: Request<pb::ScanRequest>,
+    ) -> Result<Response<pb::ScanResponse>, Status> {
+        let started = Instant::now();
+        observe("scan", started, Handler::scan(self, req.into_inner()).await).map(Response::new)
+    }
+
+    type WatchStream = ReceiverStream<Result<pb::Value, Status>>;
+
+    async fn watch(
+        &self,
+        req: Request<pb::WatchRequest>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        let prefix = req.into_inner().prefix;
+        let mut changes = self.0.shared.changes.subscribe();
+        let (tx, rx) = mpsc::channel(256);
+        tokio::spawn(async move {
+            loop {
+                let batch = match changes.recv().await {
+                    Ok(batch) => batch,
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
+                        let _ = tx
+                            .send(Err(Status::data_loss(format!(
+                                "watcher fell {n} batches behind; scan and watch again"
+                            ))))
+                            .await;
+                        return;
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                };
+                for (key, state) in batch.iter().filter(|(k, _)| k.starts_with(&prefix)) {
+                    let value =
+                        convert::value(key, state.crdt_type(), Some(state)).map_err(Status::from);
+                    if tx.send(value).await.is_err() {
+                        return; // the client went away
+                    }
+                }
+            }
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}
+
+#[tonic::async_trait]
+impl Admin for Handler {
+    async fn status(
+        &self,
+        _req: Request<pb::StatusRequest>,
+    ) -> Result<Response<pb::StatusResponse>, Status> {
+        let started = Instant::now();
+        observe("status", started, Handler::status(self).await).map(Response::new)
+    }
+}

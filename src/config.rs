@@ -1,0 +1,465 @@
+//! Region configuration: one TOML file per region, parsed into raw structs, then
+//! validated once at start-up into the typed [`Config`] that is passed down. Nothing reads
+//! configuration from a global. Unknown fields, bad durations, bad addresses and
+//! overlapping namespaces are errors that name the field.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::crdt::{CrdtType, RegionId};
+
+/// A validated region configuration.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub region: RegionId,
+    pub data_dir: PathBuf,
+    /// The largest clock difference tolerated between regions: a remote stamp further
+    /// ahead is refused, and leases end this much early.
+    pub max_clock_offset: Duration,
+    pub kafka: KafkaConfig,
+    pub ingest: IngestConfig,
+    pub api: ApiConfig,
+    pub namespaces: Namespaces,
+}
+
+#[derive(Clone, Debug)]
+pub struct KafkaConfig {
+    pub bootstrap: String,
+    pub updates_topic: String,
+    pub deltas_topic: String,
+    pub dlq_topic: String,
+    pub format: RecordFormat,
+    /// Extra librdkafka properties for every client (e.g. security settings).
+    pub client: BTreeMap<String, String>,
+}
+
+/// How records of the updates topic are encoded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RecordFormat {
+    /// `{"key":"drivers/9q8yy","add":3}` or `{"key":"surge/9q8yy","set":"1.8"}`.
+    Json,
+    /// Protobuf `geostate.v1.Update`.
+    Protobuf,
+}
+
+#[derive(Clone, Debug)]
+pub struct IngestConfig {
+    /// Most events applied in one RocksDB write batch.
+    pub batch_max_events: usize,
+    /// Longest a batch waits to fill before it is applied anyway.
+    pub batch_max_wait: Duration,
+    pub max_key_bytes: usize,
+    pub max_value_bytes: usize,
+}
+
+#[derive(Clone, Debug)]
+pub struct ApiConfig {
+    pub grpc_listen: SocketAddr,
+    pub metrics_listen: SocketAddr,
+}
+
+/// Whether any region may write a namespace, or only the holder of the key's lease.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Ownership {
+    Shared,
+    Owned,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Namespace {
+    pub prefix: String,
+    pub crdt: CrdtType,
+    pub ownership: Ownership,
+}
+
+/// Key namespaces; no prefix is a prefix of another, so a key has at most one namespace.
+#[derive(Clone, Debug, Default)]
+pub struct Namespaces(Vec<Namespace>);
+
+impl Namespaces {
+    pub fn new(mut namespaces: Vec<Namespace>) -> Result<Self, ConfigError> {
+        namespaces.sort_by(|a, b| a.prefix.cmp(&b.prefix));
+        for ns in &namespaces {
+            if ns.prefix.is_empty() {
+                return Err(invalid("namespace.prefix", "must not be empty"));
+            }
+        }
+        for pair in namespaces.windows(2) {
+            // sorted: if any prefix is a prefix of another, it is of its successor
+            if pair[1].prefix.starts_with(&pair[0].prefix) {
+                return Err(invalid(
+                    "namespace.prefix",
+                    format!(
+                        "namespaces {:?} and {:?} overlap: a key must belong to one namespace",
+                        pair[0].prefix, pair[1].prefix
+                    ),
+                ));
+            }
+        }
+        Ok(Self(namespaces))
+    }
+
+    /// The namespace a key belongs to, if any.
+    pub fn lookup(&self, key: &str) -> Option<&Namespace> {
+        // the last prefix <= key is the only candidate in a prefix-free sorted list
+        let i = self.0.partition_point(|ns| ns.prefix.as_str() <= key);
+        self.0[..i].last().filter(|ns| key.starts_with(&ns.prefix))
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Namespace> {
+        self.0.iter()
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: {source}")]
+    Parse {
+        path: PathBuf,
+        source: Box<toml::de::Error>,
+    },
+    #[error("invalid `{field}`: {reason}")]
+    Invalid { field: &'static str, reason: String },
+}
+
+fn invalid(field: &'static str, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        field,
+        reason: reason.into(),
+    }
+}
+
+impl Config {
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::parse(&text).map_err(|e| match e {
+            ConfigError::Parse { source, .. } => ConfigError::Parse {
+                path: path.to_owned(),
+                source,
+            },
+            other => other,
+        })
+    }
+
+    pub fn parse(text: &str) -> Result<Self, ConfigError> {
+        let raw: RawConfig = toml::from_str(text).map_err(|source| ConfigError::Parse {
+            path: PathBuf::new(),
+            source: Box::new(source),
+        })?;
+        raw.validate()
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// raw TOML
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct RawConfig {
+    region: String,
+    data_dir: PathBuf,
+    #[serde(default = "default_max_clock_offset")]
+    max_clock_offset: String,
+    kafka: RawKafka,
+    #[serde(default)]
+    ingest: RawIngest,
+    api: RawApi,
+    #[serde(default, rename = "namespace")]
+    namespaces: Vec<RawNamespace>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct RawKafka {
+    bootstrap: String,
+    #[serde(default = "default_updates_topic")]
+    updates_topic: String,
+    #[serde(default = "default_deltas_topic")]
+    deltas_topic: String,
+    #[serde(default = "default_dlq_topic")]
+    dlq_topic: String,
+    #[serde(default = "default_format")]
+    format: RecordFormat,
+    #[serde(default)]
+    client: BTreeMap<String, String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct RawIngest {
+    #[serde(default = "default_batch_max_events")]
+    batch_max_events: usize,
+    #[serde(default = "default_batch_max_wait")]
+    batch_max_wait: String,
+    #[serde(default = "default_max_key_bytes")]
+    max_key_bytes: usize,
+    #[serde(default = "default_max_value_bytes")]
+    max_value_bytes: usize,
+}
+
+impl Default for RawIngest {
+    fn default() -> Self {
+        Self {
+            batch_max_events: default_batch_max_events(),
+            batch_max_wait: default_batch_max_wait(),
+            max_key_bytes: default_max_key_bytes(),
+            max_value_bytes: default_max_value_bytes(),
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct RawApi {
+    grpc_listen: String,
+    metrics_listen: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct RawNamespace {
+    prefix: String,
+    #[serde(rename = "type")]
+    crdt: CrdtType,
+    ownership: Ownership,
+}
+
+fn default_max_clock_offset() -> String {
+    "500ms".into()
+}
+fn default_updates_topic() -> String {
+    "geostate.updates".into()
+}
+fn default_deltas_topic() -> String {
+    "geostate.deltas".into()
+}
+fn default_dlq_topic() -> String {
+    "geostate.dlq".into()
+}
+fn default_format() -> RecordFormat {
+    RecordFormat::Json
+}
+fn default_batch_max_events() -> usize {
+    1000
+}
+fn default_batch_max_wait() -> String {
+    "5ms".into()
+}
+fn default_max_key_bytes() -> usize {
+    1024
+}
+fn default_max_value_bytes() -> usize {
+    64 * 1024
+}
+
+impl RawConfig {
+    fn validate(self) -> Result<Config, ConfigError> {
+        let region = RegionId::new(self.region).map_err(|e| invalid("region", e.to_string()))?;
+        let max_clock_offset = parse_duration("max-clock-offset", &self.max_clock_offset)?;
+        for (field, topic) in [
+            ("kafka.updates-topic", &self.kafka.updates_topic),
+            ("kafka.deltas-topic", &self.kafka.deltas_topic),
+            ("kafka.dlq-topic", &self.kafka.dlq_topic),
+        ] {
+            if topic.is_empty() {
+                return Err(invalid(field, "must not be empty"));
+            }
+        }
+        if self.kafka.bootstrap.is_empty() {
+            return Err(invalid("kafka.bootstrap", "must not be empty"));
+        }
+        if self.ingest.batch_max_events == 0 {
+            return Err(invalid("ingest.batch-max-events", "must be at least 1"));
+        }
+        if self.ingest.max_key_bytes == 0 || self.ingest.max_value_bytes == 0 {
+            return Err(invalid(
+                "ingest.max-key-bytes",
+                "size limits must be positive",
+            ));
+        }
+        let namespaces = Namespaces::new(
+            self.namespaces
+                .into_iter()
+                .map(|ns| Namespace {
+                    prefix: ns.prefix,
+                    crdt: ns.crdt,
+                    ownership: ns.ownership,
+                })
+                .collect(),
+        )?;
+        Ok(Config {
+            region,
+            data_dir: self.data_dir,
+            max_clock_offset,
+            kafka: KafkaConfig {
+                bootstrap: self.kafka.bootstrap,
+                updates_topic: self.kafka.updates_topic,
+                deltas_topic: self.kafka.deltas_topic,
+                dlq_topic: self.kafka.dlq_topic,
+                format: self.kafka.format,
+                client: self.kafka.client,
+            },
+            ingest: IngestConfig {
+                batch_max_events: self.ingest.batch_max_events,
+                batch_max_wait: parse_duration(
+                    "ingest.batch-max-wait",
+                    &self.ingest.batch_max_wait,
+                )?,
+                max_key_bytes: self.ingest.max_key_bytes,
+                max_value_bytes: self.ingest.max_value_bytes,
+            },
+            api: ApiConfig {
+                grpc_listen: parse_addr("api.grpc-listen", &self.api.grpc_listen)?,
+                metrics_listen: parse_addr("api.metrics-listen", &self.api.metrics_listen)?,
+            },
+            namespaces,
+        })
+    }
+}
+
+fn parse_addr(field: &'static str, text: &str) -> Result<SocketAddr, ConfigError> {
+    text.parse().map_err(|_| {
+        invalid(
+            field,
+            format!("{text:?} is not an address like \"127.0.0.1:7000\""),
+        )
+    })
+}
+
+/// Parses `"250ms"`, `"15s"`, `"2m"`, `"1h"`, `"500us"`: a whole number and a unit.
+pub fn parse_duration(field: &'static str, text: &str) -> Result<Duration, ConfigError> {
+    let bad = || {
+        invalid(
+            field,
+            format!("{text:?} is not a duration like \"250ms\", \"15s\", \"2m\" or \"1h\""),
+        )
+    };
+    let text = text.trim();
+    let split = text.find(|c: char| !c.is_ascii_digit()).ok_or_else(bad)?;
+    let (number, unit) = text.split_at(split);
+    let n: u64 = number.parse().map_err(|_| bad())?;
+    let d = match unit {
+        "us" => Duration::from_micros(n),
+        "ms" => Duration::from_millis(n),
+        "s" => Duration::from_secs(n),
+        "m" => Duration::from_secs(n.checked_mul(60).ok_or_else(bad)?),
+        "h" => Duration::from_secs(n.checked_mul(3600).ok_or_else(bad)?),
+        _ => return Err(bad()),
+    };
+    Ok(d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str = r#"
+        region = "us-east-1"
+        data-dir = "/tmp/x"
+        [kafka]
+        bootstrap = "127.0.0.1:9092"
+        [api]
+        grpc-listen = "127.0.0.1:0"
+        metrics-listen = "127.0.0.1:0"
+        [[namespace]]
+        prefix = "requests/"
+        type = "g_counter"
+        ownership = "shared"
+        [[namespace]]
+        prefix = "surge/"
+        type = "lww_register"
+        ownership = "owned"
+    "#;
+
+    #[test]
+    fn a_minimal_config_gets_defaults() {
+        let c = Config::parse(MINIMAL).unwrap();
+        assert_eq!(c.region.as_str(), "us-east-1");
+        assert_eq!(c.max_clock_offset, Duration::from_millis(500));
+        assert_eq!(c.kafka.updates_topic, "geostate.updates");
+        assert_eq!(c.kafka.format, RecordFormat::Json);
+        assert_eq!(c.ingest.batch_max_events, 1000);
+        let ns = c.namespaces.lookup("surge/9q8yy").unwrap();
+        assert_eq!(
+            (ns.crdt, ns.ownership),
+            (CrdtType::LwwRegister, Ownership::Owned)
+        );
+        assert!(c.namespaces.lookup("nothing/here").is_none());
+        assert!(c.namespaces.lookup("surge").is_none());
+    }
+
+    #[test]
+    fn the_example_region_files_are_valid() {
+        for region in ["us-east-1", "eu-west-1"] {
+            let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("regions/{region}.toml"));
+            let c = Config::load(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            assert_eq!(c.region.as_str(), region);
+            for (prefix, crdt, ownership) in [
+                ("requests/", CrdtType::GCounter, Ownership::Shared),
+                ("drivers/", CrdtType::PnCounter, Ownership::Shared),
+                ("zones/", CrdtType::LwwRegister, Ownership::Shared),
+                ("surge/", CrdtType::LwwRegister, Ownership::Owned),
+            ] {
+                let ns = c.namespaces.lookup(&format!("{prefix}9q8yy")).unwrap();
+                assert_eq!((ns.crdt, ns.ownership), (crdt, ownership), "{prefix}");
+            }
+        }
+    }
+
+    #[test]
+    fn unknown_fields_are_refused() {
+        let text = MINIMAL.replace("[kafka]", "[kafka]\nbootstrapp = \"x\"");
+        let err = Config::parse(&text).unwrap_err().to_string();
+        assert!(err.contains("unknown field `bootstrapp`"), "{err}");
+    }
+
+    #[test]
+    fn overlapping_namespaces_are_refused() {
+        let text = format!(
+            "{MINIMAL}\n[[namespace]]\nprefix = \"requests/vip/\"\ntype = \"g_counter\"\nownership = \"shared\"\n"
+        );
+        let err = Config::parse(&text).unwrap_err().to_string();
+        assert!(err.contains("overlap"), "{err}");
+    }
+
+    #[test]
+    fn bad_types_durations_and_addresses_are_refused() {
+        let bad_type = MINIMAL.replace("\"g_counter\"", "\"counter\"");
+        assert!(Config::parse(&bad_type).is_err());
+        let bad_duration =
+            MINIMAL.replace("region =", "max-clock-offset = \"5 parsecs\"\nregion =");
+        let err = Config::parse(&bad_duration).unwrap_err().to_string();
+        assert!(err.contains("max-clock-offset"), "{err}");
+        let bad_addr = MINIMAL.replace("127.0.0.1:0\"\nmetrics", "localhost\"\nmetrics");
+        let bad_addr =
+            bad_addr.replace("grpc-listen = \"127.0.0.1:0\"", "grpc-listen = \"nowhere\"");
+        let err = Config::parse(&bad_addr).unwrap_err().to_string();
+        assert!(err.contains("api.grpc-listen"), "{err}");
+    }
+
+    #[test]
+    fn durations_parse() {
+        let d = |s| parse_duration("f", s);
+        assert_eq!(d("250ms").unwrap(), Duration::from_millis(250));
+        assert_eq!(d("15s").unwrap(), Duration::from_secs(15));
+        assert_eq!(d("2m").unwrap(), Duration::from_secs(120));
+        assert_eq!(d("1h").unwrap(), Duration::from_secs(3600));
+        for bad in ["", "ms", "5", "5 s", "-1s", "1.5s", "3d"] {
+            assert!(d(bad).is_err(), "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,311 @@
+//! Update records: decoding (JSON or protobuf), checking against the namespaces, and the
+//! reasons a record is refused. Pure.
+
+use prost::Message;
+use serde::{Deserialize, Serialize};
+
+use crate::clock::HlcTimestamp;
+use crate::config::{IngestConfig, Namespace, Namespaces, Ownership, RecordFormat};
+use crate::crdt::CrdtType;
+use crate::pb;
+
+/// One write, as it travels through `geostate.updates`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Update {
+    pub key: String,
+    pub op: Op,
+    /// Optional idempotency id.
+    pub id: Option<String>,
+    /// Optional event time, milliseconds since the Unix epoch.
+    pub event_time_ms: Option<u64>,
+    /// The register write's clock when the write entered the log (gRPC path); `None` for
+    /// external producers, whose stamp derives from the Kafka record.
+    pub hlc: Option<HlcTimestamp>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Op {
+    Add(i64),
+    Set(Vec<u8>),
+}
+
+impl Op {
+    fn name(&self) -> &'static str {
+        match self {
+            Op::Add(_) => "add",
+            Op::Set(_) => "set",
+        }
+    }
+}
+
+/// Why a record is not applied. Its [`Rejection::code`] labels the dead-letter header and
+/// the metric; its `Display` is the human-readable reason.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Rejection {
+    #[error("malformed record: {0}")]
+    Malformed(String),
+    #[error("key {key:?} is in no namespace")]
+    NoNamespace { key: String },
+    #[error("`{op}` does not apply to {key:?}, a {crdt}")]
+    WrongOp {
+        key: String,
+        op: &'static str,
+        crdt: CrdtType,
+    },
+    #[error("a g_counter increment must be greater than zero, got {n}")]
+    NonPositiveIncrement { n: i64 },
+    #[error("key is {len} bytes, more than the {max} allowed")]
+    KeyTooLong { len: usize, max: usize },
+    #[error("value is {len} bytes, more than the {max} allowed")]
+    ValueTooLarge { len: usize, max: usize },
+    #[error(
+        "{key:?} is in an owned namespace; owned writes need a lease, which this node does not grant yet"
+    )]
+    OwnedWithoutLease { key: String },
+    #[error("counter would overflow: {0}")]
+    Overflow(String),
+}
+
+impl Rejection {
+    pub fn code(&self) -> &'static str {
+        match self {
+            Rejection::Malformed(_) => "malformed",
+            Rejection::NoNamespace { .. } => "no_namespace",
+            Rejection::WrongOp { .. } => "wrong_op",
+            Rejection::NonPositiveIncrement { .. } => "non_positive_increment",
+            Rejection::KeyTooLong { .. } => "key_too_long",
+            Rejection::ValueTooLarge { .. } => "value_too_large",
+            Rejection::OwnedWithoutLease { .. } => "owned_without_lease",
+            Rejection::Overflow(_) => "overflow",
+        }
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JsonUpdate {
+    key: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    add: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    set: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    event_time: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    hlc: Option<HlcTimestamp>,
+}
+
+impl Update {
+    pub fn decode(format: RecordFormat, bytes: &[u8]) -> Result<Update, Rejection> {
+        match format {
+            RecordFormat::Json => Self::decode_json(bytes),
+            RecordFormat::Protobuf => Self::decode_protobuf(bytes),
+        }
+    }
+
+    pub fn encode(&self, format: RecordFormat) -> Vec<u8> {
+        match format {
+            RecordFormat::Json => self.encode_json(),
+            RecordFormat::Protobuf => self.encode_protobuf(),
+        }
+    }
+
+    fn decode_json(bytes: &[u8]) -> Result<Update, Rejection> {
+        let raw: JsonUpdate =
+            serde_json::from_slice(bytes).map_err(|e| Rejection::Malformed(e.to_string()))?;
+        let op = match (raw.add, raw.set) {
+            (Some(n), None) => Op::Add(n),
+            (None, Some(v)) => Op::Set(v.into_bytes()),
+            _ => {
+                return Err(Rejection::Malformed(
+                    "exactly one of `add` or `set` is required".into(),
+                ));
+            }
+        };
+        Ok(Update {
+            key: raw.key,
+            op,
+            id: raw.id,
+            event_time_ms: raw.event_time,
+            hlc: raw.hlc,
+        })
+    }
+
+    fn encode_json(&self) -> Vec<u8> {
+        let (add, set) = match &self.op {
+            Op::Add(n) => (Some(*n), None),
+            // JSON records carry register values as text; binary values use protobuf.
+            Op::Set(v) => (None, Some(String::from_utf8_lossy(v).into_owned())),
+        };
+        let raw = JsonUpdate {
+            key: self.key.clone(),
+            add,
+            set,
+            id: self.id.clone(),
+            event_time: self.event_time_ms,
+            hlc: self.hlc,
+        };
+        serde_json::to_vec(&raw).unwrap_or_default()
+    }
+
+    fn decode_protobuf(bytes: &[u8]) -> Result<Update, Rejection> {
+        let raw = pb::Update::decode(bytes).map_err(|e| Rejection::Malformed(e.to_string()))?;
+        let op = match raw.op {
+            Some(pb::update::Op::Add(n)) => Op::Add(n),
+            Some(pb::update::Op::Set(v)) => Op::Set(v),
+            None => {
+                return Err(Rejection::Malformed(
+                    "exactly one of `add` or `set` is required".into(),
+                ));
+            }
+        };
+        Ok(Update {
+            key: raw.key,
+            op,
+            id: (!raw.id.is_empty()).then_some(raw.id),
+            event_time_ms: (raw.event_time_ms != 0).then_some(raw.event_time_ms),
+            hlc: raw.hlc.map(|h| HlcTimestamp::new(h.wall_nanos, h.logical)),
+        })
+    }
+
+    fn encode_protobuf(&self) -> Vec<u8> {
+        pb::Update {
+            key: self.key.clone(),
+            op: Some(match &self.op {
+                Op::Add(n) => pb::update::Op::Add(*n),
+                Op::Set(v) => pb::update::Op::Set(v.clone()),
+            }),
+            id: self.id.clone().unwrap_or_default(),
+            event_time_ms: self.event_time_ms.unwrap_or_default(),
+            hlc: self.hlc.map(|h| pb::HlcTimestamp {
+                wall_nanos: h.wall_nanos,
+                logical: h.logical,
+            }),
+        }
+        .encode_to_vec()
+    }
+
+    /// Checks the update against the namespaces and limits: the namespace it belongs to,
+    /// or why it cannot be applied.
+    pub fn check<'a>(
+        &self,
+        namespaces: &'a Namespaces,
+        limits: &IngestConfig,
+    ) -> Result<&'a Namespace, Rejection> {
+        if self.key.len() > limits.max_key_bytes {
+            return Err(Rejection::KeyTooLong {
+                len: self.key.len(),
+                max: limits.max_key_bytes,
+            });
+        }
+        let ns = namespaces
+            .lookup(&self.key)
+            .ok_or_else(|| Rejection::NoNamespace {
+                key: self.key.clone(),
+            })?;
+        match (&self.op, ns.crdt) {
+            (Op::Add(n), CrdtType::GCounter) if *n <= 0 => {
+                return Err(Rejection::NonPositiveIncrement { n: *n });
+            }
+            (Op::Add(_), CrdtType::GCounter | CrdtType::PnCounter) => {}
+            (Op::Set(v), CrdtType::LwwRegister) => {
+                if v.len() > limits.max_value_bytes {
+                    return Err(Rejection::ValueTooLarge {
+                        len: v.len(),
+                        max: limits.max_value_bytes,
+                    });
+                }
+            }
+            (op, crdt) => {
+                return Err(Rejection::WrongOp {
+                    key: self.key.clone(),
+                    op: op.name(),
+                    crdt,
+                });
+            }
+        }
+        if ns.ownership == Ownership::Owned {
+            return Err(Rejection::OwnedWithoutLease {
+                key: self.key.clone(),
+            });
+        }
+        Ok(ns)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    fn config() -> Config {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("regions/us-east-1.toml");
+        Config::load(&path).unwrap()
+    }
+
+    fn check(json: &str) -> Result<CrdtType, Rejection> {
+        let c = config();
+        let u = Update::decode(RecordFormat::Json, json.as_bytes())?;
+        u.check(&c.namespaces, &c.ingest).map(|ns| ns.crdt)
+    }
+
+    #[test]
+    fn good_records_find_their_namespace() {
+        assert_eq!(
+            check(r#"{"key":"drivers/9q8yy","add":-3}"#),
+            Ok(CrdtType::PnCounter)
+        );
+        assert_eq!(
+            check(r#"{"key":"requests/9q8yy","add":1,"id":"r-1","event_time":17}"#),
+            Ok(CrdtType::GCounter)
+        );
+        assert_eq!(
+            check(r#"{"key":"zones/9q8yy","set":"downtown"}"#),
+            Ok(CrdtType::LwwRegister)
+        );
+    }
+
+    #[test]
+    fn bad_records_say_why() {
+        let code = |json: &str| check(json).unwrap_err().code();
+        assert_eq!(code("{not json"), "malformed");
+        assert_eq!(code(r#"{"key":"drivers/x"}"#), "malformed");
+        assert_eq!(
+            code(r#"{"key":"drivers/x","add":1,"set":"y"}"#),
+            "malformed"
+        );
+        assert_eq!(code(r#"{"key":"drivers/x","ad":1}"#), "malformed");
+        assert_eq!(code(r#"{"key":"nowhere/x","add":1}"#), "no_namespace");
+        assert_eq!(code(r#"{"key":"requests/x","set":"1"}"#), "wrong_op");
+        assert_eq!(code(r#"{"key":"zones/x","add":1}"#), "wrong_op");
+        assert_eq!(
+            code(r#"{"key":"requests/x","add":0}"#),
+            "non_positive_increment"
+        );
+        assert_eq!(
+            code(r#"{"key":"surge/x","set":"1.8"}"#),
+            "owned_without_lease"
+        );
+        let big = format!(r#"{{"key":"zones/x","set":"{}"}}"#, "x".repeat(70_000));
+        assert_eq!(code(&big), "value_too_large");
+        let long = format!(r#"{{"key":"zones/{}","set":"x"}}"#, "k".repeat(2_000));
+        assert_eq!(code(&long), "key_too_long");
+    }
+
+    #[test]
+    fn both_formats_round_trip() {
+        let u = Update {
+            key: "zones/9q8yy".into(),
+            op: Op::Set(b"downtown".to_vec()),
+            id: Some("w-1".into()),
+            event_time_ms: Some(42),
+            hlc: Some(HlcTimestamp::new(7, 1)),
+        };
+        for format in [RecordFormat::Json, RecordFormat::Protobuf] {
+            assert_eq!(Update::decode(format, &u.encode(format)).unwrap(), u);
+        }
+        assert!(Update::decode(RecordFormat::Protobuf, b"\xff\xff").is_err());
+    }
+}

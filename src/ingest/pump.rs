@@ -1,0 +1,234 @@
+//! The ingest task: consume `geostate.updates` from the stored offsets, gather a batch,
+//! apply it ([`apply_batch`]), dead-letter what was refused, commit the batch to RocksDB,
+//! then tell waiters (gRPC `Update`, `Watch`) what was applied.
+//!
+//! ```text
+//!  Kafka ──recv──► batch (≤ batch-max-events, ≤ batch-max-wait)
+//!        ──apply_batch (blocking pool)──► refused ──► geostate.dlq (acked first)
+//!        ──Store::commit (one WriteBatch)──► applied positions ──► waiters, watchers
+//! ```
+//!
+//! Dead letters are produced and acknowledged before the batch commits: a crash between
+//! the two may dead-letter a record twice, never lose it. A record's fate depends only on
+//! its bytes and the state before it, so a replay after a crash decides exactly the same.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rdkafka::Message;
+use rdkafka::consumer::StreamConsumer;
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use tokio::sync::{broadcast, watch};
+
+use super::batch::{Applied, BatchContext, Record, apply_batch};
+use super::event::Rejection;
+use crate::clock::Hlc;
+use crate::config::Config;
+use crate::crdt::{Actor, CrdtValue};
+use crate::log::dlq_headers;
+use crate::metrics as m;
+use crate::store::{Commit, Store, StoreError};
+
+/// Rejections remembered for `Update` callers waiting on their record.
+const RECENT_REJECTIONS: usize = 4096;
+const RETRY_PAUSE: Duration = Duration::from_millis(200);
+
+#[derive(Debug, thiserror::Error)]
+pub enum IngestError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("ingest worker failed: {0}")]
+    Join(#[from] tokio::task::JoinError),
+}
+
+/// A key's new state after a batch, as sent to watchers.
+pub type Change = (String, CrdtValue);
+
+/// What the ingest task shares with the API.
+pub struct IngestShared {
+    /// Per partition, the last offset applied to state.
+    pub applied: watch::Sender<BTreeMap<i32, i64>>,
+    /// Every batch's changed keys.
+    pub changes: broadcast::Sender<Arc<Vec<Change>>>,
+    rejected: Mutex<VecDeque<((i32, i64), Rejection)>>,
+    pub events_applied: AtomicU64,
+    pub events_dead_lettered: AtomicU64,
+}
+
+impl IngestShared {
+    pub fn new(applied: BTreeMap<i32, i64>) -> Self {
+        Self {
+            applied: watch::Sender::new(applied),
+            changes: broadcast::Sender::new(1024),
+            rejected: Mutex::new(VecDeque::new()),
+            events_applied: AtomicU64::new(0),
+            events_dead_lettered: AtomicU64::new(0),
+        }
+    }
+
+    /// Why the record at `(partition, offset)` was refused, if it was, recently.
+    pub fn rejection(&self, partition: i32, offset: i64) -> Option<Rejection> {
+        let recent = self.rejected.lock().unwrap_or_else(|p| p.into_inner());
+        recent
+            .iter()
+            .rev()
+            .find(|(at, _)| *at == (partition, offset))
+            .map(|(_, why)| why.clone())
+    }
+
+    fn remember_rejections(&self, rejected: &[(Record, Rejection)]) {
+        let mut recent = self.rejected.lock().unwrap_or_else(|p| p.into_inner());
+        for (record, why) in rejected {
+            if recent.len() == RECENT_REJECTIONS {
+                recent.pop_front();
+            }
+            recent.push_back(((record.partition, record.offset), why.clone()));
+        }
+    }
+}
+
+pub struct Ingestor {
+    pub config: Arc<Config>,
+    pub actor: Actor,
+    pub hlc: Arc<Hlc>,
+    pub store: Arc<Store>,
+    pub consumer: StreamConsumer,
+    pub dlq: FutureProducer,
+    pub shared: Arc<IngestShared>,
+}
+
+impl Ingestor {
+    /// Runs until `shutdown` turns true; returns early only on a storage failure.
+    pub async fn run(self, mut shutdown: watch::Receiver<bool>) -> Result<(), IngestError> {
+        let max_events = self.config.ingest.batch_max_events;
+        let max_wait = self.config.ingest.batch_max_wait;
+        loop {
+            let mut records = Vec::new();
+            let stop = async {
+                let _ = shutdown.wait_for(|stop| *stop).await;
+            };
+            let first = tokio::select! {
+                () = stop => return Ok(()),
+                message = self.consumer.recv() => message.map(|m| to_record(&m)),
+            };
+            match first {
+                Ok(record) => records.push(record),
+                Err(e) => {
+                    tracing::warn!(error = %e, "consume failed; retrying");
+                    tokio::time::sleep(RETRY_PAUSE).await;
+                    continue;
+                }
+            }
+            let deadline = tokio::time::Instant::now() + max_wait;
+            while records.len() < max_events {
+                match tokio::time::timeout_at(deadline, self.consumer.recv()).await {
+                    Ok(Ok(message)) => records.push(to_record(&message)),
+                    Ok(Err(e)) => {
+                        tracing::warn!(error = %e, "consume failed during a batch");
+                        break;
+                    }
+                    Err(_) => break,
+                }
+            }
+            self.apply(records).await?;
+        }
+    }
+
+    async fn apply(&self, records: Vec<Record>) -> Result<(), IngestError> {
+        let started = Instant::now();
+        let events = records.len();
+        let origin_time = self.hlc.now();
+        let (store, config, actor) = (self.store.clone(), self.config.clone(), self.actor.clone());
+        let applied: Applied = tokio::task::spawn_blocking(move || {
+            let ctx = BatchContext {
+                actor: &actor,
+                format: config.kafka.format,
+                namespaces: &config.namespaces,
+                limits: &config.ingest,
+                origin_time,
+            };
+            apply_batch(records, |key| store.get(key), &ctx)
+        })
+        .await??;
+
+        self.dead_letter(&applied.rejected).await;
+
+        let store = self.store.clone();
+        let topic = self.config.kafka.updates_topic.clone();
+        let applied = tokio::task::spawn_blocking(move || {
+            store
+                .commit(&Commit {
+                    topic: &topic,
+                    states: &applied.states,
+                    offsets: &applied.offsets,
+                    outbox: &applied.outbox,
+                    hlc_high_water: origin_time,
+                })
+                .map(|()| applied)
+        })
+        .await??;
+
+        metrics::counter!(m::EVENTS_APPLIED).increment(applied.applied as u64);
+        metrics::histogram!(m::BATCH_APPLY_SECONDS).record(started.elapsed().as_secs_f64());
+        metrics::histogram!(m::BATCH_EVENTS).record(events as f64);
+        self.shared
+            .events_applied
+            .fetch_add(applied.applied as u64, Ordering::Relaxed);
+        self.shared.remember_rejections(&applied.rejected);
+        self.shared.applied.send_modify(|positions| {
+            for (&p, &o) in &applied.offsets {
+                let at = positions.entry(p).or_insert(o);
+                *at = (*at).max(o);
+            }
+        });
+        if self.shared.changes.receiver_count() > 0 && !applied.states.is_empty() {
+            let changes: Vec<Change> = applied.states.into_iter().collect();
+            let _ = self.shared.changes.send(Arc::new(changes));
+        }
+        Ok(())
+    }
+
+    /// Produces every refused record to the dead-letter topic with its reason, retrying
+    /// until Kafka acknowledges each.
+    async fn dead_letter(&self, rejected: &[(Record, Rejection)]) {
+        let topic = &self.config.kafka.dlq_topic;
+        for (record, why) in rejected {
+            let source = format!(
+                "{}/{}/{}",
+                self.config.kafka.updates_topic, record.partition, record.offset
+            );
+            let reason = why.to_string();
+            loop {
+                let mut out = FutureRecord::to(topic)
+                    .payload(record.payload.as_deref().unwrap_or_default())
+                    .headers(dlq_headers(why.code(), &reason, &source));
+                if let Some(key) = &record.key {
+                    out = out.key(key.as_slice());
+                }
+                match self.dlq.send(out, Duration::from_secs(30)).await {
+                    Ok(_) => break,
+                    Err((e, _)) => {
+                        tracing::warn!(error = %e, %source, "dead-lettering failed; retrying");
+                        tokio::time::sleep(RETRY_PAUSE).await;
+                    }
+                }
+            }
+            metrics::counter!(m::EVENTS_DEAD_LETTERED, "reason" => why.code()).increment(1);
+            self.shared
+                .events_dead_lettered
+                .fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+fn to_record(message: &rdkafka::message::BorrowedMessage<'_>) -> Record {
+    Record {
+        partition: message.partition(),
+        offset: message.offset(),
+        timestamp_ms: message.timestamp().to_millis(),
+        key: message.key().map(<[u8]>::to_vec),
+        payload: message.payload().map(<[u8]>::to_vec),
+    }
+}

@@ -1,0 +1,74 @@
+//! Every metric name in one place, and the Prometheus endpoint.
+//!
+//! Metrics are recorded with the `metrics` crate; [`serve`] renders them as Prometheus
+//! text on the node's metrics address (any path; `/health` answers `ok`).
+
+use std::time::Duration;
+
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+/// Update records applied to state (counter).
+pub const EVENTS_APPLIED: &str = "geostate_events_applied_total";
+/// Records sent to the dead-letter topic, label `reason` (counter).
+pub const EVENTS_DEAD_LETTERED: &str = "geostate_events_dead_lettered_total";
+/// Seconds to apply and commit one batch (histogram).
+pub const BATCH_APPLY_SECONDS: &str = "geostate_batch_apply_seconds";
+/// Events per applied batch (histogram).
+pub const BATCH_EVENTS: &str = "geostate_batch_events";
+/// Records appended to an input partition but not applied yet, label `partition` (gauge).
+pub const CONSUMER_LAG: &str = "geostate_consumer_lag";
+/// gRPC handling time, label `method` (histogram).
+pub const GRPC_SECONDS: &str = "geostate_grpc_seconds";
+/// gRPC requests answered with an error, labels `method`, `code` (counter).
+pub const GRPC_ERRORS: &str = "geostate_grpc_errors_total";
+
+/// Installs the process-wide recorder (once; later calls get `None`).
+pub fn install() -> Option<PrometheusHandle> {
+    let buckets = [
+        0.000_1, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    ];
+    let handle = PrometheusBuilder::new()
+        .set_buckets(&buckets)
+        .ok()?
+        .install_recorder()
+        .ok()?;
+    let upkeep = handle.clone();
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            upkeep.run_upkeep();
+        }
+    });
+    Some(handle)
+}
+
+/// Serves the metrics as Prometheus text over plain HTTP/1.1 on `listener`.
+pub async fn serve(listener: TcpListener, handle: Option<PrometheusHandle>) {
+    loop {
+        let Ok((mut socket, _)) = listener.accept().await else {
+            continue;
+        };
+        let handle = handle.clone();
+        tokio::spawn(async move {
+            let mut buf = [0u8; 2048];
+            let n = match tokio::time::timeout(Duration::from_secs(5), socket.read(&mut buf)).await
+            {
+                Ok(Ok(n)) => n,
+                _ => return,
+            };
+            let request = String::from_utf8_lossy(&buf[..n]);
+            let body = if request.starts_with("GET /health") {
+                "ok\n".to_string()
+            } else {
+                handle.as_ref().map(|h| h.render()).unwrap_or_default()
+            };
+            let response = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: text/plain; version=0.0.4\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = socket.write_all(response.as_bytes()).await;
+        });
+    }
+}
