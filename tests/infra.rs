@@ -6,8 +6,6 @@
 //! Needs a running cluster: `make test` starts one and points `GEOSTATE_CLUSTER` at its
 //! `cluster.json`; without the variable, the one from `make up` is used.
 
-use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, bail};
@@ -20,44 +18,12 @@ use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::Message;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Offset, TopicPartitionList};
-use serde::Deserialize;
+
+mod common;
+
+use common::{Cluster, cluster};
 
 const MIRROR_DEADLINE: Duration = Duration::from_secs(30);
-
-#[derive(Deserialize)]
-struct Cluster {
-    s3: S3Endpoint,
-    regions: BTreeMap<String, RegionEndpoints>,
-}
-
-#[derive(Deserialize)]
-struct S3Endpoint {
-    endpoint: String,
-    bucket: String,
-    access_key: String,
-    secret_key: String,
-    region: String,
-}
-
-#[derive(Deserialize)]
-struct RegionEndpoints {
-    kafka: String,
-}
-
-fn cluster() -> anyhow::Result<Cluster> {
-    let path = std::env::var_os("GEOSTATE_CLUSTER")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("regions/local/run/cluster.json")
-        });
-    let text = std::fs::read_to_string(&path).with_context(|| {
-        format!(
-            "no cluster at {}: run `make test` (or `make up` first)",
-            path.display()
-        )
-    })?;
-    serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))
-}
 
 fn unique(label: &str) -> String {
     let nanos = SystemTime::now()

@@ -1,0 +1,234 @@
+//! Shared by the integration tests: the running local cluster (`cluster.json`), unique
+//! names, Kafka topic creation, and region node processes of the real binary.
+
+#![allow(dead_code)] // each test binary uses a different part
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, bail};
+use geostate::pb;
+use geostate::pb::admin_client::AdminClient;
+use geostate::pb::state_client::StateClient;
+use rdkafka::ClientConfig;
+use rdkafka::admin::{AdminClient as KafkaAdmin, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use serde::Deserialize;
+use tonic::transport::Channel;
+
+#[derive(Deserialize)]
+pub struct Cluster {
+    pub s3: S3Endpoint,
+    pub regions: BTreeMap<String, RegionEndpoints>,
+}
+
+#[derive(Deserialize)]
+pub struct S3Endpoint {
+    pub endpoint: String,
+    pub bucket: String,
+    pub access_key: String,
+    pub secret_key: String,
+    pub region: String,
+}
+
+#[derive(Deserialize)]
+pub struct RegionEndpoints {
+    pub kafka: String,
+    pub grpc: Option<String>,
+}
+
+pub fn cluster() -> anyhow::Result<Cluster> {
+    let path = std::env::var_os("GEOSTATE_CLUSTER")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("regions/local/run/cluster.json")
+        });
+    let text = std::fs::read_to_string(&path).with_context(|| {
+        format!(
+            "no cluster at {}: run `make test` (or `make up` first)",
+            path.display()
+        )
+    })?;
+    serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))
+}
+
+/// A name no other test run uses.
+pub fn unique(label: &str) -> String {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!("{label}-{nanos}-{}", std::process::id())
+}
+
+pub async fn create_topic(bootstrap: &str, name: &str, partitions: i32) -> anyhow::Result<()> {
+    let admin: KafkaAdmin<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()?;
+    let results = admin
+        .create_topics(
+            &[NewTopic::new(name, partitions, TopicReplication::Fixed(1))],
+            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
+        )
+        .await?;
+    for r in results {
+        r.map_err(|(topic, code)| anyhow::anyhow!("creating {topic}: {code}"))?;
+    }
+    Ok(())
+}
+
+/// A free loopback port. The node is a separate process, so it cannot hand back a port-0
+/// listener; the window between this probe and the node's bind is tiny.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Topics of one test's private node.
+pub struct Topics {
+    pub updates: String,
+    pub dlq: String,
+}
+
+impl Topics {
+    pub async fn create(bootstrap: &str, label: &str, partitions: i32) -> anyhow::Result<Self> {
+        let base = unique(label);
+        let topics = Topics {
+            updates: format!("{base}.updates"),
+            dlq: format!("{base}.dlq"),
+        };
+        create_topic(bootstrap, &topics.updates, partitions).await?;
+        create_topic(bootstrap, &topics.dlq, 1).await?;
+        Ok(topics)
+    }
+}
+
+/// A region node running the real `geostate` binary with its own data dir and topics.
+pub struct Node {
+    pub config: PathBuf,
+    pub grpc: String,
+    pub log: PathBuf,
+    child: Option<Child>,
+}
+
+impl Node {
+    /// Writes a config for region `us-east-1` over `kafka` and `topics`, data in `data_dir`.
+    pub fn configure(dir: &Path, kafka: &str, topics: &Topics) -> anyhow::Result<Self> {
+        let template = std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("regions/us-east-1.toml"),
+        )?;
+        let grpc = format!("127.0.0.1:{}", free_port());
+        let mut text = String::new();
+        for line in template.lines() {
+            let key = line.split('=').next().unwrap_or("").trim();
+            let line = match key {
+                "data-dir" => format!("data-dir = {:?}", dir.join("data")),
+                "bootstrap" => format!("bootstrap = {kafka:?}"),
+                "updates-topic" => format!("updates-topic = {:?}", topics.updates),
+                "dlq-topic" => format!("dlq-topic = {:?}", topics.dlq),
+                "grpc-listen" => format!("grpc-listen = {grpc:?}"),
+                "metrics-listen" => format!("metrics-listen = \"127.0.0.1:{}\"", free_port()),
+                _ => line.to_owned(),
+            };
+            text.push_str(&line);
+            text.push('\n');
+        }
+        let config = dir.join("node.toml");
+        std::fs::write(&config, text)?;
+        Ok(Self {
+            config,
+            grpc: format!("http://{grpc}"),
+            log: dir.join("node.log"),
+            child: None,
+        })
+    }
+
+    /// Starts the node and waits until its gRPC API answers.
+    pub async fn start(&mut self) -> anyhow::Result<()> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)?;
+        let child = Command::new(env!("CARGO_BIN_EXE_geostate"))
+            .arg("run")
+            .arg("--config")
+            .arg(&self.config)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()?;
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Ok(mut admin) = AdminClient::connect(self.grpc.clone()).await
+                && admin.status(pb::StatusRequest {}).await.is_ok()
+            {
+                return Ok(());
+            }
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                bail!("node exited with {status}; log: {}", self.log_tail());
+            }
+            if Instant::now() > deadline {
+                bail!("node not ready within 60 s; log: {}", self.log_tail());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// SIGKILL: no shutdown code runs.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    pub async fn state(&self) -> anyhow::Result<StateClient<Channel>> {
+        Ok(StateClient::connect(self.grpc.clone()).await?)
+    }
+
+    pub async fn status(&self) -> anyhow::Result<pb::StatusResponse> {
+        let mut admin = AdminClient::connect(self.grpc.clone()).await?;
+        Ok(admin.status(pb::StatusRequest {}).await?.into_inner())
+    }
+
+    /// Waits until every partition is applied up to its end offset.
+    pub async fn caught_up(&self, deadline: Duration) -> anyhow::Result<pb::StatusResponse> {
+        let until = Instant::now() + deadline;
+        loop {
+            let status = self.status().await?;
+            if status
+                .partitions
+                .iter()
+                .all(|p| p.end_offset >= 0 && p.applied_offset + 1 >= p.end_offset)
+            {
+                return Ok(status);
+            }
+            if Instant::now() > until {
+                bail!("not caught up within {deadline:?}: {status:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    pub fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(20)..].join("\n")
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
