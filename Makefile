@@ -3,7 +3,7 @@
 export CARGO_TARGET_DIR ?= $(HOME)/.cache/geostate/target
 CLUSTER := python3 regions/local/cluster.py
 
-.PHONY: demo test install build up down status lint fmt
+.PHONY: demo test install build up down status lint fmt bench
 
 ## The main job (for now: start the local multi-region infrastructure, print endpoints)
 demo: up
@@ -27,6 +27,10 @@ down:
 
 status:
 	$(CLUSTER) status
+
+## Benchmarks (release build) against the local cluster; prints Markdown tables
+bench: up
+	cargo bench --locked --bench node
 
 lint:
 	cargo fmt --all -- --check

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
@@ -29,8 +29,11 @@ pub fn install() -> Option<PrometheusHandle> {
     let buckets = [
         0.000_1, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
     ];
+    let sizes = [1.0, 10.0, 100.0, 1_000.0, 10_000.0];
     let handle = PrometheusBuilder::new()
         .set_buckets(&buckets)
+        .ok()?
+        .set_buckets_for_metric(Matcher::Full(BATCH_EVENTS.into()), &sizes)
         .ok()?
         .install_recorder()
         .ok()?;
@@ -52,13 +55,16 @@ pub async fn serve(listener: TcpListener, handle: Option<PrometheusHandle>) {
         };
         let handle = handle.clone();
         tokio::spawn(async move {
-            let mut buf = [0u8; 2048];
-            let n = match tokio::time::timeout(Duration::from_secs(5), socket.read(&mut buf)).await
-            {
-                Ok(Ok(n)) => n,
-                _ => return,
-            };
-            let request = String::from_utf8_lossy(&buf[..n]);
+            // read the request head (up to its blank line), then answer and close
+            let mut buf = Vec::with_capacity(1024);
+            let mut chunk = [0u8; 1024];
+            while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < 16 * 1024 {
+                match tokio::time::timeout(Duration::from_secs(5), socket.read(&mut chunk)).await {
+                    Ok(Ok(n)) if n > 0 => buf.extend_from_slice(&chunk[..n]),
+                    _ => return,
+                }
+            }
+            let request = String::from_utf8_lossy(&buf);
             let body = if request.starts_with("GET /health") {
                 "ok\n".to_string()
             } else {

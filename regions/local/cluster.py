@@ -38,6 +38,7 @@ KAFKA_VERSION = "4.1.1"
 LOG4J_VERSION = "2.25.3"
 SLF4J_VERSION = "2.0.17"
 S3S_FS_VERSION = "0.14.1"  # newest s3s-fs that builds on Rust 1.95
+GRPCURL_VERSION = "v1.9.3"
 
 REGIONS = ["us-east-1", "eu-west-1"]
 S3_BUCKET = "geostate-checkpoints"
@@ -58,6 +59,7 @@ CACHE = Path(os.environ.get("GEOSTATE_CACHE", Path.home() / ".cache" / "geostate
 RUN = Path(os.environ.get("GEOSTATE_RUN_DIR", REPO / "regions" / "local" / "run"))
 KAFKA_LIBS = CACHE / f"kafka-{KAFKA_VERSION}" / "libs"
 S3S_FS = CACHE / f"s3s-fs-{S3S_FS_VERSION}" / "bin" / "s3s-fs"
+GRPCURL = CACHE / f"grpcurl-{GRPCURL_VERSION}" / "grpcurl"
 LOGS = RUN / "logs"
 CLUSTER_JSON = RUN / "cluster.json"
 PIDS = RUN / "pids"
@@ -142,11 +144,22 @@ def install_s3() -> None:
                     "binary", "--locked", "--root", str(S3S_FS.parents[1])], check=True)
 
 
+def install_grpcurl() -> None:
+    if GRPCURL.exists():
+        return
+    if shutil.which("go") is None:
+        die("Go is needed to build grpcurl from the Go module proxy")
+    log(f"building grpcurl {GRPCURL_VERSION} from the Go module proxy")
+    subprocess.run(["go", "install", f"github.com/fullstorydev/grpcurl/cmd/grpcurl@{GRPCURL_VERSION}"],
+                   check=True, env=dict(os.environ, GOBIN=str(GRPCURL.parent)))
+
+
 def cmd_install(_args: argparse.Namespace) -> None:
     install_apt()
     install_kafka()
     install_s3()
-    log("installed: system packages, Kafka jars, S3 server")
+    install_grpcurl()
+    log(f"installed: system packages, Kafka jars, S3 server, grpcurl ({CACHE})")
 
 
 # ---------------------------------------------------------------------------------------
@@ -535,7 +548,8 @@ def cmd_up(_args: argparse.Namespace) -> None:
     try:
         regions = {region: start_kafka(region) for region in REGIONS}
         s3 = start_s3()
-        cluster = {"s3": s3, "regions": {}, "mirrormaker2": {}, "logs": str(LOGS)}
+        cluster = {"s3": s3, "regions": {}, "mirrormaker2": {}, "logs": str(LOGS),
+                   "tools": {"grpcurl": str(GRPCURL), "geostate": str(geostate_bin())}}
         for region, r in regions.items():
             cluster["regions"][region] = {
                 "kafka": r["kafka"], "kafka_pid": r["kafka_pid"],

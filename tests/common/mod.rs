@@ -148,8 +148,8 @@ impl Node {
         })
     }
 
-    /// Starts the node and waits until its gRPC API answers.
-    pub async fn start(&mut self) -> anyhow::Result<()> {
+    /// Starts the node and waits until its gRPC API answers; returns its pid.
+    pub async fn start(&mut self) -> anyhow::Result<u32> {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -162,13 +162,14 @@ impl Node {
             .stdout(log.try_clone()?)
             .stderr(log)
             .spawn()?;
+        let pid = child.id();
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             if let Ok(mut admin) = AdminClient::connect(self.grpc.clone()).await
                 && admin.status(pb::StatusRequest {}).await.is_ok()
             {
-                return Ok(());
+                return Ok(pid);
             }
             if let Some(status) = self
                 .child

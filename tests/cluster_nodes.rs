@@ -1,0 +1,119 @@
+//! The nodes `make up` starts, reached with standard tools: `grpcurl` lists the services
+//! through server reflection and writes and reads a key without any proto file, and the
+//! metrics address serves Prometheus text.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::process::Command;
+
+use anyhow::{Context, bail};
+use common::unique;
+use serde::Deserialize;
+
+#[derive(Deserialize)]
+struct ClusterNodes {
+    regions: std::collections::BTreeMap<String, Node>,
+    tools: Tools,
+}
+
+#[derive(Deserialize)]
+struct Node {
+    grpc: String,
+    metrics: String,
+}
+
+#[derive(Deserialize)]
+struct Tools {
+    grpcurl: String,
+}
+
+fn nodes() -> anyhow::Result<ClusterNodes> {
+    let path = std::env::var("GEOSTATE_CLUSTER").unwrap_or_else(|_| {
+        concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/regions/local/run/cluster.json"
+        )
+        .into()
+    });
+    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
+    Ok(serde_json::from_str(&text)?)
+}
+
+fn grpcurl(tool: &str, args: &[&str]) -> anyhow::Result<String> {
+    let out = Command::new(tool)
+        .args(args)
+        .output()
+        .with_context(|| format!("running {tool}"))?;
+    if !out.status.success() {
+        bail!(
+            "grpcurl {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8(out.stdout)?)
+}
+
+fn http_get(addr: &str, path: &str) -> anyhow::Result<String> {
+    let mut stream = std::net::TcpStream::connect(addr)?;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes())?;
+    let mut body = String::new();
+    stream.read_to_string(&mut body)?;
+    Ok(body)
+}
+
+#[test]
+fn grpcurl_lists_the_services_and_a_write_reads_back_in_every_region() -> anyhow::Result<()> {
+    let cluster = nodes()?;
+    for (region, node) in &cluster.regions {
+        let services = grpcurl(&cluster.tools.grpcurl, &["-plaintext", &node.grpc, "list"])?;
+        for service in [
+            "geostate.v1.State",
+            "geostate.v1.Admin",
+            "grpc.health.v1.Health",
+        ] {
+            assert!(
+                services.lines().any(|l| l == service),
+                "{region}: {service} missing in {services}"
+            );
+        }
+        let key = format!("requests/{}", unique("grpcurl"));
+        let update = format!(r#"{{"key":"{key}","add":7}}"#);
+        grpcurl(
+            &cluster.tools.grpcurl,
+            &[
+                "-plaintext",
+                "-d",
+                &update,
+                &node.grpc,
+                "geostate.v1.State/Update",
+            ],
+        )?;
+        let get = format!(r#"{{"key":"{key}"}}"#);
+        let value: serde_json::Value = serde_json::from_str(&grpcurl(
+            &cluster.tools.grpcurl,
+            &[
+                "-plaintext",
+                "-d",
+                &get,
+                &node.grpc,
+                "geostate.v1.State/Get",
+            ],
+        )?)?;
+        assert_eq!(value["counter"], "7", "{region}: {value}");
+        assert_eq!(value["kind"], "CRDT_KIND_G_COUNTER");
+
+        let metrics = http_get(&node.metrics, "/metrics")?;
+        assert!(
+            metrics.contains("geostate_events_applied_total"),
+            "{region}: {metrics}"
+        );
+        assert!(
+            metrics.contains("geostate_grpc_seconds"),
+            "{region}: {metrics}"
+        );
+        assert!(http_get(&node.metrics, "/health")?.ends_with("ok\n"));
+    }
+    Ok(())
+}
