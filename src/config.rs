@@ -55,6 +55,8 @@ pub struct IngestConfig {
     pub batch_max_wait: Duration,
     pub max_key_bytes: usize,
     pub max_value_bytes: usize,
+    /// Idempotency ids remembered per key: a record whose id is among them is skipped.
+    pub dedup_window: usize,
 }
 
 #[derive(Clone, Debug)]
@@ -209,6 +211,8 @@ struct RawIngest {
     max_key_bytes: usize,
     #[serde(default = "default_max_value_bytes")]
     max_value_bytes: usize,
+    #[serde(default = "default_dedup_window")]
+    dedup_window: usize,
 }
 
 impl Default for RawIngest {
@@ -218,6 +222,7 @@ impl Default for RawIngest {
             batch_max_wait: default_batch_max_wait(),
             max_key_bytes: default_max_key_bytes(),
             max_value_bytes: default_max_value_bytes(),
+            dedup_window: default_dedup_window(),
         }
     }
 }
@@ -264,6 +269,9 @@ fn default_max_key_bytes() -> usize {
 }
 fn default_max_value_bytes() -> usize {
     64 * 1024
+}
+fn default_dedup_window() -> usize {
+    64
 }
 
 impl RawConfig {
@@ -321,6 +329,7 @@ impl RawConfig {
                 )?,
                 max_key_bytes: self.ingest.max_key_bytes,
                 max_value_bytes: self.ingest.max_value_bytes,
+                dedup_window: self.ingest.dedup_window,
             },
             api: ApiConfig {
                 grpc_listen: parse_addr("api.grpc-listen", &self.api.grpc_listen)?,

@@ -11,6 +11,8 @@ use tokio::net::TcpListener;
 
 /// Update records applied to state (counter).
 pub const EVENTS_APPLIED: &str = "geostate_events_applied_total";
+/// Records skipped because their idempotency id was already applied (counter).
+pub const EVENTS_DUPLICATE: &str = "geostate_events_duplicate_total";
 /// Records sent to the dead-letter topic, label `reason` (counter).
 pub const EVENTS_DEAD_LETTERED: &str = "geostate_events_dead_lettered_total";
 /// Seconds to apply and commit one batch (histogram).

@@ -286,6 +286,20 @@ async fn update_then_get_reads_the_write_and_watch_sees_it() -> anyhow::Result<(
         .into_inner();
     assert_eq!(counter(&value), 2);
 
+    // a retried write with the same idempotency id counts once
+    for _ in 0..2 {
+        let mut retried = update("requests/idem", pb::update_request::Op::Add(2));
+        retried.id = "order-17".into();
+        state.update(retried).await?;
+    }
+    let value = state
+        .get(pb::GetRequest {
+            key: "requests/idem".into(),
+        })
+        .await?
+        .into_inner();
+    assert_eq!(counter(&value), 2);
+
     let seen = tokio::time::timeout(Duration::from_secs(10), watch.next())
         .await?
         .context("watch ended")??;
@@ -372,7 +386,7 @@ async fn update_then_get_reads_the_write_and_watch_sees_it() -> anyhow::Result<(
             .iter()
             .map(|v| v.key.as_str())
             .collect::<Vec<_>>(),
-        ["zones/9q8yy"]
+        ["requests/idem", "zones/9q8yy"]
     );
     assert!(rest.next_page_token.is_empty());
     Ok(())

@@ -7,7 +7,7 @@
 //!     └─ refused ──► dead letters          last offset per partition ──► source offsets
 //! ```
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 
 use super::event::{Op, Rejection, Update};
 use crate::clock::HlcTimestamp;
@@ -38,8 +38,12 @@ pub struct Applied {
     pub outbox: Vec<Delta>,
     /// Records that were not applied, with the reason.
     pub rejected: Vec<(Record, Rejection)>,
+    /// Per key whose window changed: the idempotency ids most recently applied.
+    pub recent_ids: BTreeMap<String, VecDeque<String>>,
     /// Number of records applied to state.
     pub applied: usize,
+    /// Records skipped because their idempotency id was already applied to the key.
+    pub duplicates: usize,
 }
 
 /// The facts a batch is applied with.
@@ -67,13 +71,33 @@ pub fn register_stamp(update: &Update, record: &Record, ctx: &BatchContext<'_>) 
     OrderStamp::shared(hlc, ctx.actor.region.clone())
 }
 
-/// Applies `records` on top of the states `read` returns; reads each touched key once.
-pub fn apply_batch<E>(
+/// Where a batch reads the current state of the keys it touches: the store, or a map in
+/// tests.
+pub trait StateSource {
+    type Error;
+    fn state(&self, key: &str) -> Result<Option<CrdtValue>, Self::Error>;
+    /// The idempotency ids most recently applied to `key`, oldest first.
+    fn recent_ids(&self, key: &str) -> Result<VecDeque<String>, Self::Error>;
+}
+
+/// A touched key's working copy within a batch.
+#[derive(Default)]
+struct Working {
+    state: Option<CrdtValue>,
+    /// Loaded on first use: most records carry no id.
+    recent_ids: Option<VecDeque<String>>,
+    state_changed: bool,
+    ids_changed: bool,
+}
+
+/// Applies `records` on top of what `source` holds; reads each touched key once.
+pub fn apply_batch<S: StateSource>(
     records: Vec<Record>,
-    mut read: impl FnMut(&str) -> Result<Option<CrdtValue>, E>,
+    source: &S,
     ctx: &BatchContext<'_>,
-) -> Result<Applied, E> {
+) -> Result<Applied, S::Error> {
     let mut out = Applied::default();
+    let mut work: BTreeMap<String, Working> = BTreeMap::new();
     for record in records {
         out.offsets
             .entry(record.partition)
@@ -92,36 +116,69 @@ pub fn apply_batch<E>(
                 continue;
             }
         };
-        if !out.states.contains_key(&update.key)
-            && let Some(current) = read(&update.key)?
-        {
-            out.states.insert(update.key.clone(), current);
+        if !work.contains_key(&update.key) {
+            let state = source.state(&update.key)?;
+            work.insert(
+                update.key.clone(),
+                Working {
+                    state,
+                    ..Working::default()
+                },
+            );
+        }
+        let Some(entry) = work.get_mut(&update.key) else {
+            continue;
+        };
+        if let Some(id) = &update.id {
+            if entry.recent_ids.is_none() {
+                entry.recent_ids = Some(source.recent_ids(&update.key)?);
+            }
+            if entry
+                .recent_ids
+                .as_ref()
+                .is_some_and(|ids| ids.contains(id))
+            {
+                out.duplicates += 1;
+                continue;
+            }
         }
         let stamp = register_stamp(&update, &record, ctx);
-        let current = out.states.get(&update.key);
-        match apply_op(current, crdt, &update.op, ctx.actor, stamp) {
+        match apply_op(entry.state.as_ref(), crdt, &update.op, ctx.actor, stamp) {
             Ok(next) => {
-                out.states.insert(update.key, next);
+                entry.state = Some(next);
+                entry.state_changed = true;
+                if let (Some(id), Some(ids)) = (update.id, entry.recent_ids.as_mut()) {
+                    ids.push_back(id);
+                    while ids.len() > ctx.limits.dedup_window {
+                        ids.pop_front();
+                    }
+                    entry.ids_changed = true;
+                }
                 out.applied += 1;
             }
             Err(why) => out.rejected.push((record, why)),
         }
     }
     let region = &ctx.actor.region;
-    out.outbox = out
-        .states
-        .iter()
-        .filter_map(|(key, state)| {
-            state.own_part(region).map(|own| Delta {
-                key: key.clone(),
-                origin: region.clone(),
-                state: own,
-                origin_time: ctx.origin_time,
-                epoch: 0,
-            })
-        })
-        .collect();
-    // keys only read, never changed, are not part of the batch's outcome
+    for (key, entry) in work {
+        if entry.ids_changed
+            && let Some(ids) = entry.recent_ids
+        {
+            out.recent_ids.insert(key.clone(), ids);
+        }
+        if let (true, Some(state)) = (entry.state_changed, entry.state) {
+            if let Some(own) = state.own_part(region) {
+                out.outbox.push(Delta {
+                    key: key.clone(),
+                    origin: region.clone(),
+                    state: own,
+                    origin_time: ctx.origin_time,
+                    epoch: 0,
+                });
+            }
+            out.states.insert(key, state);
+        }
+    }
     Ok(out)
 }
 
@@ -201,6 +258,18 @@ mod tests {
         }
     }
 
+    struct Map<'a>(&'a BTreeMap<String, CrdtValue>);
+
+    impl StateSource for Map<'_> {
+        type Error = Infallible;
+        fn state(&self, key: &str) -> Result<Option<CrdtValue>, Infallible> {
+            Ok(self.0.get(key).cloned())
+        }
+        fn recent_ids(&self, _key: &str) -> Result<VecDeque<String>, Infallible> {
+            Ok(VecDeque::new())
+        }
+    }
+
     fn run(records: Vec<Record>, stored: &BTreeMap<String, CrdtValue>) -> Applied {
         let c = config();
         let actor = Actor::new(RegionId::new("us-east-1").unwrap(), 1);
@@ -211,12 +280,7 @@ mod tests {
             limits: &c.ingest,
             origin_time: HlcTimestamp::new(5, 0),
         };
-        apply_batch(
-            records,
-            |k| Ok::<_, Infallible>(stored.get(k).cloned()),
-            &ctx,
-        )
-        .unwrap()
+        apply_batch(records, &Map(stored), &ctx).unwrap()
     }
 
     #[test]
@@ -240,6 +304,38 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert_eq!(out.outbox.len(), 3, "one delta per touched key");
+    }
+
+    #[test]
+    fn a_repeated_idempotency_id_applies_once_within_the_window() {
+        let out = run(
+            vec![
+                record(0, 1, r#"{"key":"requests/a","add":5,"id":"x"}"#),
+                record(0, 2, r#"{"key":"requests/a","add":5,"id":"x"}"#),
+                record(0, 3, r#"{"key":"requests/a","add":1,"id":"y"}"#),
+                record(0, 4, r#"{"key":"requests/b","add":1,"id":"x"}"#),
+            ],
+            &BTreeMap::new(),
+        );
+        assert_eq!((out.applied, out.duplicates), (3, 1));
+        match &out.states["requests/a"] {
+            CrdtValue::GCounter(c) => assert_eq!(c.value(), 6),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(out.recent_ids["requests/a"], ["x", "y"]);
+    }
+
+    #[test]
+    fn a_refused_record_leaves_the_key_untouched() {
+        let first = run(
+            vec![record(0, 0, r#"{"key":"requests/a","add":5}"#)],
+            &BTreeMap::new(),
+        );
+        let huge = format!(r#"{{"key":"requests/a","add":{}}}"#, i64::MAX);
+        let once = run(vec![record(0, 1, &huge)], &first.states);
+        let twice = run(vec![record(0, 2, &huge)], &once.states);
+        assert_eq!(twice.rejected.len(), 1, "the second huge add overflows");
+        assert!(twice.states.is_empty() && twice.outbox.is_empty());
     }
 
     #[test]

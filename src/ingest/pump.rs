@@ -22,7 +22,7 @@ use rdkafka::consumer::StreamConsumer;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use tokio::sync::{broadcast, watch};
 
-use super::batch::{Applied, BatchContext, Record, apply_batch};
+use super::batch::{Applied, BatchContext, Record, StateSource, apply_batch};
 use super::event::Rejection;
 use crate::clock::Hlc;
 use crate::config::Config;
@@ -149,7 +149,7 @@ impl Ingestor {
                 limits: &config.ingest,
                 origin_time,
             };
-            apply_batch(records, |key| store.get(key), &ctx)
+            apply_batch(records, store.as_ref(), &ctx)
         })
         .await??;
 
@@ -164,6 +164,7 @@ impl Ingestor {
                     states: &applied.states,
                     offsets: &applied.offsets,
                     outbox: &applied.outbox,
+                    recent_ids: &applied.recent_ids,
                     hlc_high_water: origin_time,
                 })
                 .map(|()| applied)
@@ -171,6 +172,7 @@ impl Ingestor {
         .await??;
 
         metrics::counter!(m::EVENTS_APPLIED).increment(applied.applied as u64);
+        metrics::counter!(m::EVENTS_DUPLICATE).increment(applied.duplicates as u64);
         metrics::histogram!(m::BATCH_APPLY_SECONDS).record(started.elapsed().as_secs_f64());
         metrics::histogram!(m::BATCH_EVENTS).record(events as f64);
         self.shared
@@ -220,6 +222,16 @@ impl Ingestor {
                 .events_dead_lettered
                 .fetch_add(1, Ordering::Relaxed);
         }
+    }
+}
+
+impl StateSource for Store {
+    type Error = StoreError;
+    fn state(&self, key: &str) -> Result<Option<CrdtValue>, StoreError> {
+        self.get(key)
+    }
+    fn recent_ids(&self, key: &str) -> Result<VecDeque<String>, StoreError> {
+        Store::recent_ids(self, key)
     }
 }
 

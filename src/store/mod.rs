@@ -6,6 +6,7 @@
 //!  state          state key (UTF-8)            CrdtState protobuf (full state)
 //!  offsets        topic \0 partition (i32 BE)  last applied offset (i64 BE)
 //!  outbox         state key                    Delta protobuf (own part, to ship)
+//!  dedup          state key                    recent idempotency ids (u16 BE length + bytes)…
 //!  meta           "incarnation" | "hlc"        u32 BE | wall_nanos u64 BE, logical u32 BE
 //! ```
 //!
@@ -14,7 +15,7 @@
 //! crash the store holds all of a batch or none of it, and resuming from the stored
 //! offsets applies every record exactly once.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::path::Path;
 
 use rocksdb::{
@@ -28,6 +29,7 @@ const CF_STATE: &str = "state";
 const CF_OFFSETS: &str = "offsets";
 const CF_OUTBOX: &str = "outbox";
 const CF_META: &str = "meta";
+const CF_DEDUP: &str = "dedup";
 const META_INCARNATION: &[u8] = b"incarnation";
 const META_HLC: &[u8] = b"hlc";
 
@@ -50,6 +52,7 @@ pub struct Commit<'a> {
     pub states: &'a BTreeMap<String, CrdtValue>,
     pub offsets: &'a BTreeMap<i32, i64>,
     pub outbox: &'a [Delta],
+    pub recent_ids: &'a BTreeMap<String, VecDeque<String>>,
     pub hlc_high_water: HlcTimestamp,
 }
 
@@ -64,7 +67,7 @@ impl Store {
         opts.create_if_missing(true);
         opts.create_missing_column_families(true);
         opts.set_compression_type(rocksdb::DBCompressionType::Lz4);
-        let cfs = [CF_STATE, CF_OFFSETS, CF_OUTBOX, CF_META]
+        let cfs = [CF_STATE, CF_OFFSETS, CF_OUTBOX, CF_META, CF_DEDUP]
             .map(|name| ColumnFamilyDescriptor::new(name, opts.clone()));
         let db = DB::open_cf_descriptors(&opts, dir, cfs)?;
         Ok(Self { db })
@@ -122,6 +125,24 @@ impl Store {
                 })
             })
             .transpose()
+    }
+
+    /// The idempotency ids most recently applied to `key`, oldest first.
+    pub fn recent_ids(&self, key: &str) -> Result<VecDeque<String>, StoreError> {
+        let mut ids = VecDeque::new();
+        let Some(bytes) = self.db.get_pinned_cf(self.cf(CF_DEDUP), key.as_bytes())? else {
+            return Ok(ids);
+        };
+        let mut rest = &bytes[..];
+        while rest.len() >= 2 {
+            let len = u16::from_be_bytes([rest[0], rest[1]]) as usize;
+            let id = rest
+                .get(2..2 + len)
+                .ok_or(StoreError::BadLength { what: "dedup ids" })?;
+            ids.push_back(String::from_utf8_lossy(id).into_owned());
+            rest = &rest[2 + len..];
+        }
+        Ok(ids)
     }
 
     /// Up to `limit` keys starting with `prefix`, in key order, strictly after `after`.
@@ -216,6 +237,17 @@ impl Store {
         for delta in commit.outbox {
             batch.put_cf(outbox, delta.key.as_bytes(), delta.encode());
         }
+        let dedup = self.cf(CF_DEDUP);
+        for (key, ids) in commit.recent_ids {
+            let mut v = Vec::new();
+            for id in ids {
+                // ids longer than 64 KiB are cut; they still identify the record well
+                let id = &id.as_bytes()[..id.len().min(u16::MAX as usize)];
+                v.extend_from_slice(&(id.len() as u16).to_be_bytes());
+                v.extend_from_slice(id);
+            }
+            batch.put_cf(dedup, key.as_bytes(), v);
+        }
         let mut hlc = Vec::with_capacity(12);
         hlc.extend_from_slice(&commit.hlc_high_water.wall_nanos.to_be_bytes());
         hlc.extend_from_slice(&commit.hlc_high_water.logical.to_be_bytes());
@@ -267,6 +299,10 @@ mod tests {
                     states: &states,
                     offsets: &BTreeMap::from([(0, 41), (3, 7)]),
                     outbox: &[delta],
+                    recent_ids: &BTreeMap::from([(
+                        "requests/a".to_string(),
+                        VecDeque::from(["x".to_string(), "y".to_string()]),
+                    )]),
                     hlc_high_water: HlcTimestamp::new(99, 2),
                 })
                 .unwrap();
@@ -281,6 +317,8 @@ mod tests {
         );
         assert!(store.source_offsets("other").unwrap().is_empty());
         assert_eq!(store.outbox(10).unwrap().len(), 1);
+        assert_eq!(store.recent_ids("requests/a").unwrap(), ["x", "y"]);
+        assert!(store.recent_ids("requests/b").unwrap().is_empty());
         assert_eq!(
             store.hlc_high_water().unwrap(),
             Some(HlcTimestamp::new(99, 2))
