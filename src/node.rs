@@ -18,6 +18,9 @@ use crate::log::{self, LogError};
 use crate::metrics as m;
 use crate::store::{Store, StoreError};
 
+/// How long shutdown waits for gRPC clients to finish and disconnect.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
+
 /// The node's bound sockets; tests bind port 0 and read the addresses back.
 pub struct Listeners {
     pub grpc: TcpListener,
@@ -128,9 +131,10 @@ pub async fn run(
         producer: log::idempotent_producer(&config.kafka)?,
         shared,
         partitions,
+        stop: stop_rx.clone(),
     });
     let mut grpc_stop = stop_rx.clone();
-    let grpc_task = tokio::spawn(api::serve(listeners.grpc, api, async move {
+    let mut grpc_task = tokio::spawn(api::serve(listeners.grpc, api, async move {
         let _ = grpc_stop.wait_for(|stop| *stop).await;
     }));
 
@@ -139,12 +143,23 @@ pub async fn run(
         () = shutdown => None,
         result = &mut ingest_task => Some(result),
     };
+    tracing::info!("node stopping");
     let _ = stop_tx.send(true);
     let ingest_result = match ingest_result {
         Some(result) => result,
         None => ingest_task.await,
     };
-    grpc_task.await??;
+    tracing::info!("ingest stopped");
+    // Graceful: in-flight calls finish and clients are told to go away; a client that
+    // keeps its connection open past the grace period is cut off.
+    match tokio::time::timeout(SHUTDOWN_GRACE, &mut grpc_task).await {
+        Ok(result) => result??,
+        Err(_) => {
+            tracing::warn!(grace = ?SHUTDOWN_GRACE, "grpc clients still connected; closing");
+            grpc_task.abort();
+        }
+    }
+    tracing::info!("grpc stopped");
     metrics_task.abort();
     lag_task.abort();
     tracing::info!("node stopped");

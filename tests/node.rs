@@ -225,7 +225,7 @@ async fn bad_records_are_dead_lettered_and_the_partition_keeps_flowing() -> anyh
 }
 
 /// `Update` answers after the node applied the write; `Get` reads it; `Watch` sees it;
-/// mistakes get clear statuses.
+/// mistakes get clear statuses; SIGTERM stops the node cleanly with a stream open.
 #[tokio::test]
 async fn update_then_get_reads_the_write_and_watch_sees_it() -> anyhow::Result<()> {
     let cluster = cluster()?;
@@ -389,5 +389,9 @@ async fn update_then_get_reads_the_write_and_watch_sees_it() -> anyhow::Result<(
         ["requests/idem", "zones/9q8yy"]
     );
     assert!(rest.next_page_token.is_empty());
+
+    // SIGTERM stops the node cleanly and promptly, open Watch stream and all
+    node.terminate(Duration::from_secs(10)).await?;
+    drop(watch);
     Ok(())
 }

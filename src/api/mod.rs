@@ -42,6 +42,8 @@ pub struct Api {
     pub producer: FutureProducer,
     pub shared: Arc<IngestShared>,
     pub partitions: Vec<i32>,
+    /// Turns true when the node stops; ends `Watch` streams so shutdown can complete.
+    pub stop: tokio::sync::watch::Receiver<bool>,
 }
 
 /// Serves the API on `listener` until `shutdown` completes.
@@ -309,10 +311,18 @@ impl State for Handler {
     ) -> Result<Response<Self::WatchStream>, Status> {
         let prefix = req.into_inner().prefix;
         let mut changes = self.0.shared.changes.subscribe();
+        let mut stop = self.0.stop.clone();
         let (tx, rx) = mpsc::channel(256);
         tokio::spawn(async move {
             loop {
-                let batch = match changes.recv().await {
+                let stopped = async {
+                    let _ = stop.wait_for(|s| *s).await;
+                };
+                let next = tokio::select! {
+                    () = stopped => return,
+                    next = changes.recv() => next,
+                };
+                let batch = match next {
                     Ok(batch) => batch,
                     Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
                         let _ = tx

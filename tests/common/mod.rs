@@ -185,6 +185,35 @@ impl Node {
         }
     }
 
+    /// SIGTERM, then waits for a clean exit; fails if the node takes longer than `grace`
+    /// or exits with an error.
+    pub async fn terminate(&mut self, grace: Duration) -> anyhow::Result<()> {
+        let Some(mut child) = self.child.take() else {
+            return Ok(());
+        };
+        Command::new("kill")
+            .arg("-TERM")
+            .arg(child.id().to_string())
+            .status()?;
+        let until = Instant::now() + grace;
+        loop {
+            if let Some(status) = child.try_wait()? {
+                if !status.success() {
+                    bail!("node exited with {status}; log: {}", self.log_tail());
+                }
+                return Ok(());
+            }
+            if Instant::now() > until {
+                let _ = child.kill();
+                bail!(
+                    "node still running {grace:?} after SIGTERM; log: {}",
+                    self.log_tail()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// SIGKILL: no shutdown code runs.
     pub fn kill9(&mut self) {
         if let Some(mut child) = self.child.take() {
