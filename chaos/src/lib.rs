@@ -1,1 +1,3 @@
-//! Chaos and failover drills against a running geostate deployment (grows with the lease and checkpoint paths).
+//! Chaos and failover drills against a running geostate deployment. Empty until the
+//! lease and checkpoint paths exist; the drills will use only the public gRPC API and the
+//! binaries, never the library.

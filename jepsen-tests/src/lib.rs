@@ -1,1 +1,7 @@
-//! Jepsen-style histories and checkers for geostate (grows with the replication and lease paths).
+//! Jepsen-style histories and checkers for geostate. A run records every client operation
+//! as JSON lines (invoke, then ok / fail / info) and the checkers decide from the history
+//! alone whether a guarantee held. They never look inside geostate: the history is all
+//! they know.
+
+pub mod counter;
+pub mod history;
