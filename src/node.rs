@@ -109,7 +109,7 @@ pub async fn run(
         hlc: hlc.clone(),
         store: store.clone(),
         consumer,
-        dlq: log::idempotent_producer(&config.kafka)?,
+        dlq: log::idempotent_producer(&config.kafka, Duration::from_secs(30))?,
         shared: shared.clone(),
     };
     let mut ingest_task = tokio::spawn(ingest.run(stop_rx.clone()));
@@ -128,7 +128,8 @@ pub async fn run(
         incarnation,
         hlc,
         store: store.clone(),
-        producer: log::idempotent_producer(&config.kafka)?,
+        // a write Kafka cannot take within 10 s is answered UNAVAILABLE
+        producer: log::idempotent_producer(&config.kafka, Duration::from_secs(10))?,
         shared,
         partitions,
         stop: stop_rx.clone(),

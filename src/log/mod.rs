@@ -41,13 +41,17 @@ fn client_config(kafka: &KafkaConfig) -> ClientConfig {
     c
 }
 
-/// An idempotent producer with `acks=all` that sends at once.
-pub fn idempotent_producer(kafka: &KafkaConfig) -> Result<FutureProducer, LogError> {
+/// An idempotent producer with `acks=all` that sends at once and gives up on a record
+/// (an error, never a silent drop) after `delivery_timeout`.
+pub fn idempotent_producer(
+    kafka: &KafkaConfig,
+    delivery_timeout: Duration,
+) -> Result<FutureProducer, LogError> {
     Ok(client_config(kafka)
         .set("enable.idempotence", "true")
         .set("acks", "all")
         .set("linger.ms", "0")
-        .set("message.timeout.ms", "30000")
+        .set("message.timeout.ms", delivery_timeout.as_millis().to_string())
         .create()?)
 }
 
