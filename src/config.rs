@@ -51,7 +51,8 @@ pub enum RecordFormat {
 pub struct IngestConfig {
     /// Most events applied in one RocksDB write batch.
     pub batch_max_events: usize,
-    /// Longest a batch waits to fill before it is applied anyway.
+    /// Longest a batch waits to fill before it is applied anyway; zero takes only what
+    /// has already arrived.
     pub batch_max_wait: Duration,
     pub max_key_bytes: usize,
     pub max_value_bytes: usize,
@@ -262,7 +263,7 @@ fn default_batch_max_events() -> usize {
     1000
 }
 fn default_batch_max_wait() -> String {
-    "5ms".into()
+    "0ms".into()
 }
 fn default_max_key_bytes() -> usize {
     1024
@@ -453,7 +454,8 @@ mod tests {
             MINIMAL.replace("region =", "max-clock-offset = \"5 parsecs\"\nregion =");
         let err = Config::parse(&bad_duration).unwrap_err().to_string();
         assert!(err.contains("max-clock-offset"), "{err}");
-        let bad_addr = MINIMAL.replace("grpc-listen = \"127.0.0.1:0\"", "grpc-listen = \"nowhere\"");
+        let bad_addr =
+            MINIMAL.replace("grpc-listen = \"127.0.0.1:0\"", "grpc-listen = \"nowhere\"");
         let err = Config::parse(&bad_addr).unwrap_err().to_string();
         assert!(err.contains("api.grpc-listen"), "{err}");
     }

@@ -51,7 +51,10 @@ pub fn idempotent_producer(
         .set("enable.idempotence", "true")
         .set("acks", "all")
         .set("linger.ms", "0")
-        .set("message.timeout.ms", delivery_timeout.as_millis().to_string())
+        .set(
+            "message.timeout.ms",
+            delivery_timeout.as_millis().to_string(),
+        )
         .create()?)
 }
 
