@@ -25,4 +25,5 @@ pub mod log;
 pub mod metrics;
 pub mod node;
 pub mod pb;
+pub mod replication;
 pub mod store;

@@ -15,6 +15,10 @@ pub const EVENTS_APPLIED: &str = "geostate_events_applied_total";
 pub const EVENTS_DUPLICATE: &str = "geostate_events_duplicate_total";
 /// Records sent to the dead-letter topic, label `reason` (counter).
 pub const EVENTS_DEAD_LETTERED: &str = "geostate_events_dead_lettered_total";
+/// Deltas this region shipped to its deltas topic (counter).
+pub const DELTAS_SHIPPED: &str = "geostate_deltas_shipped_total";
+/// Bytes of deltas shipped (counter).
+pub const DELTA_BYTES_SHIPPED: &str = "geostate_delta_bytes_shipped_total";
 /// Seconds to apply and commit one batch (histogram).
 pub const BATCH_APPLY_SECONDS: &str = "geostate_batch_apply_seconds";
 /// Events per applied batch (histogram).

@@ -16,6 +16,7 @@ use crate::crdt::Actor;
 use crate::ingest::pump::{IngestError, IngestShared, Ingestor};
 use crate::log::{self, LogError};
 use crate::metrics as m;
+use crate::replication::outbound::Shipper;
 use crate::store::{Store, StoreError};
 
 /// How long shutdown waits for gRPC clients to finish and disconnect.
@@ -113,6 +114,13 @@ pub async fn run(
         shared: shared.clone(),
     };
     let mut ingest_task = tokio::spawn(ingest.run(stop_rx.clone()));
+    let shipper = Shipper {
+        store: store.clone(),
+        producer: log::idempotent_producer(&config.kafka, Duration::from_secs(30))?,
+        topic: config.kafka.deltas_topic.clone(),
+        wake: shared.committed.clone(),
+    };
+    let shipper_task = tokio::spawn(shipper.run(stop_rx.clone()));
 
     let handle = m::install();
     let metrics_task = tokio::spawn(m::serve(listeners.metrics, handle));
@@ -151,6 +159,9 @@ pub async fn run(
         None => ingest_task.await,
     };
     tracing::info!("ingest stopped");
+    if let Err(e) = shipper_task.await? {
+        tracing::error!(error = %e, "outbound shipper failed");
+    }
     // Graceful: in-flight calls finish and clients are told to go away; a client that
     // keeps its connection open past the grace period is cut off.
     match tokio::time::timeout(SHUTDOWN_GRACE, &mut grpc_task).await {

@@ -395,3 +395,63 @@ async fn update_then_get_reads_the_write_and_watch_sees_it() -> anyhow::Result<(
     drop(watch);
     Ok(())
 }
+
+/// Every applied key's own part reaches the region's deltas topic, keyed by the state key:
+/// the newest delta of each key equals this region's part of the key's state.
+#[tokio::test]
+async fn applied_keys_ship_their_own_part_to_the_deltas_topic() -> anyhow::Result<()> {
+    use geostate::crdt::{CrdtValue, Delta};
+
+    let cluster = cluster()?;
+    let kafka = cluster.regions["us-east-1"].kafka.clone();
+    let topics = Topics::create(&kafka, "ship", 2).await?;
+    let dir = tempfile::tempdir()?;
+    let mut node = Node::configure(dir.path(), &kafka, &topics)?;
+    node.start().await?;
+    let mut state = node.state().await?;
+    for (key, op) in [
+        ("requests/a", pb::update_request::Op::Add(2)),
+        ("requests/a", pb::update_request::Op::Add(3)),
+        ("drivers/b", pb::update_request::Op::Add(-1)),
+        ("zones/c", pb::update_request::Op::Set(b"x".to_vec())),
+    ] {
+        state
+            .update(pb::UpdateRequest {
+                key: key.into(),
+                op: Some(op),
+                id: String::new(),
+            })
+            .await?;
+    }
+
+    let consumer: StreamConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &kafka)
+        .set("group.id", common::unique("deltas-reader"))
+        .set("auto.offset.reset", "earliest")
+        .create()?;
+    consumer.subscribe(&[&topics.deltas])?;
+    let mut newest: BTreeMap<String, Delta> = BTreeMap::new();
+    let done = |newest: &BTreeMap<String, Delta>| {
+        let value = |k: &str| newest.get(k).map(|d| d.state.clone());
+        matches!(value("requests/a"), Some(CrdtValue::GCounter(c)) if c.value() == 5)
+            && matches!(value("drivers/b"), Some(CrdtValue::PnCounter(c)) if c.value() == -1)
+            && matches!(value("zones/c"), Some(CrdtValue::LwwRegister(r)) if r.value() == b"x")
+    };
+    let until = Instant::now() + Duration::from_secs(30);
+    while !done(&newest) {
+        let left = until.saturating_duration_since(Instant::now());
+        let message = tokio::time::timeout(left, consumer.recv())
+            .await
+            .with_context(|| format!("deltas incomplete: {newest:?}"))??;
+        let delta = Delta::decode(message.payload().unwrap_or_default())?;
+        assert_eq!(
+            message.key(),
+            Some(delta.key.as_bytes()),
+            "record key = state key"
+        );
+        assert_eq!(delta.origin.as_str(), "us-east-1");
+        assert_eq!(delta.epoch, 0);
+        newest.insert(delta.key.clone(), delta);
+    }
+    Ok(())
+}

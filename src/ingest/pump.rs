@@ -55,6 +55,8 @@ pub struct IngestShared {
     rejected: Mutex<VecDeque<((i32, i64), Rejection)>>,
     pub events_applied: AtomicU64,
     pub events_dead_lettered: AtomicU64,
+    /// Notified after every committed batch (wakes the outbound shipper).
+    pub committed: Arc<tokio::sync::Notify>,
 }
 
 impl IngestShared {
@@ -65,6 +67,7 @@ impl IngestShared {
             rejected: Mutex::new(VecDeque::new()),
             events_applied: AtomicU64::new(0),
             events_dead_lettered: AtomicU64::new(0),
+            committed: Arc::new(tokio::sync::Notify::new()),
         }
     }
 
@@ -171,6 +174,9 @@ impl Ingestor {
         })
         .await??;
 
+        if !applied.outbox.is_empty() {
+            self.shared.committed.notify_one();
+        }
         metrics::counter!(m::EVENTS_APPLIED).increment(applied.applied as u64);
         metrics::counter!(m::EVENTS_DUPLICATE).increment(applied.duplicates as u64);
         metrics::histogram!(m::BATCH_APPLY_SECONDS).record(started.elapsed().as_secs_f64());

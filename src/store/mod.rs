@@ -44,6 +44,8 @@ pub enum StoreError {
     },
     #[error("stored {what} has a bad length")]
     BadLength { what: &'static str },
+    #[error("storage task failed: {0}")]
+    Task(String),
 }
 
 /// What one applied batch writes.
@@ -58,6 +60,8 @@ pub struct Commit<'a> {
 
 pub struct Store {
     db: DB,
+    /// Serializes outbox writes (commits) with the compare-and-delete of shipped entries.
+    outbox_writer: std::sync::Mutex<()>,
 }
 
 impl Store {
@@ -70,7 +74,10 @@ impl Store {
         let cfs = [CF_STATE, CF_OFFSETS, CF_OUTBOX, CF_META, CF_DEDUP]
             .map(|name| ColumnFamilyDescriptor::new(name, opts.clone()));
         let db = DB::open_cf_descriptors(&opts, dir, cfs)?;
-        Ok(Self { db })
+        Ok(Self {
+            db,
+            outbox_writer: std::sync::Mutex::new(()),
+        })
     }
 
     fn cf(&self, name: &'static str) -> &ColumnFamily {
@@ -202,21 +209,40 @@ impl Store {
         Ok(out)
     }
 
-    /// Pending outbox deltas, in key order.
-    pub fn outbox(&self, limit: usize) -> Result<Vec<Delta>, StoreError> {
+    /// Pending outbox entries, in key order: (state key, encoded `Delta`).
+    pub fn outbox(&self, limit: usize) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
         let mut out = Vec::new();
         for item in self
             .db
             .iterator_cf(self.cf(CF_OUTBOX), IteratorMode::Start)
             .take(limit)
         {
-            let (_, v) = item?;
-            out.push(Delta::decode(&v).map_err(|source| StoreError::Corrupt {
-                what: "outbox",
-                source,
-            })?);
+            let (k, v) = item?;
+            out.push((String::from_utf8_lossy(&k).into_owned(), v.into_vec()));
         }
         Ok(out)
+    }
+
+    /// Removes shipped outbox entries — each only if it still holds exactly the shipped
+    /// bytes: a batch that wrote a newer delta for the key meanwhile keeps its entry, so
+    /// the newer state is shipped too, never lost.
+    pub fn clear_outbox(&self, shipped: &[(String, Vec<u8>)]) -> Result<usize, StoreError> {
+        let _writer = self.lock_outbox();
+        let outbox = self.cf(CF_OUTBOX);
+        let mut batch = WriteBatch::default();
+        let mut cleared = 0;
+        for (key, bytes) in shipped {
+            if self.db.get_pinned_cf(outbox, key.as_bytes())?.as_deref() == Some(bytes.as_slice()) {
+                batch.delete_cf(outbox, key.as_bytes());
+                cleared += 1;
+            }
+        }
+        self.db.write(batch)?;
+        Ok(cleared)
+    }
+
+    fn lock_outbox(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.outbox_writer.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Writes one applied batch atomically (see the module guarantee).
@@ -252,6 +278,7 @@ impl Store {
         hlc.extend_from_slice(&commit.hlc_high_water.wall_nanos.to_be_bytes());
         hlc.extend_from_slice(&commit.hlc_high_water.logical.to_be_bytes());
         batch.put_cf(self.cf(CF_META), META_HLC, hlc);
+        let _writer = self.lock_outbox();
         self.db.write(batch)?;
         Ok(())
     }
@@ -316,7 +343,14 @@ mod tests {
             BTreeMap::from([(0, 41), (3, 7)])
         );
         assert!(store.source_offsets("other").unwrap().is_empty());
-        assert_eq!(store.outbox(10).unwrap().len(), 1);
+        let outbox = store.outbox(10).unwrap();
+        assert_eq!(outbox.len(), 1);
+        assert_eq!(Delta::decode(&outbox[0].1).unwrap().key, "requests/a");
+        // an entry rewritten since it was read is not cleared
+        let stale = vec![("requests/a".to_string(), b"older bytes".to_vec())];
+        assert_eq!(store.clear_outbox(&stale).unwrap(), 0);
+        assert_eq!(store.clear_outbox(&outbox).unwrap(), 1);
+        assert!(store.outbox(10).unwrap().is_empty());
         assert_eq!(store.recent_ids("requests/a").unwrap(), ["x", "y"]);
         assert!(store.recent_ids("requests/b").unwrap().is_empty());
         assert_eq!(

@@ -92,6 +92,7 @@ pub fn free_port() -> u16 {
 /// Topics of one test's private node.
 pub struct Topics {
     pub updates: String,
+    pub deltas: String,
     pub dlq: String,
 }
 
@@ -100,9 +101,11 @@ impl Topics {
         let base = unique(label);
         let topics = Topics {
             updates: format!("{base}.updates"),
+            deltas: format!("{base}.deltas"),
             dlq: format!("{base}.dlq"),
         };
         create_topic(bootstrap, &topics.updates, partitions).await?;
+        create_topic(bootstrap, &topics.deltas, partitions).await?;
         create_topic(bootstrap, &topics.dlq, 1).await?;
         Ok(topics)
     }
@@ -130,6 +133,7 @@ impl Node {
                 "data-dir" => format!("data-dir = {:?}", dir.join("data")),
                 "bootstrap" => format!("bootstrap = {kafka:?}"),
                 "updates-topic" => format!("updates-topic = {:?}", topics.updates),
+                "deltas-topic" => format!("deltas-topic = {:?}", topics.deltas),
                 "dlq-topic" => format!("dlq-topic = {:?}", topics.dlq),
                 "grpc-listen" => format!("grpc-listen = {grpc:?}"),
                 "metrics-listen" => format!("metrics-listen = \"127.0.0.1:{}\"", free_port()),
