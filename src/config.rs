@@ -24,6 +24,23 @@ pub struct Config {
     pub ingest: IngestConfig,
     pub api: ApiConfig,
     pub namespaces: Namespaces,
+    pub replication: ReplicationConfig,
+}
+
+/// Where this region reads the other regions' deltas.
+#[derive(Clone, Debug, Default)]
+pub struct ReplicationConfig {
+    pub remotes: Vec<RemoteConfig>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RemoteConfig {
+    pub region: RegionId,
+    /// Default `<region>.<deltas-topic>`: the copy MirrorMaker 2 keeps in this region.
+    pub topic: String,
+    /// Default: this region's own Kafka. Set it (and `topic = "geostate.deltas"`) to read
+    /// the remote cluster directly, without a mirror.
+    pub bootstrap: String,
 }
 
 #[derive(Clone, Debug)]
@@ -183,6 +200,23 @@ struct RawConfig {
     api: RawApi,
     #[serde(default, rename = "namespace")]
     namespaces: Vec<RawNamespace>,
+    #[serde(default)]
+    replication: RawReplication,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct RawReplication {
+    #[serde(default, rename = "remote")]
+    remotes: Vec<RawRemote>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct RawRemote {
+    region: String,
+    topic: Option<String>,
+    bootstrap: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -300,6 +334,32 @@ impl RawConfig {
                 "size limits must be positive",
             ));
         }
+        let mut remotes: Vec<RemoteConfig> = Vec::new();
+        for raw in self.replication.remotes {
+            let remote = RegionId::new(raw.region)
+                .map_err(|e| invalid("replication.remote.region", e.to_string()))?;
+            if remote == region {
+                return Err(invalid(
+                    "replication.remote.region",
+                    format!("{remote} is this region itself"),
+                ));
+            }
+            if remotes.iter().any(|r| r.region == remote) {
+                return Err(invalid(
+                    "replication.remote.region",
+                    format!("{remote} is listed twice"),
+                ));
+            }
+            remotes.push(RemoteConfig {
+                topic: raw
+                    .topic
+                    .unwrap_or_else(|| format!("{remote}.{}", self.kafka.deltas_topic)),
+                bootstrap: raw
+                    .bootstrap
+                    .unwrap_or_else(|| self.kafka.bootstrap.clone()),
+                region: remote,
+            });
+        }
         let namespaces = Namespaces::new(
             self.namespaces
                 .into_iter()
@@ -337,6 +397,7 @@ impl RawConfig {
                 metrics_listen: parse_addr("api.metrics-listen", &self.api.metrics_listen)?,
             },
             namespaces,
+            replication: ReplicationConfig { remotes },
         })
     }
 }
@@ -410,6 +471,20 @@ mod tests {
         );
         assert!(c.namespaces.lookup("nothing/here").is_none());
         assert!(c.namespaces.lookup("surge").is_none());
+        assert!(c.replication.remotes.is_empty());
+    }
+
+    #[test]
+    fn remotes_default_to_the_mirrored_topic_on_the_own_cluster() {
+        let text = format!(
+            "{MINIMAL}\n[[replication.remote]]\nregion = \"eu-west-1\"\n[[replication.remote]]\nregion = \"ap-south-1\"\ntopic = \"geostate.deltas\"\nbootstrap = \"10.0.0.1:9092\"\n"
+        );
+        let c = Config::parse(&text).unwrap();
+        assert_eq!(c.replication.remotes[0].topic, "eu-west-1.geostate.deltas");
+        assert_eq!(c.replication.remotes[0].bootstrap, "127.0.0.1:9092");
+        assert_eq!(c.replication.remotes[1].bootstrap, "10.0.0.1:9092");
+        let itself = format!("{MINIMAL}\n[[replication.remote]]\nregion = \"us-east-1\"\n");
+        assert!(Config::parse(&itself).is_err());
     }
 
     #[test]

@@ -19,6 +19,12 @@ pub const EVENTS_DEAD_LETTERED: &str = "geostate_events_dead_lettered_total";
 pub const DELTAS_SHIPPED: &str = "geostate_deltas_shipped_total";
 /// Bytes of deltas shipped (counter).
 pub const DELTA_BYTES_SHIPPED: &str = "geostate_delta_bytes_shipped_total";
+/// Remote deltas merged, label `region` (counter).
+pub const DELTAS_MERGED: &str = "geostate_deltas_merged_total";
+/// Remote deltas refused, labels `region`, `reason` (counter).
+pub const DELTAS_REFUSED: &str = "geostate_deltas_refused_total";
+/// From a remote region's apply to ours, label `region` (histogram).
+pub const REPLICATION_LAG_SECONDS: &str = "geostate_replication_lag_seconds";
 /// Seconds to apply and commit one batch (histogram).
 pub const BATCH_APPLY_SECONDS: &str = "geostate_batch_apply_seconds";
 /// Events per applied batch (histogram).

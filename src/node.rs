@@ -16,6 +16,8 @@ use crate::crdt::Actor;
 use crate::ingest::pump::{IngestError, IngestShared, Ingestor};
 use crate::log::{self, LogError};
 use crate::metrics as m;
+use crate::replication::Freshness;
+use crate::replication::inbound::Merger;
 use crate::replication::outbound::Shipper;
 use crate::store::{Store, StoreError};
 
@@ -121,6 +123,19 @@ pub async fn run(
         wake: shared.committed.clone(),
     };
     let shipper_task = tokio::spawn(shipper.run(stop_rx.clone()));
+    let freshness = Arc::new(Freshness::new(store.remote_applied()?));
+    let mut merger_tasks = Vec::new();
+    for remote in &config.replication.remotes {
+        let merger = Merger {
+            config: config.clone(),
+            remote: remote.clone(),
+            hlc: hlc.clone(),
+            store: store.clone(),
+            shared: shared.clone(),
+            freshness: freshness.clone(),
+        };
+        merger_tasks.push(tokio::spawn(merger.run(stop_rx.clone())));
+    }
 
     let handle = m::install();
     let metrics_task = tokio::spawn(m::serve(listeners.metrics, handle));
@@ -141,6 +156,7 @@ pub async fn run(
         shared,
         partitions,
         stop: stop_rx.clone(),
+        freshness,
     });
     let mut grpc_stop = stop_rx.clone();
     let mut grpc_task = tokio::spawn(api::serve(listeners.grpc, api, async move {
@@ -161,6 +177,11 @@ pub async fn run(
     tracing::info!("ingest stopped");
     if let Err(e) = shipper_task.await? {
         tracing::error!(error = %e, "outbound shipper failed");
+    }
+    for task in merger_tasks {
+        if let Err(e) = task.await? {
+            tracing::error!(error = %e, "merging remote deltas failed");
+        }
     }
     // Graceful: in-flight calls finish and clients are told to go away; a client that
     // keeps its connection open past the grace period is cut off.

@@ -117,3 +117,49 @@ fn grpcurl_lists_the_services_and_a_write_reads_back_in_every_region() -> anyhow
     }
     Ok(())
 }
+
+/// The real path between the `make up` regions: node → `geostate.deltas` → MirrorMaker 2
+/// → `<region>.geostate.deltas` → the other node. Writes in both regions on one key are
+/// counted in both.
+#[tokio::test]
+async fn writes_in_both_regions_meet_through_mirrormaker2() -> anyhow::Result<()> {
+    use geostate::pb;
+    use geostate::pb::state_client::StateClient;
+
+    let cluster = nodes()?;
+    let key = format!("requests/{}", unique("mm2"));
+    let mut clients = Vec::new();
+    for (i, node) in cluster.regions.values().enumerate() {
+        let mut client = StateClient::connect(format!("http://{}", node.grpc)).await?;
+        client
+            .update(pb::UpdateRequest {
+                key: key.clone(),
+                op: Some(pb::update_request::Op::Add(i as i64 + 3)),
+                id: String::new(),
+            })
+            .await?;
+        clients.push(client);
+    }
+    let expected: i64 = (0..clients.len() as i64).map(|i| i + 3).sum();
+    let started = std::time::Instant::now();
+    for client in &mut clients {
+        loop {
+            let v = client
+                .get(pb::GetRequest { key: key.clone() })
+                .await?
+                .into_inner();
+            if v.value == Some(pb::value::Value::Counter(expected)) {
+                break;
+            }
+            if started.elapsed() > std::time::Duration::from_secs(30) {
+                bail!("{key} reads {:?}, not {expected}, after 30 s", v.value);
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
+    println!(
+        "both regions read {expected} after {} ms",
+        started.elapsed().as_millis()
+    );
+    Ok(())
+}

@@ -44,6 +44,8 @@ pub struct Api {
     pub partitions: Vec<i32>,
     /// Turns true when the node stops; ends `Watch` streams so shutdown can complete.
     pub stop: tokio::sync::watch::Receiver<bool>,
+    /// Per remote region, how current this node's state is.
+    pub freshness: Arc<crate::replication::Freshness>,
 }
 
 /// Serves the API on `listener` until `shutdown` completes.
@@ -107,7 +109,25 @@ impl Handler {
 
     fn read(&self, key: &str) -> Result<pb::Value, ApiError> {
         let crdt = self.crdt_of(key)?;
-        convert::value(key, crdt, self.0.store.get(key)?.as_ref())
+        let mut value = convert::value(key, crdt, self.0.store.get(key)?.as_ref())?;
+        self.fill_freshness(&mut value);
+        Ok(value)
+    }
+
+    fn fill_freshness(&self, value: &mut pb::Value) {
+        if let Some(f) = value.freshness.as_mut() {
+            f.remotes = self
+                .0
+                .freshness
+                .snapshot()
+                .into_iter()
+                .map(|(region, r)| pb::RemoteFreshness {
+                    region: region.to_string(),
+                    applied: Some(convert::hlc(r.applied)),
+                    lag_ms: r.lag.as_millis() as u64,
+                })
+                .collect();
+        }
     }
 
     async fn update(&self, req: pb::UpdateRequest) -> Result<pb::UpdateResponse, ApiError> {

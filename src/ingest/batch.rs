@@ -145,8 +145,17 @@ pub fn apply_batch<S: StateSource>(
         let stamp = register_stamp(&update, &record, ctx);
         match apply_op(entry.state.as_ref(), crdt, &update.op, ctx.actor, stamp) {
             Ok(next) => {
-                entry.state = Some(next);
-                entry.state_changed = true;
+                // a no-op (adding 0) must not create or rewrite the key: regions would
+                // then disagree on which keys exist
+                let no_op = match (&entry.state, &next) {
+                    (None, CrdtValue::PnCounter(c)) => c.is_empty(),
+                    (Some(current), next) => current == next,
+                    (None, _) => false,
+                };
+                if !no_op {
+                    entry.state = Some(next);
+                    entry.state_changed = true;
+                }
                 if let (Some(id), Some(ids)) = (update.id, entry.recent_ids.as_mut()) {
                     ids.push_back(id);
                     while ids.len() > ctx.limits.dedup_window {
@@ -336,6 +345,16 @@ mod tests {
         let twice = run(vec![record(0, 2, &huge)], &once.states);
         assert_eq!(twice.rejected.len(), 1, "the second huge add overflows");
         assert!(twice.states.is_empty() && twice.outbox.is_empty());
+    }
+
+    #[test]
+    fn adding_zero_creates_no_key() {
+        let out = run(
+            vec![record(0, 1, r#"{"key":"drivers/a","add":0}"#)],
+            &BTreeMap::new(),
+        );
+        assert_eq!(out.applied, 1);
+        assert!(out.states.is_empty() && out.outbox.is_empty());
     }
 
     #[test]

@@ -169,6 +169,7 @@ impl Ingestor {
                     outbox: &applied.outbox,
                     recent_ids: &applied.recent_ids,
                     hlc_high_water: origin_time,
+                    remote_applied: None,
                 })
                 .map(|()| applied)
         })

@@ -8,6 +8,7 @@
 //!  outbox         state key                    Delta protobuf (own part, to ship)
 //!  dedup          state key                    recent idempotency ids (u16 BE length + bytes)…
 //!  meta           "incarnation" | "hlc"        u32 BE | wall_nanos u64 BE, logical u32 BE
+//!                 "remote/<region>"            newest origin HLC merged from that region
 //! ```
 //!
 //! Guarantee: a batch's new states, the source offsets it consumed, its outbox entries and
@@ -23,7 +24,7 @@ use rocksdb::{
 };
 
 use crate::clock::HlcTimestamp;
-use crate::crdt::{CrdtValue, DecodeError, Delta, decode_value, encode_value};
+use crate::crdt::{CrdtValue, DecodeError, Delta, RegionId, decode_value, encode_value};
 
 const CF_STATE: &str = "state";
 const CF_OFFSETS: &str = "offsets";
@@ -32,6 +33,8 @@ const CF_META: &str = "meta";
 const CF_DEDUP: &str = "dedup";
 const META_INCARNATION: &[u8] = b"incarnation";
 const META_HLC: &[u8] = b"hlc";
+/// `remote/<region>`: the newest origin time merged from that region.
+const META_REMOTE: &str = "remote/";
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -56,6 +59,9 @@ pub struct Commit<'a> {
     pub outbox: &'a [Delta],
     pub recent_ids: &'a BTreeMap<String, VecDeque<String>>,
     pub hlc_high_water: HlcTimestamp,
+    /// For a batch of merged remote deltas: the remote region and the newest origin time
+    /// applied from it.
+    pub remote_applied: Option<(&'a RegionId, HlcTimestamp)>,
 }
 
 pub struct Store {
@@ -111,15 +117,29 @@ impl Store {
 
     /// The highest HLC stamp this region issued before, if any.
     pub fn hlc_high_water(&self) -> Result<Option<HlcTimestamp>, StoreError> {
-        match self.db.get_cf(self.cf(CF_META), META_HLC)? {
-            None => Ok(None),
-            Some(v) if v.len() == 12 => {
-                let wall = u64::from_be_bytes(v[..8].try_into().unwrap_or_default());
-                let logical = u32::from_be_bytes(v[8..].try_into().unwrap_or_default());
-                Ok(Some(HlcTimestamp::new(wall, logical)))
+        self.db
+            .get_cf(self.cf(CF_META), META_HLC)?
+            .map(|v| decode_hlc(&v))
+            .transpose()
+    }
+
+    /// Per remote region, the newest origin time merged from it.
+    pub fn remote_applied(&self) -> Result<BTreeMap<RegionId, HlcTimestamp>, StoreError> {
+        let mut out = BTreeMap::new();
+        let iter = self.db.iterator_cf(
+            self.cf(CF_META),
+            IteratorMode::From(META_REMOTE.as_bytes(), Direction::Forward),
+        );
+        for item in iter {
+            let (k, v) = item?;
+            let Some(region) = k.strip_prefix(META_REMOTE.as_bytes()) else {
+                break;
+            };
+            if let Ok(region) = RegionId::new(String::from_utf8_lossy(region).into_owned()) {
+                out.insert(region, decode_hlc(&v)?);
             }
-            Some(_) => Err(StoreError::BadLength { what: "hlc" }),
         }
+        Ok(out)
     }
 
     pub fn get(&self, key: &str) -> Result<Option<CrdtValue>, StoreError> {
@@ -274,14 +294,35 @@ impl Store {
             }
             batch.put_cf(dedup, key.as_bytes(), v);
         }
-        let mut hlc = Vec::with_capacity(12);
-        hlc.extend_from_slice(&commit.hlc_high_water.wall_nanos.to_be_bytes());
-        hlc.extend_from_slice(&commit.hlc_high_water.logical.to_be_bytes());
-        batch.put_cf(self.cf(CF_META), META_HLC, hlc);
+        batch.put_cf(
+            self.cf(CF_META),
+            META_HLC,
+            encode_hlc(commit.hlc_high_water),
+        );
+        if let Some((region, newest)) = commit.remote_applied {
+            let key = format!("{META_REMOTE}{region}");
+            batch.put_cf(self.cf(CF_META), key.as_bytes(), encode_hlc(newest));
+        }
         let _writer = self.lock_outbox();
         self.db.write(batch)?;
         Ok(())
     }
+}
+
+fn encode_hlc(ts: HlcTimestamp) -> Vec<u8> {
+    let mut v = Vec::with_capacity(12);
+    v.extend_from_slice(&ts.wall_nanos.to_be_bytes());
+    v.extend_from_slice(&ts.logical.to_be_bytes());
+    v
+}
+
+fn decode_hlc(v: &[u8]) -> Result<HlcTimestamp, StoreError> {
+    if v.len() != 12 {
+        return Err(StoreError::BadLength { what: "hlc" });
+    }
+    let wall = u64::from_be_bytes(v[..8].try_into().unwrap_or_default());
+    let logical = u32::from_be_bytes(v[8..].try_into().unwrap_or_default());
+    Ok(HlcTimestamp::new(wall, logical))
 }
 
 fn offset_prefix(topic: &str) -> Vec<u8> {
@@ -331,6 +372,10 @@ mod tests {
                         VecDeque::from(["x".to_string(), "y".to_string()]),
                     )]),
                     hlc_high_water: HlcTimestamp::new(99, 2),
+                    remote_applied: Some((
+                        &RegionId::new("eu-west-1").unwrap(),
+                        HlcTimestamp::new(7, 0),
+                    )),
                 })
                 .unwrap();
         }

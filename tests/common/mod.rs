@@ -120,11 +120,31 @@ pub struct Node {
 }
 
 impl Node {
-    /// Writes a config for region `us-east-1` over `kafka` and `topics`, data in `data_dir`.
+    /// Writes a config for region `us-east-1` over `kafka` and `topics`, data in `dir`,
+    /// merging no remote region.
     pub fn configure(dir: &Path, kafka: &str, topics: &Topics) -> anyhow::Result<Self> {
+        Self::configure_region(dir, "us-east-1", kafka, topics, &[])
+    }
+
+    /// Writes a config for `region` from `regions/<region>.toml` over `kafka` and
+    /// `topics`, data in `dir`, merging each `(remote region, deltas topic)` directly from
+    /// `kafka`.
+    pub fn configure_region(
+        dir: &Path,
+        region: &str,
+        kafka: &str,
+        topics: &Topics,
+        remotes: &[(&str, &str)],
+    ) -> anyhow::Result<Self> {
         let template = std::fs::read_to_string(
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("regions/us-east-1.toml"),
+            Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("regions/{region}.toml")),
         )?;
+        // the example's own remotes are replaced by the test's
+        let template = template
+            .split("[[replication.remote]]")
+            .next()
+            .unwrap_or_default()
+            .to_owned();
         let grpc = format!("127.0.0.1:{}", free_port());
         let mut text = String::new();
         for line in template.lines() {
@@ -141,6 +161,11 @@ impl Node {
             };
             text.push_str(&line);
             text.push('\n');
+        }
+        for (remote, topic) in remotes {
+            text.push_str(&format!(
+                "\n[[replication.remote]]\nregion = {remote:?}\ntopic = {topic:?}\nbootstrap = {kafka:?}\n"
+            ));
         }
         let config = dir.join("node.toml");
         std::fs::write(&config, text)?;

@@ -1,0 +1,437 @@
+//! Inbound: merge a remote region's deltas into local state.
+//!
+//! ```text
+//!  <remote>.geostate.deltas ──recv──► batch ──merge_batch (pure)──► states
+//!        ──Store::commit: ONE WriteBatch = merged states + remote offsets + newest origin
+//!        ──► freshness (per remote: newest origin time, lag), watchers
+//! ```
+//!
+//! Guarantees: merging is idempotent and commutative, so duplicated or reordered
+//! deliveries (at-least-once MirrorMaker 2, replays after a crash) leave the same state;
+//! the remote offsets are committed with the merged states, so a restart resumes exactly
+//! after the last merged delta; a merge never writes the outbox (deltas do not echo back);
+//! a delta stamped further ahead than `max-clock-offset` is refused and counted, and its
+//! content arrives with the remote's next delta for the key once clocks agree again.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rdkafka::Message;
+use rdkafka::consumer::StreamConsumer;
+use tokio::sync::watch;
+
+use super::Freshness;
+use crate::clock::{ClockError, Hlc, HlcTimestamp};
+use crate::config::{Config, Namespaces, RemoteConfig};
+use crate::crdt::{CrdtError, CrdtValue, DecodeError, Delta, RegionId};
+use crate::ingest::batch::{Record, StateSource};
+use crate::ingest::pump::{Change, IngestShared};
+use crate::log;
+use crate::metrics as m;
+use crate::store::{Commit, Store, StoreError};
+
+const RETRY_PAUSE: Duration = Duration::from_millis(500);
+const MAX_BATCH: usize = 1000;
+
+/// Why a remote delta was not merged.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum Refusal {
+    #[error("malformed delta: {0}")]
+    Malformed(DecodeError),
+    #[error("delta from {found} on {expected}'s topic")]
+    WrongOrigin { expected: RegionId, found: RegionId },
+    #[error(transparent)]
+    ClockAhead(ClockError),
+    #[error("key {key:?} is in no namespace here")]
+    NoNamespace { key: String },
+    #[error("key {key:?}: {source}")]
+    Type { key: String, source: CrdtError },
+}
+
+impl Refusal {
+    pub fn code(&self) -> &'static str {
+        match self {
+            Refusal::Malformed(_) => "malformed",
+            Refusal::WrongOrigin { .. } => "wrong_origin",
+            Refusal::ClockAhead(_) => "clock_ahead",
+            Refusal::NoNamespace { .. } => "no_namespace",
+            Refusal::Type { .. } => "type_mismatch",
+        }
+    }
+}
+
+/// What a batch of remote deltas changes.
+#[derive(Debug, Default)]
+pub struct Merged {
+    pub states: BTreeMap<String, CrdtValue>,
+    pub offsets: BTreeMap<i32, i64>,
+    pub refused: Vec<(i32, i64, Refusal)>,
+    /// The newest origin time among the merged deltas.
+    pub newest: Option<HlcTimestamp>,
+    pub merged: usize,
+}
+
+/// Merges `records` (deltas of `remote`) on top of what `source` holds.
+pub fn merge_batch<S: StateSource>(
+    records: &[Record],
+    source: &S,
+    remote: &RegionId,
+    namespaces: &Namespaces,
+    hlc: &Hlc,
+) -> Result<Merged, S::Error> {
+    let mut out = Merged::default();
+    let mut loaded: BTreeMap<String, Option<CrdtValue>> = BTreeMap::new();
+    for record in records {
+        out.offsets
+            .entry(record.partition)
+            .and_modify(|o| *o = (*o).max(record.offset))
+            .or_insert(record.offset);
+        let delta = match check(record, remote, namespaces, hlc) {
+            Ok(delta) => delta,
+            Err(why) => {
+                out.refused.push((record.partition, record.offset, why));
+                continue;
+            }
+        };
+        if !loaded.contains_key(&delta.key) {
+            let current = source.state(&delta.key)?;
+            loaded.insert(delta.key.clone(), current);
+        }
+        let Some(slot) = loaded.get_mut(&delta.key) else {
+            continue;
+        };
+        let merged = match slot.take() {
+            None => Ok(delta.state.clone()),
+            Some(mut current) => current.merge(&delta.state).map(|()| current),
+        };
+        match merged {
+            Ok(state) => {
+                out.states.insert(delta.key.clone(), state.clone());
+                *slot = Some(state);
+                out.newest = out.newest.max(Some(delta.origin_time));
+                out.merged += 1;
+            }
+            Err(source) => {
+                // leave the stored state as it was
+                *slot = out.states.get(&delta.key).cloned();
+                out.refused.push((
+                    record.partition,
+                    record.offset,
+                    Refusal::Type {
+                        key: delta.key,
+                        source,
+                    },
+                ));
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn check(
+    record: &Record,
+    remote: &RegionId,
+    namespaces: &Namespaces,
+    hlc: &Hlc,
+) -> Result<Delta, Refusal> {
+    let delta =
+        Delta::decode(record.payload.as_deref().unwrap_or_default()).map_err(Refusal::Malformed)?;
+    if &delta.origin != remote {
+        return Err(Refusal::WrongOrigin {
+            expected: remote.clone(),
+            found: delta.origin,
+        });
+    }
+    let ns = namespaces
+        .lookup(&delta.key)
+        .ok_or_else(|| Refusal::NoNamespace {
+            key: delta.key.clone(),
+        })?;
+    if ns.crdt != delta.state.crdt_type() {
+        return Err(Refusal::Type {
+            key: delta.key.clone(),
+            source: CrdtError::TypeMismatch {
+                expected: ns.crdt,
+                found: delta.state.crdt_type(),
+            },
+        });
+    }
+    hlc.observe(delta.origin_time)
+        .map_err(Refusal::ClockAhead)?;
+    Ok(delta)
+}
+
+/// The task merging one remote region's deltas.
+pub struct Merger {
+    pub config: Arc<Config>,
+    pub remote: RemoteConfig,
+    pub hlc: Arc<Hlc>,
+    pub store: Arc<Store>,
+    pub shared: Arc<IngestShared>,
+    pub freshness: Arc<Freshness>,
+}
+
+impl Merger {
+    /// The key under which this remote's consumed offsets are stored.
+    pub fn offsets_id(remote: &RemoteConfig) -> String {
+        format!("remote/{}/{}", remote.region, remote.topic)
+    }
+
+    pub async fn run(self, mut stop: watch::Receiver<bool>) -> Result<(), StoreError> {
+        let Some(consumer) = self.subscribe(&mut stop).await? else {
+            return Ok(());
+        };
+        loop {
+            let stopped = async {
+                let _ = stop.wait_for(|s| *s).await;
+            };
+            let first = tokio::select! {
+                () = stopped => return Ok(()),
+                message = consumer.recv() => message.map(|m| to_record(&m)),
+            };
+            let mut records = match first {
+                Ok(record) => vec![record],
+                Err(e) => {
+                    tracing::warn!(remote = %self.remote.region, error = %e, "consuming deltas failed");
+                    tokio::time::sleep(RETRY_PAUSE).await;
+                    continue;
+                }
+            };
+            while records.len() < MAX_BATCH {
+                match tokio::time::timeout(Duration::ZERO, consumer.recv()).await {
+                    Ok(Ok(message)) => records.push(to_record(&message)),
+                    _ => break,
+                }
+            }
+            self.merge(records).await?;
+        }
+    }
+
+    /// Waits for the remote topic to exist, then positions a consumer after the stored
+    /// offsets. `None` if asked to stop first.
+    async fn subscribe(
+        &self,
+        stop: &mut watch::Receiver<bool>,
+    ) -> Result<Option<StreamConsumer>, StoreError> {
+        let kafka = crate::config::KafkaConfig {
+            bootstrap: self.remote.bootstrap.clone(),
+            ..self.config.kafka.clone()
+        };
+        let applied = self.store.source_offsets(&Self::offsets_id(&self.remote))?;
+        loop {
+            if *stop.borrow() {
+                return Ok(None);
+            }
+            let attempt = async {
+                let partitions = log::partitions(&kafka, &self.remote.topic).await?;
+                let consumer = log::positioned_consumer(
+                    &kafka,
+                    &format!("geostate-merge-{}", self.config.region),
+                )?;
+                log::assign_after(&consumer, &self.remote.topic, &partitions, &applied)?;
+                Ok::<_, log::LogError>(consumer)
+            };
+            match attempt.await {
+                Ok(consumer) => return Ok(Some(consumer)),
+                Err(e) => {
+                    tracing::warn!(remote = %self.remote.region, topic = %self.remote.topic, error = %e, "waiting for the remote deltas topic");
+                    let stopped = async {
+                        let _ = stop.wait_for(|s| *s).await;
+                    };
+                    tokio::select! {
+                        () = stopped => return Ok(None),
+                        () = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    }
+                }
+            }
+        }
+    }
+
+    async fn merge(&self, records: Vec<Record>) -> Result<(), StoreError> {
+        let (store, config, hlc, remote) = (
+            self.store.clone(),
+            self.config.clone(),
+            self.hlc.clone(),
+            self.remote.clone(),
+        );
+        let merged = tokio::task::spawn_blocking(move || {
+            let merged = merge_batch(
+                &records,
+                store.as_ref(),
+                &remote.region,
+                &config.namespaces,
+                &hlc,
+            )?;
+            store.commit(&Commit {
+                topic: &Merger::offsets_id(&remote),
+                states: &merged.states,
+                offsets: &merged.offsets,
+                outbox: &[],
+                recent_ids: &BTreeMap::<String, VecDeque<String>>::new(),
+                hlc_high_water: hlc.now(),
+                remote_applied: merged.newest.map(|newest| (&remote.region, newest)),
+            })?;
+            Ok::<_, StoreError>(merged)
+        })
+        .await
+        .unwrap_or_else(|e| Err(StoreError::Task(e.to_string())))?;
+
+        let region = self.remote.region.to_string();
+        metrics::counter!(m::DELTAS_MERGED, "region" => region.clone())
+            .increment(merged.merged as u64);
+        for (partition, offset, why) in &merged.refused {
+            metrics::counter!(m::DELTAS_REFUSED, "region" => region.clone(), "reason" => why.code())
+                .increment(1);
+            tracing::warn!(remote = %region, partition, offset, reason = %why, "delta refused");
+        }
+        if let Some(newest) = merged.newest {
+            let lag =
+                self.freshness
+                    .record(&self.remote.region, newest, self.hlc.physical().now_nanos());
+            metrics::histogram!(m::REPLICATION_LAG_SECONDS, "region" => region)
+                .record(lag.as_secs_f64());
+        }
+        if self.shared.changes.receiver_count() > 0 && !merged.states.is_empty() {
+            let changes: Vec<Change> = merged.states.into_iter().collect();
+            let _ = self.shared.changes.send(Arc::new(changes));
+        }
+        Ok(())
+    }
+}
+
+fn to_record(message: &rdkafka::message::BorrowedMessage<'_>) -> Record {
+    Record {
+        partition: message.partition(),
+        offset: message.offset(),
+        timestamp_ms: message.timestamp().to_millis(),
+        key: message.key().map(<[u8]>::to_vec),
+        payload: message.payload().map(<[u8]>::to_vec),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::convert::Infallible;
+
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::crdt::{Actor, GCounter};
+
+    struct Map(BTreeMap<String, CrdtValue>);
+
+    impl StateSource for Map {
+        type Error = Infallible;
+        fn state(&self, key: &str) -> Result<Option<CrdtValue>, Infallible> {
+            Ok(self.0.get(key).cloned())
+        }
+        fn recent_ids(&self, _key: &str) -> Result<VecDeque<String>, Infallible> {
+            Ok(VecDeque::new())
+        }
+    }
+
+    fn delta(origin: &str, key: &str, count: u64, at: u64) -> Record {
+        let mut c = GCounter::new();
+        c.increment(&Actor::new(RegionId::new(origin).unwrap(), 1), count)
+            .unwrap();
+        let d = Delta {
+            key: key.into(),
+            origin: RegionId::new(origin).unwrap(),
+            state: CrdtValue::GCounter(c),
+            origin_time: HlcTimestamp::new(at, 0),
+            epoch: 0,
+        };
+        Record {
+            partition: 0,
+            offset: at as i64,
+            timestamp_ms: None,
+            key: None,
+            payload: Some(d.encode()),
+        }
+    }
+
+    fn namespaces() -> Namespaces {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("regions/us-east-1.toml");
+        Config::load(&path).unwrap().namespaces
+    }
+
+    const SEC: u64 = 1_000_000_000;
+
+    #[test]
+    fn duplicates_and_reordering_merge_to_the_same_state() {
+        let hlc = Hlc::new(
+            Arc::new(ManualClock::new(100 * SEC)),
+            Duration::from_millis(500),
+        );
+        let remote = RegionId::new("eu-west-1").unwrap();
+        let mut local = GCounter::new();
+        local
+            .increment(&Actor::new(RegionId::new("us-east-1").unwrap(), 1), 4)
+            .unwrap();
+        let stored = Map(BTreeMap::from([(
+            "requests/a".to_string(),
+            CrdtValue::GCounter(local),
+        )]));
+        let in_order = [
+            delta("eu-west-1", "requests/a", 2, 1),
+            delta("eu-west-1", "requests/a", 5, 2),
+        ];
+        let shuffled = [
+            in_order[1].clone(),
+            in_order[0].clone(),
+            in_order[1].clone(),
+        ];
+        let a = merge_batch(&in_order, &stored, &remote, &namespaces(), &hlc).unwrap();
+        let b = merge_batch(&shuffled, &stored, &remote, &namespaces(), &hlc).unwrap();
+        assert_eq!(a.states, b.states);
+        match &a.states["requests/a"] {
+            CrdtValue::GCounter(c) => assert_eq!(c.value(), 9, "local 4 + remote 5"),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(a.newest, Some(HlcTimestamp::new(2, 0)));
+    }
+
+    #[test]
+    fn bad_deltas_are_refused_with_a_reason() {
+        let hlc = Hlc::new(
+            Arc::new(ManualClock::new(100 * SEC)),
+            Duration::from_millis(500),
+        );
+        let remote = RegionId::new("eu-west-1").unwrap();
+        let mut garbage = delta("eu-west-1", "requests/a", 1, 1);
+        garbage.payload = Some(b"\xff\xff".to_vec());
+        let records = [
+            garbage,
+            delta("ap-south-1", "requests/a", 1, 2),
+            delta("eu-west-1", "nowhere/a", 1, 3),
+            delta("eu-west-1", "zones/a", 1, 4),
+            delta("eu-west-1", "requests/a", 1, 100 * SEC + 600_000_000),
+            delta("eu-west-1", "requests/a", 1, 100 * SEC + 400_000_000),
+        ];
+        let out = merge_batch(
+            &records,
+            &Map(BTreeMap::new()),
+            &remote,
+            &namespaces(),
+            &hlc,
+        )
+        .unwrap();
+        let codes: Vec<&str> = out.refused.iter().map(|(_, _, why)| why.code()).collect();
+        assert_eq!(
+            codes,
+            [
+                "malformed",
+                "wrong_origin",
+                "no_namespace",
+                "type_mismatch",
+                "clock_ahead"
+            ]
+        );
+        assert_eq!(out.merged, 1, "the delta within max-clock-offset merges");
+        assert_eq!(
+            out.offsets[&0],
+            100 * SEC as i64 + 600_000_000,
+            "refused deltas are consumed"
+        );
+    }
+}
