@@ -5,9 +5,13 @@ CLUSTER := python3 regions/local/cluster.py
 
 .PHONY: demo test install build up down status lint fmt bench
 
-## The main job (for now: start the local multi-region infrastructure, print endpoints)
+## The main job: start the local regions, run the surge-pricing workload for a minute,
+## print the table (events per region, replication lag, identical state or not)
+DEMO_SECONDS ?= 60
 demo: up
 	@$(CLUSTER) status
+	cargo build --locked --bin surge
+	$(CARGO_TARGET_DIR)/debug/surge --cluster $(or $(GEOSTATE_RUN_DIR),regions/local/run)/cluster.json --seconds $(DEMO_SECONDS)
 
 ## The whole test suite, starting and stopping the infrastructure it needs
 test:

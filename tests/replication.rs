@@ -13,8 +13,11 @@ use geostate::pb;
 use geostate::pb::state_client::StateClient;
 use tonic::transport::Channel;
 
-const WRITES_PER_REGION: usize = 300;
-const KEYS: usize = 20;
+const WRITES_PER_REGION: usize = 600;
+/// Few keys, so local batches and merges of remote deltas keep touching the same ones.
+const KEYS: usize = 4;
+/// Concurrent writers per region.
+const WRITERS: usize = 4;
 
 async fn everything(
     state: &mut StateClient<Channel>,
@@ -72,7 +75,7 @@ async fn concurrent_writes_in_two_regions_converge_and_count_every_increment() -
     let mut expected: BTreeMap<String, i64> = BTreeMap::new();
     let mut writers = Vec::new();
     for (node, seed) in [(&a, 1u64), (&b, 2u64)] {
-        let mut state = node.state().await?;
+        let state = node.state().await?;
         let mut plan = Vec::new();
         let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15);
         for i in 0..WRITES_PER_REGION {
@@ -99,18 +102,21 @@ async fn concurrent_writes_in_two_regions_converge_and_count_every_increment() -
             }
             plan.push((key, op));
         }
-        writers.push(tokio::spawn(async move {
-            for (key, op) in plan {
-                state
-                    .update(pb::UpdateRequest {
-                        key,
-                        op: Some(op),
-                        id: String::new(),
-                    })
-                    .await?;
-            }
-            anyhow::Ok(())
-        }));
+        for chunk in plan.chunks(WRITES_PER_REGION / WRITERS) {
+            let (mut state, chunk) = (state.clone(), chunk.to_vec());
+            writers.push(tokio::spawn(async move {
+                for (key, op) in chunk {
+                    state
+                        .update(pb::UpdateRequest {
+                            key,
+                            op: Some(op),
+                            id: String::new(),
+                        })
+                        .await?;
+                }
+                anyhow::Ok(())
+            }));
+        }
     }
     for w in writers {
         w.await??;

@@ -57,6 +57,10 @@ pub struct IngestShared {
     pub events_dead_lettered: AtomicU64,
     /// Notified after every committed batch (wakes the outbound shipper).
     pub committed: Arc<tokio::sync::Notify>,
+    /// Held across every read-modify-write of state (a local batch, a merge of remote
+    /// deltas): two writers reading the same key and each writing back their result would
+    /// lose the other's update.
+    pub state_writer: tokio::sync::Mutex<()>,
 }
 
 impl IngestShared {
@@ -68,6 +72,7 @@ impl IngestShared {
             events_applied: AtomicU64::new(0),
             events_dead_lettered: AtomicU64::new(0),
             committed: Arc::new(tokio::sync::Notify::new()),
+            state_writer: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -140,6 +145,8 @@ impl Ingestor {
     }
 
     async fn apply(&self, records: Vec<Record>) -> Result<(), IngestError> {
+        // read-modify-write of state: no merge of remote deltas may interleave
+        let _writer = self.shared.state_writer.lock().await;
         let started = Instant::now();
         let events = records.len();
         let origin_time = self.hlc.now();

@@ -249,6 +249,8 @@ impl Merger {
     }
 
     async fn merge(&self, records: Vec<Record>) -> Result<(), StoreError> {
+        // read-modify-write of state: no local batch or other merge may interleave
+        let writer = self.shared.state_writer.lock().await;
         let (store, config, hlc, remote) = (
             self.store.clone(),
             self.config.clone(),
@@ -276,6 +278,7 @@ impl Merger {
         })
         .await
         .unwrap_or_else(|e| Err(StoreError::Task(e.to_string())))?;
+        drop(writer);
 
         let region = self.remote.region.to_string();
         metrics::counter!(m::DELTAS_MERGED, "region" => region.clone())
