@@ -266,7 +266,10 @@ def java_tool(main: str, *args: str, check: bool = True, timeout: float = 60):
     argv = [java(), "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
             f"-Dlog4j2.configurationFile={RUN / 'log4j2.properties'}", "-cp", kafka_cp(),
             main, *args]
-    return subprocess.run(argv, check=check, timeout=timeout, capture_output=True, text=True)
+    out = subprocess.run(argv, timeout=timeout, capture_output=True, text=True)
+    if check and out.returncode != 0:
+        die(f"{main} {' '.join(args)} failed ({out.returncode}): {out.stderr.strip() or out.stdout.strip()}")
+    return out
 
 
 # ---------------------------------------------------------------------------------------
@@ -308,7 +311,11 @@ def start_kafka(region: str) -> dict:
     base.mkdir(parents=True)
     props = base / "server.properties"
     props.write_text(kafka_properties(region, port, cport, data))
-    cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    # like Kafka's own Uuid.randomUuid(): never starting with '-', which a command line
+    # would read as an option
+    cluster_id = "-"
+    while cluster_id.startswith("-"):
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
     java_tool("kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(props),
               "--ignore-formatted")
     name = f"kafka-{region}"
