@@ -15,17 +15,7 @@ use crate::config::{IngestConfig, Namespaces, RecordFormat};
 use crate::crdt::{
     Actor, CrdtError, CrdtType, CrdtValue, Delta, GCounter, LwwRegister, OrderStamp, PnCounter,
 };
-
-/// One record of the updates topic, as consumed.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Record {
-    pub partition: i32,
-    pub offset: i64,
-    /// The Kafka record timestamp (ms), if the broker gave one.
-    pub timestamp_ms: Option<i64>,
-    pub key: Option<Vec<u8>>,
-    pub payload: Option<Vec<u8>>,
-}
+pub use crate::log::Record;
 
 /// What a batch changes; written atomically by the store.
 #[derive(Debug, Default)]

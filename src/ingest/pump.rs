@@ -17,7 +17,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rdkafka::Message;
 use rdkafka::consumer::StreamConsumer;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use tokio::sync::{broadcast, watch};
@@ -119,7 +118,7 @@ impl Ingestor {
             };
             let first = tokio::select! {
                 () = stop => return Ok(()),
-                message = self.consumer.recv() => message.map(|m| to_record(&m)),
+                message = self.consumer.recv() => message.map(|m| Record::from_message(&m)),
             };
             match first {
                 Ok(record) => records.push(record),
@@ -132,7 +131,7 @@ impl Ingestor {
             let deadline = tokio::time::Instant::now() + max_wait;
             while records.len() < max_events {
                 match tokio::time::timeout_at(deadline, self.consumer.recv()).await {
-                    Ok(Ok(message)) => records.push(to_record(&message)),
+                    Ok(Ok(message)) => records.push(Record::from_message(&message)),
                     Ok(Err(e)) => {
                         tracing::warn!(error = %e, "consume failed during a batch");
                         break;
@@ -246,15 +245,5 @@ impl StateSource for Store {
     }
     fn recent_ids(&self, key: &str) -> Result<VecDeque<String>, StoreError> {
         Store::recent_ids(self, key)
-    }
-}
-
-fn to_record(message: &rdkafka::message::BorrowedMessage<'_>) -> Record {
-    Record {
-        partition: message.partition(),
-        offset: message.offset(),
-        timestamp_ms: message.timestamp().to_millis(),
-        key: message.key().map(<[u8]>::to_vec),
-        payload: message.payload().map(<[u8]>::to_vec),
     }
 }

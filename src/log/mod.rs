@@ -5,9 +5,10 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use rdkafka::ClientConfig;
+use rdkafka::Message;
 use rdkafka::consumer::{BaseConsumer, Consumer, StreamConsumer};
 use rdkafka::error::KafkaError;
-use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::message::{BorrowedMessage, Header, OwnedHeaders};
 use rdkafka::producer::FutureProducer;
 use rdkafka::{Offset, TopicPartitionList};
 
@@ -21,6 +22,29 @@ pub const DLQ_CODE_HEADER: &str = "geostate.error.code";
 pub const DLQ_SOURCE_HEADER: &str = "geostate.source";
 
 const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// One consumed record, copied out of librdkafka's buffer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Record {
+    pub partition: i32,
+    pub offset: i64,
+    /// The Kafka record timestamp (ms), if the broker gave one.
+    pub timestamp_ms: Option<i64>,
+    pub key: Option<Vec<u8>>,
+    pub payload: Option<Vec<u8>>,
+}
+
+impl Record {
+    pub fn from_message(message: &BorrowedMessage<'_>) -> Self {
+        Self {
+            partition: message.partition(),
+            offset: message.offset(),
+            timestamp_ms: message.timestamp().to_millis(),
+            key: message.key().map(<[u8]>::to_vec),
+            payload: message.payload().map(<[u8]>::to_vec),
+        }
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum LogError {

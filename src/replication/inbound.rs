@@ -17,7 +17,6 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
-use rdkafka::Message;
 use rdkafka::consumer::StreamConsumer;
 use tokio::sync::watch;
 
@@ -188,7 +187,7 @@ impl Merger {
             };
             let first = tokio::select! {
                 () = stopped => return Ok(()),
-                message = consumer.recv() => message.map(|m| to_record(&m)),
+                message = consumer.recv() => message.map(|m| Record::from_message(&m)),
             };
             let mut records = match first {
                 Ok(record) => vec![record],
@@ -200,7 +199,7 @@ impl Merger {
             };
             while records.len() < MAX_BATCH {
                 match tokio::time::timeout(Duration::ZERO, consumer.recv()).await {
-                    Ok(Ok(message)) => records.push(to_record(&message)),
+                    Ok(Ok(message)) => records.push(Record::from_message(&message)),
                     _ => break,
                 }
             }
@@ -300,16 +299,6 @@ impl Merger {
             let _ = self.shared.changes.send(Arc::new(changes));
         }
         Ok(())
-    }
-}
-
-fn to_record(message: &rdkafka::message::BorrowedMessage<'_>) -> Record {
-    Record {
-        partition: message.partition(),
-        offset: message.offset(),
-        timestamp_ms: message.timestamp().to_millis(),
-        key: message.key().map(<[u8]>::to_vec),
-        payload: message.payload().map(<[u8]>::to_vec),
     }
 }
 
