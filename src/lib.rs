@@ -6,14 +6,25 @@
 //! Dependencies point down; nothing below imports anything above it.
 //!
 //! ```text
-//!  producers ─► Kafka geostate.updates ─► ingest ─► store (RocksDB: state+offsets+outbox)
-//!                                                        │ outbox
-//!  <remote>.geostate.deltas ─► replication (merge) ◄──┐  ▼
-//!                                                     └─ replication (ship) ─► geostate.deltas
+//!  gRPC Update ─┐
+//!  producers ───┴► Kafka geostate.updates ─► ingest ─► store (RocksDB: state + offsets
+//!                                                        │         + outbox, one batch)
+//!  <remote>.geostate.deltas ─► replication::inbound ─────┤ (merge, same store)
+//!                              replication::outbound ◄───┘ outbox ─► geostate.deltas
+//!  api (gRPC State/Admin) reads the store and waits on ingest's applied positions
 //!
-//!  crdt   pure CRDTs: counters, LWW register, order stamps, deltas and their encoding
-//!  clock  pure: injected physical clock, hybrid logical clock with max-offset guard
-//!  pb     generated protobuf code (proto/)
+//!  node         wiring: build the parts, spawn the tasks, shut down in order
+//!  api          tonic services, pb conversions, the one error → Status map
+//!  replication  inbound merge of remote deltas, outbound shipping, freshness
+//!  ingest       decode and check update records, apply batches (pure), the ingest task
+//!  store        RocksDB column families and the one-WriteBatch commit
+//!  log          Kafka clients, positioning, consumed records, dead-letter headers
+//!  config       TOML → validated Config
+//!  metrics      every metric name; the Prometheus endpoint
+//!  shutdown     the stop signal tasks watch
+//!  crdt         PURE counters, LWW register, order stamps, deltas and their encoding
+//!  clock        PURE injected physical clock, hybrid logical clock with max-offset guard
+//!  pb           generated protobuf code (proto/)
 //! ```
 
 pub mod api;
@@ -26,4 +37,5 @@ pub mod metrics;
 pub mod node;
 pub mod pb;
 pub mod replication;
+pub mod shutdown;
 pub mod store;

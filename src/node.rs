@@ -19,6 +19,7 @@ use crate::metrics as m;
 use crate::replication::Freshness;
 use crate::replication::inbound::Merger;
 use crate::replication::outbound::Shipper;
+use crate::shutdown::stopped;
 use crate::store::{Store, StoreError};
 
 /// How long shutdown waits for gRPC clients to finish and disconnect.
@@ -160,7 +161,7 @@ pub async fn run(
     });
     let mut grpc_stop = stop_rx.clone();
     let mut grpc_task = tokio::spawn(api::serve(listeners.grpc, api, async move {
-        let _ = grpc_stop.wait_for(|stop| *stop).await;
+        stopped(&mut grpc_stop).await;
     }));
 
     // Wait for the shutdown signal, or for ingest to fail.
@@ -208,11 +209,8 @@ async fn report_lag(
     mut stop: watch::Receiver<bool>,
 ) {
     loop {
-        let stopped = async {
-            let _ = stop.wait_for(|s| *s).await;
-        };
         tokio::select! {
-            () = stopped => return,
+            () = stopped(&mut stop) => return,
             () = tokio::time::sleep(Duration::from_secs(5)) => {}
         }
         let Ok(ends) = log::end_offsets(

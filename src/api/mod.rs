@@ -26,6 +26,7 @@ use crate::metrics as m;
 use crate::pb;
 use crate::pb::admin_server::{Admin, AdminServer};
 use crate::pb::state_server::{State, StateServer};
+use crate::shutdown::stopped;
 use crate::store::Store;
 
 /// How long `Update` waits for its record to be applied.
@@ -335,11 +336,8 @@ impl State for Handler {
         let (tx, rx) = mpsc::channel(256);
         tokio::spawn(async move {
             loop {
-                let stopped = async {
-                    let _ = stop.wait_for(|s| *s).await;
-                };
                 let next = tokio::select! {
-                    () = stopped => return,
+                    () = stopped(&mut stop) => return,
                     next = changes.recv() => next,
                 };
                 let batch = match next {

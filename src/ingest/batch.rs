@@ -70,6 +70,18 @@ pub trait StateSource {
     fn recent_ids(&self, key: &str) -> Result<VecDeque<String>, Self::Error>;
 }
 
+/// An in-memory source for tests of pure batch logic: the stored states, no id windows.
+#[cfg(test)]
+impl StateSource for BTreeMap<String, CrdtValue> {
+    type Error = std::convert::Infallible;
+    fn state(&self, key: &str) -> Result<Option<CrdtValue>, Self::Error> {
+        Ok(self.get(key).cloned())
+    }
+    fn recent_ids(&self, _key: &str) -> Result<VecDeque<String>, Self::Error> {
+        Ok(VecDeque::new())
+    }
+}
+
 /// A touched key's working copy within a batch.
 #[derive(Default)]
 struct Working {
@@ -236,8 +248,6 @@ fn apply_op(
 
 #[cfg(test)]
 mod tests {
-    use std::convert::Infallible;
-
     use super::*;
     use crate::config::Config;
     use crate::crdt::RegionId;
@@ -257,18 +267,6 @@ mod tests {
         }
     }
 
-    struct Map<'a>(&'a BTreeMap<String, CrdtValue>);
-
-    impl StateSource for Map<'_> {
-        type Error = Infallible;
-        fn state(&self, key: &str) -> Result<Option<CrdtValue>, Infallible> {
-            Ok(self.0.get(key).cloned())
-        }
-        fn recent_ids(&self, _key: &str) -> Result<VecDeque<String>, Infallible> {
-            Ok(VecDeque::new())
-        }
-    }
-
     fn run(records: Vec<Record>, stored: &BTreeMap<String, CrdtValue>) -> Applied {
         let c = config();
         let actor = Actor::new(RegionId::new("us-east-1").unwrap(), 1);
@@ -279,7 +277,7 @@ mod tests {
             limits: &c.ingest,
             origin_time: HlcTimestamp::new(5, 0),
         };
-        apply_batch(records, &Map(stored), &ctx).unwrap()
+        apply_batch(records, stored, &ctx).unwrap()
     }
 
     #[test]

@@ -28,6 +28,7 @@ use crate::config::Config;
 use crate::crdt::{Actor, CrdtValue};
 use crate::log::dlq_headers;
 use crate::metrics as m;
+use crate::shutdown::stopped;
 use crate::store::{Commit, Store, StoreError};
 
 /// Rejections remembered for `Update` callers waiting on their record.
@@ -113,11 +114,8 @@ impl Ingestor {
         let max_wait = self.config.ingest.batch_max_wait;
         loop {
             let mut records = Vec::new();
-            let stop = async {
-                let _ = shutdown.wait_for(|stop| *stop).await;
-            };
             let first = tokio::select! {
-                () = stop => return Ok(()),
+                () = stopped(&mut shutdown) => return Ok(()),
                 message = self.consumer.recv() => message.map(|m| Record::from_message(&m)),
             };
             match first {

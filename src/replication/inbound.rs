@@ -24,10 +24,12 @@ use super::Freshness;
 use crate::clock::{ClockError, Hlc, HlcTimestamp};
 use crate::config::{Config, Namespaces, RemoteConfig};
 use crate::crdt::{CrdtError, CrdtValue, DecodeError, Delta, RegionId};
-use crate::ingest::batch::{Record, StateSource};
+use crate::ingest::batch::StateSource;
 use crate::ingest::pump::{Change, IngestShared};
 use crate::log;
+use crate::log::Record;
 use crate::metrics as m;
+use crate::shutdown::stopped;
 use crate::store::{Commit, Store, StoreError};
 
 const RETRY_PAUSE: Duration = Duration::from_millis(500);
@@ -182,11 +184,8 @@ impl Merger {
             return Ok(());
         };
         loop {
-            let stopped = async {
-                let _ = stop.wait_for(|s| *s).await;
-            };
             let first = tokio::select! {
-                () = stopped => return Ok(()),
+                () = stopped(&mut stop) => return Ok(()),
                 message = consumer.recv() => message.map(|m| Record::from_message(&m)),
             };
             let mut records = match first {
@@ -235,11 +234,8 @@ impl Merger {
                 Ok(consumer) => return Ok(Some(consumer)),
                 Err(e) => {
                     tracing::warn!(remote = %self.remote.region, topic = %self.remote.topic, error = %e, "waiting for the remote deltas topic");
-                    let stopped = async {
-                        let _ = stop.wait_for(|s| *s).await;
-                    };
                     tokio::select! {
-                        () = stopped => return Ok(None),
+                        () = stopped(stop) => return Ok(None),
                         () = tokio::time::sleep(Duration::from_secs(1)) => {}
                     }
                 }
@@ -304,23 +300,9 @@ impl Merger {
 
 #[cfg(test)]
 mod tests {
-    use std::convert::Infallible;
-
     use super::*;
     use crate::clock::ManualClock;
     use crate::crdt::{Actor, GCounter};
-
-    struct Map(BTreeMap<String, CrdtValue>);
-
-    impl StateSource for Map {
-        type Error = Infallible;
-        fn state(&self, key: &str) -> Result<Option<CrdtValue>, Infallible> {
-            Ok(self.0.get(key).cloned())
-        }
-        fn recent_ids(&self, _key: &str) -> Result<VecDeque<String>, Infallible> {
-            Ok(VecDeque::new())
-        }
-    }
 
     fn delta(origin: &str, key: &str, count: u64, at: u64) -> Record {
         let mut c = GCounter::new();
@@ -360,10 +342,7 @@ mod tests {
         local
             .increment(&Actor::new(RegionId::new("us-east-1").unwrap(), 1), 4)
             .unwrap();
-        let stored = Map(BTreeMap::from([(
-            "requests/a".to_string(),
-            CrdtValue::GCounter(local),
-        )]));
+        let stored = BTreeMap::from([("requests/a".to_string(), CrdtValue::GCounter(local))]);
         let in_order = [
             delta("eu-west-1", "requests/a", 2, 1),
             delta("eu-west-1", "requests/a", 5, 2),
@@ -400,14 +379,7 @@ mod tests {
             delta("eu-west-1", "requests/a", 1, 100 * SEC + 600_000_000),
             delta("eu-west-1", "requests/a", 1, 100 * SEC + 400_000_000),
         ];
-        let out = merge_batch(
-            &records,
-            &Map(BTreeMap::new()),
-            &remote,
-            &namespaces(),
-            &hlc,
-        )
-        .unwrap();
+        let out = merge_batch(&records, &BTreeMap::new(), &remote, &namespaces(), &hlc).unwrap();
         let codes: Vec<&str> = out.refused.iter().map(|(_, _, why)| why.code()).collect();
         assert_eq!(
             codes,

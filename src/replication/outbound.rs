@@ -13,6 +13,7 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use tokio::sync::{Notify, watch};
 
 use crate::metrics as m;
+use crate::shutdown::stopped;
 use crate::store::{Store, StoreError};
 
 /// Most outbox entries shipped per round.
@@ -40,11 +41,8 @@ impl Shipper {
                 .await
                 .unwrap_or_else(|e| Err(StoreError::Task(e.to_string())))?;
             if entries.is_empty() {
-                let stopped = async {
-                    let _ = stop.wait_for(|s| *s).await;
-                };
                 tokio::select! {
-                    () = stopped => return Ok(()),
+                    () = stopped(&mut stop) => return Ok(()),
                     () = self.wake.notified() => {}
                     () = tokio::time::sleep(IDLE) => {}
                 }
