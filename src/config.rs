@@ -109,6 +109,13 @@ impl Namespaces {
             if ns.prefix.is_empty() {
                 return Err(invalid("namespace.prefix", "must not be empty"));
             }
+            if ns.prefix.starts_with('\0') {
+                // keys starting with NUL are geostate's own records (resume points)
+                return Err(invalid(
+                    "namespace.prefix",
+                    "must not start with a NUL byte",
+                ));
+            }
         }
         for pair in namespaces.windows(2) {
             // sorted: if any prefix is a prefix of another, it is of its successor

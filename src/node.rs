@@ -6,8 +6,10 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use rdkafka::producer::Producer;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+use tokio::task::JoinHandle;
 
 use crate::api::{self, Api};
 use crate::clock::{Clock, Hlc, SystemClock};
@@ -16,14 +18,17 @@ use crate::crdt::Actor;
 use crate::ingest::pump::{IngestError, IngestShared, Ingestor};
 use crate::log::{self, LogError};
 use crate::metrics as m;
-use crate::replication::Freshness;
+use crate::replication::bootstrap::{self, BootstrapError};
 use crate::replication::inbound::Merger;
-use crate::replication::outbound::Shipper;
+use crate::replication::outbound::{ShipError, Shipper};
+use crate::replication::{Freshness, RemoteProgress};
 use crate::shutdown::stopped;
 use crate::store::{Store, StoreError};
 
 /// How long shutdown waits for gRPC clients to finish and disconnect.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
+/// A shipping transaction left open longer (its node died) is aborted by Kafka.
+const SHIP_TRANSACTION_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The node's bound sockets; tests bind port 0 and read the addresses back.
 pub struct Listeners {
@@ -53,6 +58,10 @@ pub enum NodeError {
     Log(#[from] LogError),
     #[error(transparent)]
     Ingest(#[from] IngestError),
+    #[error(transparent)]
+    Ship(#[from] ShipError),
+    #[error("bootstrap from the deltas topics: {0}")]
+    Bootstrap(#[from] BootstrapError),
     #[error("grpc server: {0}")]
     Grpc(#[from] tonic::transport::Error),
     #[error("task failed: {0}")]
@@ -83,19 +92,43 @@ pub async fn run(
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let data_dir = config.data_dir.clone();
     let store = Arc::new(tokio::task::spawn_blocking(move || Store::open(&data_dir)).await??);
-    let incarnation = match store.incarnation()? {
-        Some(i) => i,
-        None => {
-            let i = new_incarnation(clock.as_ref());
-            store.set_incarnation(i)?;
-            i
-        }
-    };
-    let actor = Actor::new(config.region.clone(), incarnation);
-    let hlc = Arc::new(Hlc::new(clock, config.max_clock_offset));
+    let hlc = Arc::new(Hlc::new(clock.clone(), config.max_clock_offset));
     if let Some(high_water) = store.hlc_high_water()? {
         hlc.advance_past(high_water);
     }
+
+    // The shipping producer first: its init fences any older node of this region and
+    // aborts its open transaction, so what bootstrap reads next is final.
+    let ship_producer = log::transactional_producer(
+        &config.kafka,
+        &format!("geostate.{}.{}", config.region, config.kafka.deltas_topic),
+        SHIP_TRANSACTION_TIMEOUT,
+    )?;
+    let init = ship_producer.clone();
+    tokio::task::spawn_blocking(move || init.init_transactions(Duration::from_secs(30)))
+        .await?
+        .map_err(LogError::from)?;
+
+    let (incarnation, bootstrapping) = match store.incarnation()? {
+        Some(i) => (i, false),
+        None => {
+            let recovered = bootstrap::recover_own_past(&config, &hlc, &store).await?;
+            let last = recovered.resume.as_ref().map_or(0, |r| r.incarnation);
+            let i = new_incarnation(clock.as_ref()).max(last.saturating_add(1));
+            tracing::info!(
+                deltas = recovered.deltas,
+                keys = recovered.keys,
+                resume = ?recovered.resume.as_ref().map(|r| &r.updates_offsets),
+                last_incarnation = last,
+                incarnation = i,
+                "empty data dir: recovered this region's past from its deltas topic"
+            );
+            // last: a crash before this line bootstraps again (merging is idempotent)
+            store.set_incarnation(i)?;
+            (i, true)
+        }
+    };
+    let actor = Actor::new(config.region.clone(), incarnation);
 
     let topic = config.kafka.updates_topic.clone();
     let partitions = log::partitions(&config.kafka, &topic).await?;
@@ -109,7 +142,7 @@ pub async fn run(
     let (stop_tx, stop_rx) = watch::channel(false);
     let ingest = Ingestor {
         config: config.clone(),
-        actor,
+        actor: actor.clone(),
         hlc: hlc.clone(),
         store: store.clone(),
         consumer,
@@ -119,21 +152,29 @@ pub async fn run(
     let mut ingest_task = tokio::spawn(ingest.run(stop_rx.clone()));
     let shipper = Shipper {
         store: store.clone(),
-        producer: log::idempotent_producer(&config.kafka, Duration::from_secs(30))?,
+        producer: ship_producer,
         topic: config.kafka.deltas_topic.clone(),
+        updates_topic: config.kafka.updates_topic.clone(),
+        actor,
         wake: shared.committed.clone(),
     };
-    let shipper_task = tokio::spawn(shipper.run(stop_rx.clone()));
+    let mut shipper_task = tokio::spawn(shipper.run(stop_rx.clone()));
     let freshness = Arc::new(Freshness::new(store.remote_applied()?));
     let mut merger_tasks = Vec::new();
+    let mut remotes = Vec::new();
     for remote in &config.replication.remotes {
+        let progress = Arc::new(RemoteProgress::new(
+            remote.clone(),
+            store.source_offsets(&Merger::offsets_id(remote))?,
+        ));
+        remotes.push(progress.clone());
         let merger = Merger {
             config: config.clone(),
-            remote: remote.clone(),
             hlc: hlc.clone(),
             store: store.clone(),
             shared: shared.clone(),
             freshness: freshness.clone(),
+            progress,
         };
         merger_tasks.push(tokio::spawn(merger.run(stop_rx.clone())));
     }
@@ -147,6 +188,29 @@ pub async fn run(
         stop_rx.clone(),
     ));
 
+    // A node that rebuilt itself serves nothing before it holds what the other regions
+    // wrote: every remote deltas topic read to its end.
+    let mut shutdown = std::pin::pin!(shutdown);
+    if bootstrapping && !remotes.is_empty() {
+        tracing::info!(
+            remotes = remotes.len(),
+            "reading every remote deltas topic before serving"
+        );
+        let caught_up = async {
+            for progress in &remotes {
+                let _ = progress.caught_up.subscribe().wait_for(|&done| done).await;
+            }
+        };
+        tokio::select! {
+            () = caught_up => tracing::info!("bootstrap done: serving"),
+            () = &mut shutdown => {
+                let _ = stop_tx.send(true);
+                metrics_task.abort();
+                return stop(ingest_task, shipper_task, merger_tasks, None).await;
+            }
+        }
+    }
+
     let api = Arc::new(Api {
         config: config.clone(),
         incarnation,
@@ -158,46 +222,66 @@ pub async fn run(
         partitions,
         stop: stop_rx.clone(),
         freshness,
+        remotes,
     });
     let mut grpc_stop = stop_rx.clone();
     let mut grpc_task = tokio::spawn(api::serve(listeners.grpc, api, async move {
         stopped(&mut grpc_stop).await;
     }));
 
-    // Wait for the shutdown signal, or for ingest to fail.
-    let ingest_result = tokio::select! {
-        () = shutdown => None,
-        result = &mut ingest_task => Some(result),
+    // Wait for the shutdown signal, or for ingest or shipping to fail.
+    let failed = tokio::select! {
+        () = &mut shutdown => None,
+        result = &mut ingest_task => Some(Failed::Ingest(result)),
+        result = &mut shipper_task => Some(Failed::Shipper(result)),
     };
     tracing::info!("node stopping");
     let _ = stop_tx.send(true);
-    let ingest_result = match ingest_result {
-        Some(result) => result,
-        None => ingest_task.await,
+    // Graceful: in-flight calls finish and clients are told to go away; a client that
+    // keeps its connection open past the grace period is cut off.
+    let grpc_result = match tokio::time::timeout(SHUTDOWN_GRACE, &mut grpc_task).await {
+        Ok(result) => result,
+        Err(_) => {
+            tracing::warn!(grace = ?SHUTDOWN_GRACE, "grpc clients still connected; closing");
+            grpc_task.abort();
+            Ok(Ok(()))
+        }
     };
-    tracing::info!("ingest stopped");
-    if let Err(e) = shipper_task.await? {
-        tracing::error!(error = %e, "outbound shipper failed");
-    }
+    tracing::info!("grpc stopped");
+    metrics_task.abort();
+    lag_task.abort();
+    let result = stop(ingest_task, shipper_task, merger_tasks, failed).await;
+    grpc_result??;
+    result
+}
+
+/// A task that ended before shutdown was asked for.
+enum Failed {
+    Ingest(Result<Result<(), IngestError>, tokio::task::JoinError>),
+    Shipper(Result<Result<(), ShipError>, tokio::task::JoinError>),
+}
+
+/// Waits for the pipeline tasks (already told to stop) and reports the first failure.
+async fn stop(
+    ingest_task: JoinHandle<Result<(), IngestError>>,
+    shipper_task: JoinHandle<Result<(), ShipError>>,
+    merger_tasks: Vec<JoinHandle<Result<(), StoreError>>>,
+    failed: Option<Failed>,
+) -> Result<(), NodeError> {
+    let (ingest_result, shipper_result) = match failed {
+        Some(Failed::Ingest(r)) => (r, shipper_task.await),
+        Some(Failed::Shipper(r)) => (ingest_task.await, r),
+        None => (ingest_task.await, shipper_task.await),
+    };
+    tracing::info!("ingest and shipping stopped");
     for task in merger_tasks {
         if let Err(e) = task.await? {
             tracing::error!(error = %e, "merging remote deltas failed");
         }
     }
-    // Graceful: in-flight calls finish and clients are told to go away; a client that
-    // keeps its connection open past the grace period is cut off.
-    match tokio::time::timeout(SHUTDOWN_GRACE, &mut grpc_task).await {
-        Ok(result) => result??,
-        Err(_) => {
-            tracing::warn!(grace = ?SHUTDOWN_GRACE, "grpc clients still connected; closing");
-            grpc_task.abort();
-        }
-    }
-    tracing::info!("grpc stopped");
-    metrics_task.abort();
-    lag_task.abort();
     tracing::info!("node stopped");
     ingest_result??;
+    shipper_result??;
     Ok(())
 }
 

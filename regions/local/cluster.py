@@ -374,6 +374,8 @@ def mm2_properties(regions: dict) -> str:
             # consumer: answer a fetch as soon as one byte is there, wait at most 20 ms
             f"{alias}.consumer.fetch.max.wait.ms = 20",
             f"{alias}.consumer.fetch.min.bytes = 1",
+            # deltas are shipped in transactions: mirror only committed ones
+            f"{alias}.consumer.isolation.level = read_committed",
             # producer: send at once, idempotent, all acks
             f"{alias}.producer.linger.ms = 0",
             f"{alias}.producer.acks = all",

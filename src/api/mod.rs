@@ -6,6 +6,7 @@
 mod convert;
 mod error;
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -47,6 +48,8 @@ pub struct Api {
     pub stop: tokio::sync::watch::Receiver<bool>,
     /// Per remote region, how current this node's state is.
     pub freshness: Arc<crate::replication::Freshness>,
+    /// Per remote region, how far its merger has read.
+    pub remotes: Vec<Arc<crate::replication::RemoteProgress>>,
 }
 
 /// Serves the API on `listener` until `shutdown` completes.
@@ -242,24 +245,31 @@ impl Handler {
         )
         .await
         .ok();
-        let partitions = api
-            .partitions
-            .iter()
-            .map(|&p| {
-                let applied_offset = applied.get(&p).copied().unwrap_or(-1);
-                let end_offset = ends.as_ref().and_then(|e| e.get(&p).copied()).unwrap_or(-1);
-                pb::PartitionStatus {
-                    partition: p,
-                    applied_offset,
-                    end_offset,
-                    lag: if end_offset < 0 {
-                        -1
-                    } else {
-                        (end_offset - applied_offset - 1).max(0)
-                    },
-                }
-            })
-            .collect();
+        let partitions = partition_status(&api.partitions, &applied, ends.as_ref());
+        let freshness = api.freshness.snapshot();
+        let mut remotes = Vec::with_capacity(api.remotes.len());
+        for progress in &api.remotes {
+            let remote = &progress.remote;
+            let kafka = crate::config::KafkaConfig {
+                bootstrap: remote.bootstrap.clone(),
+                ..api.config.kafka.clone()
+            };
+            let parts = progress.partitions.borrow().clone();
+            let ends = crate::log::end_offsets(&kafka, &remote.topic, parts.clone())
+                .await
+                .ok();
+            let fresh = freshness.get(&remote.region);
+            remotes.push(pb::RemoteStatus {
+                region: remote.region.to_string(),
+                topic: remote.topic.clone(),
+                partitions: partition_status(&parts, &progress.offsets.borrow(), ends.as_ref()),
+                applied: fresh.map(|f| convert::hlc(f.applied)),
+                lag_ms: fresh.map_or(0, |f| f.lag.as_millis() as u64),
+                deltas_merged: progress.merged.load(std::sync::atomic::Ordering::Relaxed),
+                deltas_refused: progress.refused.load(std::sync::atomic::Ordering::Relaxed),
+                caught_up: *progress.caught_up.borrow(),
+            });
+        }
         Ok(pb::StatusResponse {
             region: api.config.region.to_string(),
             incarnation: api.incarnation,
@@ -273,8 +283,34 @@ impl Handler {
                 .shared
                 .events_dead_lettered
                 .load(std::sync::atomic::Ordering::Relaxed),
+            remotes,
         })
     }
+}
+
+/// Applied and end offsets per partition (`-1` where unknown).
+fn partition_status(
+    partitions: &[i32],
+    applied: &BTreeMap<i32, i64>,
+    ends: Option<&BTreeMap<i32, i64>>,
+) -> Vec<pb::PartitionStatus> {
+    partitions
+        .iter()
+        .map(|&p| {
+            let applied_offset = applied.get(&p).copied().unwrap_or(-1);
+            let end_offset = ends.and_then(|e| e.get(&p).copied()).unwrap_or(-1);
+            pb::PartitionStatus {
+                partition: p,
+                applied_offset,
+                end_offset,
+                lag: if end_offset < 0 {
+                    -1
+                } else {
+                    (end_offset - applied_offset - 1).max(0)
+                },
+            }
+        })
+        .collect()
 }
 
 #[tonic::async_trait]

@@ -62,6 +62,50 @@ impl Delta {
     }
 }
 
+/// What a region's shipped deltas cover (`proto/geostate/v1/crdt.proto`, `ResumePoint`):
+/// written as the last record of every shipping transaction under [`RESUME_KEY`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ResumePoint {
+    pub origin: RegionId,
+    pub incarnation: u32,
+    pub updates_topic: String,
+    /// Last applied offset per partition of `updates_topic`.
+    pub updates_offsets: std::collections::BTreeMap<i32, i64>,
+    pub hlc_high_water: HlcTimestamp,
+}
+
+/// The record key of resume points on a deltas topic; no state key starts with NUL.
+pub const RESUME_KEY: &[u8] = b"\0geostate.resume";
+
+impl ResumePoint {
+    pub fn encode(&self) -> Vec<u8> {
+        pb::ResumePoint {
+            origin: self.origin.to_string(),
+            incarnation: self.incarnation,
+            updates_topic: self.updates_topic.clone(),
+            updates_offsets: self.updates_offsets.iter().map(|(&p, &o)| (p, o)).collect(),
+            hlc_high_water: Some(hlc_to_pb(self.hlc_high_water)),
+        }
+        .encode_to_vec()
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
+        let raw = pb::ResumePoint::decode(bytes).map_err(|source| DecodeError::Protobuf {
+            message: "ResumePoint",
+            source,
+        })?;
+        Ok(ResumePoint {
+            origin: region(raw.origin, "origin")?,
+            incarnation: raw.incarnation,
+            updates_topic: raw.updates_topic,
+            updates_offsets: raw.updates_offsets.into_iter().collect(),
+            hlc_high_water: hlc_from_pb(raw.hlc_high_water.ok_or(DecodeError::Missing {
+                field: "hlc_high_water",
+            })?),
+        })
+    }
+}
+
 /// Encodes a key's full state (the RocksDB value format).
 pub fn encode_value(value: &CrdtValue) -> Vec<u8> {
     encode_state(value).encode_to_vec()

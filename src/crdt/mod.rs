@@ -24,7 +24,7 @@ mod value;
 mod laws;
 
 pub use actor::{Actor, RegionId};
-pub use codec::{DecodeError, Delta, decode_value, encode_value};
+pub use codec::{DecodeError, Delta, RESUME_KEY, ResumePoint, decode_value, encode_value};
 pub use counter::{GCounter, PnCounter, PnEntry};
 pub use register::{LwwRegister, OrderStamp};
 pub use value::{CrdtType, CrdtValue};

@@ -85,6 +85,24 @@ pub fn idempotent_producer(
 /// A consumer that is positioned by hand (never commits offsets to Kafka: the positions
 /// live in RocksDB with the state) and answers fetches quickly.
 pub fn positioned_consumer(kafka: &KafkaConfig, group: &str) -> Result<StreamConsumer, LogError> {
+    consumer(kafka, group, false)
+}
+
+/// A [`positioned_consumer`] that also reports `KafkaError::PartitionEOF` each time it
+/// reaches a partition's end: how a reader of a transactional topic (whose last offset
+/// is a commit marker, never delivered) knows it has read everything.
+pub fn end_reporting_consumer(
+    kafka: &KafkaConfig,
+    group: &str,
+) -> Result<StreamConsumer, LogError> {
+    consumer(kafka, group, true)
+}
+
+fn consumer(
+    kafka: &KafkaConfig,
+    group: &str,
+    report_end: bool,
+) -> Result<StreamConsumer, LogError> {
     Ok(client_config(kafka)
         .set("group.id", group)
         .set("enable.auto.commit", "false")
@@ -94,7 +112,31 @@ pub fn positioned_consumer(kafka: &KafkaConfig, group: &str) -> Result<StreamCon
         .set("auto.offset.reset", "error")
         .set("isolation.level", "read_committed")
         .set("fetch.wait.max.ms", "10")
-        .set("enable.partition.eof", "false")
+        .set("enable.partition.eof", report_end.to_string())
+        .create()?)
+}
+
+/// A transactional producer (`acks=all`, idempotent) for `transactional_id`; its
+/// `init_transactions` fences every earlier producer of the same id and aborts its open
+/// transaction. Transaction calls block: run them off the async threads.
+pub fn transactional_producer(
+    kafka: &KafkaConfig,
+    transactional_id: &str,
+    transaction_timeout: Duration,
+) -> Result<FutureProducer, LogError> {
+    Ok(client_config(kafka)
+        .set("transactional.id", transactional_id)
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .set("linger.ms", "0")
+        .set(
+            "transaction.timeout.ms",
+            transaction_timeout.as_millis().to_string(),
+        )
+        .set(
+            "message.timeout.ms",
+            transaction_timeout.as_millis().to_string(),
+        )
         .create()?)
 }
 

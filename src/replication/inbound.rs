@@ -13,17 +13,19 @@
 //! a delta stamped further ahead than `max-clock-offset` is refused and counted, and its
 //! content arrives with the remote's next delta for the key once clocks agree again.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use rdkafka::consumer::StreamConsumer;
+use rdkafka::error::KafkaError;
 use tokio::sync::watch;
 
-use super::Freshness;
+use super::{Freshness, RemoteProgress};
 use crate::clock::{ClockError, Hlc, HlcTimestamp};
 use crate::config::{Config, Namespaces, RemoteConfig};
-use crate::crdt::{CrdtError, CrdtValue, DecodeError, Delta, RegionId};
+use crate::crdt::{CrdtError, CrdtValue, DecodeError, Delta, RESUME_KEY, RegionId, ResumePoint};
 use crate::ingest::batch::StateSource;
 use crate::ingest::pump::{Change, IngestShared};
 use crate::log;
@@ -71,6 +73,8 @@ pub struct Merged {
     /// The newest origin time among the merged deltas.
     pub newest: Option<HlcTimestamp>,
     pub merged: usize,
+    /// The last resume point among the records (not a delta: never merged).
+    pub resume: Option<ResumePoint>,
 }
 
 /// Merges `records` (deltas of `remote`) on top of what `source` holds.
@@ -88,6 +92,16 @@ pub fn merge_batch<S: StateSource>(
             .entry(record.partition)
             .and_modify(|o| *o = (*o).max(record.offset))
             .or_insert(record.offset);
+        if record.key.as_deref() == Some(RESUME_KEY) {
+            match ResumePoint::decode(record.payload.as_deref().unwrap_or_default()) {
+                Ok(resume) => out.resume = Some(resume),
+                Err(why) => {
+                    out.refused
+                        .push((record.partition, record.offset, Refusal::Malformed(why)))
+                }
+            }
+            continue;
+        }
         let delta = match check(record, remote, namespaces, hlc) {
             Ok(delta) => delta,
             Err(why) => {
@@ -166,11 +180,11 @@ fn check(
 /// The task merging one remote region's deltas.
 pub struct Merger {
     pub config: Arc<Config>,
-    pub remote: RemoteConfig,
     pub hlc: Arc<Hlc>,
     pub store: Arc<Store>,
     pub shared: Arc<IngestShared>,
     pub freshness: Arc<Freshness>,
+    pub progress: Arc<RemoteProgress>,
 }
 
 impl Merger {
@@ -179,10 +193,15 @@ impl Merger {
         format!("remote/{}/{}", remote.region, remote.topic)
     }
 
+    fn remote(&self) -> &RemoteConfig {
+        &self.progress.remote
+    }
+
     pub async fn run(self, mut stop: watch::Receiver<bool>) -> Result<(), StoreError> {
-        let Some(consumer) = self.subscribe(&mut stop).await? else {
+        let Some((consumer, partitions)) = self.subscribe(&mut stop).await? else {
             return Ok(());
         };
+        let mut at_end = BTreeSet::new();
         loop {
             let first = tokio::select! {
                 () = stopped(&mut stop) => return Ok(()),
@@ -190,8 +209,15 @@ impl Merger {
             };
             let mut records = match first {
                 Ok(record) => vec![record],
+                Err(KafkaError::PartitionEOF(p)) => {
+                    if at_end.insert(p) && at_end.len() == partitions.len() {
+                        self.progress.caught_up.send_replace(true);
+                        tracing::info!(remote = %self.remote().region, "read every remote partition to its end");
+                    }
+                    continue;
+                }
                 Err(e) => {
-                    tracing::warn!(remote = %self.remote.region, error = %e, "consuming deltas failed");
+                    tracing::warn!(remote = %self.remote().region, error = %e, "consuming deltas failed");
                     tokio::time::sleep(RETRY_PAUSE).await;
                     continue;
                 }
@@ -199,10 +225,17 @@ impl Merger {
             while records.len() < MAX_BATCH {
                 match tokio::time::timeout(Duration::ZERO, consumer.recv()).await {
                     Ok(Ok(message)) => records.push(Record::from_message(&message)),
+                    Ok(Err(KafkaError::PartitionEOF(p))) => {
+                        at_end.insert(p);
+                        break;
+                    }
                     _ => break,
                 }
             }
             self.merge(records).await?;
+            if at_end.len() == partitions.len() {
+                self.progress.caught_up.send_replace(true);
+            }
         }
     }
 
@@ -211,29 +244,33 @@ impl Merger {
     async fn subscribe(
         &self,
         stop: &mut watch::Receiver<bool>,
-    ) -> Result<Option<StreamConsumer>, StoreError> {
+    ) -> Result<Option<(StreamConsumer, Vec<i32>)>, StoreError> {
+        let remote = self.remote();
         let kafka = crate::config::KafkaConfig {
-            bootstrap: self.remote.bootstrap.clone(),
+            bootstrap: remote.bootstrap.clone(),
             ..self.config.kafka.clone()
         };
-        let applied = self.store.source_offsets(&Self::offsets_id(&self.remote))?;
+        let applied = self.store.source_offsets(&Self::offsets_id(remote))?;
         loop {
             if *stop.borrow() {
                 return Ok(None);
             }
             let attempt = async {
-                let partitions = log::partitions(&kafka, &self.remote.topic).await?;
-                let consumer = log::positioned_consumer(
+                let partitions = log::partitions(&kafka, &remote.topic).await?;
+                let consumer = log::end_reporting_consumer(
                     &kafka,
                     &format!("geostate-merge-{}", self.config.region),
                 )?;
-                log::assign_after(&consumer, &self.remote.topic, &partitions, &applied)?;
-                Ok::<_, log::LogError>(consumer)
+                log::assign_after(&consumer, &remote.topic, &partitions, &applied)?;
+                Ok::<_, log::LogError>((consumer, partitions))
             };
             match attempt.await {
-                Ok(consumer) => return Ok(Some(consumer)),
+                Ok((consumer, partitions)) => {
+                    self.progress.partitions.send_replace(partitions.clone());
+                    return Ok(Some((consumer, partitions)));
+                }
                 Err(e) => {
-                    tracing::warn!(remote = %self.remote.region, topic = %self.remote.topic, error = %e, "waiting for the remote deltas topic");
+                    tracing::warn!(remote = %remote.region, topic = %remote.topic, error = %e, "waiting for the remote deltas topic");
                     tokio::select! {
                         () = stopped(stop) => return Ok(None),
                         () = tokio::time::sleep(Duration::from_secs(1)) => {}
@@ -250,7 +287,7 @@ impl Merger {
             self.store.clone(),
             self.config.clone(),
             self.hlc.clone(),
-            self.remote.clone(),
+            self.remote().clone(),
         );
         let merged = tokio::task::spawn_blocking(move || {
             let merged = merge_batch(
@@ -275,7 +312,18 @@ impl Merger {
         .unwrap_or_else(|e| Err(StoreError::Task(e.to_string())))?;
         drop(writer);
 
-        let region = self.remote.region.to_string();
+        self.progress.offsets.send_modify(|offsets| {
+            for (&p, &o) in &merged.offsets {
+                offsets.insert(p, o);
+            }
+        });
+        self.progress
+            .merged
+            .fetch_add(merged.merged as u64, Ordering::Relaxed);
+        self.progress
+            .refused
+            .fetch_add(merged.refused.len() as u64, Ordering::Relaxed);
+        let region = self.remote().region.to_string();
         metrics::counter!(m::DELTAS_MERGED, "region" => region.clone())
             .increment(merged.merged as u64);
         for (partition, offset, why) in &merged.refused {
@@ -284,9 +332,11 @@ impl Merger {
             tracing::warn!(remote = %region, partition, offset, reason = %why, "delta refused");
         }
         if let Some(newest) = merged.newest {
-            let lag =
-                self.freshness
-                    .record(&self.remote.region, newest, self.hlc.physical().now_nanos());
+            let lag = self.freshness.record(
+                &self.remote().region,
+                newest,
+                self.hlc.physical().now_nanos(),
+            );
             metrics::histogram!(m::REPLICATION_LAG_SECONDS, "region" => region)
                 .record(lag.as_secs_f64());
         }

@@ -1,46 +1,69 @@
 //! The outbound shipper task.
 //!
-//! Guarantee: every outbox entry reaches the deltas topic at least once. An entry is
-//! deleted only after Kafka acknowledged it and only if the store still holds the same
-//! bytes (a newer delta written meanwhile stays and ships next round); a crash anywhere
-//! re-ships, which merge makes harmless. One record per key per round, keyed by the state
-//! key, so the idempotent producer keeps a key's deltas in order on one partition.
+//! Guarantee: every outbox entry reaches the deltas topic, and what a region shipped is
+//! always a prefix of what it applied. Each round reads the whole outbox and the source
+//! offsets from one store snapshot and ships them in ONE Kafka transaction: the entries,
+//! then a [`ResumePoint`] saying which offsets they cover, then commit. Readers use
+//! `read_committed`, so a round is seen whole or not at all — a node that lost its disk
+//! merges its committed deltas and resumes ingest after the last resume point without
+//! applying any event twice. An entry is deleted only after the commit and only if the
+//! store still holds the same bytes (a newer delta written meanwhile ships next round); a
+//! crash anywhere re-ships, which merge makes harmless. Record key = state key, so a key's
+//! deltas stay in order on one partition and the topic can be compacted.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::error::KafkaError;
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use tokio::sync::{Notify, watch};
 
+use crate::crdt::{Actor, RESUME_KEY, ResumePoint};
 use crate::metrics as m;
 use crate::shutdown::stopped;
-use crate::store::{Store, StoreError};
+use crate::store::{OutboxSnapshot, Store, StoreError};
 
-/// Most outbox entries shipped per round.
-const ROUND: usize = 1000;
+/// Most records in flight at once within a round.
+const CHUNK: usize = 10_000;
 /// Longest the shipper sleeps without being woken (catches entries left by a crash).
 const IDLE: Duration = Duration::from_millis(500);
 const RETRY_PAUSE: Duration = Duration::from_millis(200);
+/// Longest a transaction call (begin, commit, abort) may block.
+const TXN_CALL: Duration = Duration::from_secs(30);
+
+#[derive(Debug, thiserror::Error)]
+pub enum ShipError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(
+        "shipping deltas stopped for good: {0} (did another node of this region start with the same transactional id?)"
+    )]
+    Fatal(String),
+}
 
 pub struct Shipper {
     pub store: Arc<Store>,
+    /// Transactional, `init_transactions` already done (see `log::transactional_producer`).
     pub producer: FutureProducer,
     pub topic: String,
+    /// The ingested topic whose offsets the resume points carry.
+    pub updates_topic: String,
+    pub actor: Actor,
     /// Notified after every committed batch.
     pub wake: Arc<Notify>,
 }
 
 impl Shipper {
-    pub async fn run(self, mut stop: watch::Receiver<bool>) -> Result<(), StoreError> {
+    pub async fn run(self, mut stop: watch::Receiver<bool>) -> Result<(), ShipError> {
         loop {
             if *stop.borrow() {
                 return Ok(());
             }
-            let store = self.store.clone();
-            let entries = tokio::task::spawn_blocking(move || store.outbox(ROUND))
+            let (store, topic) = (self.store.clone(), self.updates_topic.clone());
+            let snapshot = tokio::task::spawn_blocking(move || store.outbox_snapshot(&topic))
                 .await
                 .unwrap_or_else(|e| Err(StoreError::Task(e.to_string())))?;
-            if entries.is_empty() {
+            if snapshot.entries.is_empty() {
                 tokio::select! {
                     () = stopped(&mut stop) => return Ok(()),
                     () = self.wake.notified() => {}
@@ -48,43 +71,75 @@ impl Shipper {
                 }
                 continue;
             }
-            if !self.ship(&entries).await {
+            if let Err(e) = self.ship(&snapshot).await {
+                if let Some((code, reason)) = self.producer.client().fatal_error() {
+                    return Err(ShipError::Fatal(format!("{code:?}: {reason}")));
+                }
+                tracing::warn!(error = %e, "shipping deltas failed; aborting the round and retrying");
+                if let Err(e) = self.blocking(|p| p.abort_transaction(TXN_CALL)).await
+                    && let Some((code, reason)) = self.producer.client().fatal_error()
+                {
+                    return Err(ShipError::Fatal(format!("{code:?}: {reason} ({e})")));
+                }
                 tokio::time::sleep(RETRY_PAUSE).await;
                 continue;
             }
             let store = self.store.clone();
-            tokio::task::spawn_blocking(move || store.clear_outbox(&entries))
+            tokio::task::spawn_blocking(move || store.clear_outbox(&snapshot.entries))
                 .await
                 .unwrap_or_else(|e| Err(StoreError::Task(e.to_string())))?;
         }
     }
 
-    /// Produces every entry; true once Kafka acknowledged all of them.
-    async fn ship(&self, entries: &[(String, Vec<u8>)]) -> bool {
-        let mut pending = Vec::with_capacity(entries.len());
-        for (key, bytes) in entries {
-            let record = FutureRecord::to(&self.topic).key(key).payload(bytes);
-            match self.producer.send_result(record) {
-                Ok(delivery) => pending.push(delivery),
-                Err((e, _)) => {
-                    tracing::warn!(error = %e, "shipping deltas failed; retrying");
-                    return false;
-                }
-            }
-        }
+    /// Runs a blocking transaction call off the async threads.
+    async fn blocking(
+        &self,
+        call: impl FnOnce(&FutureProducer) -> Result<(), KafkaError> + Send + 'static,
+    ) -> Result<(), KafkaError> {
+        let producer = self.producer.clone();
+        tokio::task::spawn_blocking(move || call(&producer))
+            .await
+            .unwrap_or(Err(KafkaError::Canceled))
+    }
+
+    /// One transaction: every entry, then the resume point, then commit.
+    async fn ship(&self, snapshot: &OutboxSnapshot) -> Result<(), KafkaError> {
+        self.blocking(|p| p.begin_transaction()).await?;
         let mut bytes = 0;
-        for (delivery, (_, payload)) in pending.into_iter().zip(entries) {
-            match delivery.await {
-                Ok(Ok(_)) => bytes += payload.len(),
-                Ok(Err((e, _))) => {
-                    tracing::warn!(error = %e, "a delta was not acknowledged; retrying");
-                    return false;
-                }
-                Err(_) => return false,
+        for chunk in snapshot.entries.chunks(CHUNK) {
+            let mut pending = Vec::with_capacity(chunk.len());
+            for (key, payload) in chunk {
+                let record = FutureRecord::to(&self.topic).key(key).payload(payload);
+                pending.push(self.producer.send_result(record).map_err(|(e, _)| e)?);
+                bytes += payload.len();
+            }
+            for delivery in pending {
+                delivery
+                    .await
+                    .map_err(|_| KafkaError::Canceled)?
+                    .map_err(|(e, _)| e)?;
             }
         }
-        metrics::counter!(m::DELTAS_SHIPPED).increment(entries.len() as u64);
+        let resume = ResumePoint {
+            origin: self.actor.region.clone(),
+            incarnation: self.actor.incarnation,
+            updates_topic: self.updates_topic.clone(),
+            updates_offsets: snapshot.offsets.clone(),
+            hlc_high_water: snapshot.hlc_high_water.unwrap_or_default(),
+        }
+        .encode();
+        let record = FutureRecord::to(&self.topic)
+            .key(RESUME_KEY)
+            .payload(&resume);
+        self.producer
+            .send_result(record)
+            .map_err(|(e, _)| e)?
+            .await
+            .map_err(|_| KafkaError::Canceled)?
+            .map_err(|(e, _)| e)?;
+        self.blocking(|p| p.commit_transaction(TXN_CALL)).await?;
+        metrics::counter!(m::DELTAS_SHIPPED).increment(snapshot.entries.len() as u64);
         metrics::counter!(m::DELTA_BYTES_SHIPPED).increment(bytes as u64);
-        true
+        Ok(())
     }
 }

@@ -20,7 +20,8 @@ use std::collections::{BTreeMap, VecDeque};
 use std::path::Path;
 
 use rocksdb::{
-    ColumnFamily, ColumnFamilyDescriptor, DB, Direction, IteratorMode, Options, WriteBatch,
+    ColumnFamily, ColumnFamilyDescriptor, DB, Direction, IteratorMode, Options, ReadOptions,
+    WriteBatch,
 };
 
 use crate::clock::HlcTimestamp;
@@ -62,6 +63,14 @@ pub struct Commit<'a> {
     /// For a batch of merged remote deltas: the remote region and the newest origin time
     /// applied from it.
     pub remote_applied: Option<(&'a RegionId, HlcTimestamp)>,
+}
+
+/// See [`Store::outbox_snapshot`].
+pub struct OutboxSnapshot {
+    /// (state key, encoded `Delta`), in key order.
+    pub entries: Vec<(String, Vec<u8>)>,
+    pub offsets: BTreeMap<i32, i64>,
+    pub hlc_high_water: Option<HlcTimestamp>,
 }
 
 pub struct Store {
@@ -205,10 +214,19 @@ impl Store {
 
     /// The last applied offset of every partition of `topic`.
     pub fn source_offsets(&self, topic: &str) -> Result<BTreeMap<i32, i64>, StoreError> {
+        self.source_offsets_with(topic, ReadOptions::default())
+    }
+
+    fn source_offsets_with(
+        &self,
+        topic: &str,
+        read: ReadOptions,
+    ) -> Result<BTreeMap<i32, i64>, StoreError> {
         let prefix = offset_prefix(topic);
         let mut out = BTreeMap::new();
-        let iter = self.db.iterator_cf(
+        let iter = self.db.iterator_cf_opt(
             self.cf(CF_OFFSETS),
+            read,
             IteratorMode::From(&prefix, Direction::Forward),
         );
         for item in iter {
@@ -229,18 +247,34 @@ impl Store {
         Ok(out)
     }
 
-    /// Pending outbox entries, in key order: (state key, encoded `Delta`).
-    pub fn outbox(&self, limit: usize) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
-        let mut out = Vec::new();
+    /// Every pending outbox entry together with the source offsets of `topic` and the
+    /// clock high-water mark, read from one snapshot: the entries hold every event applied
+    /// up to those offsets that was not shipped before (commits write both in one batch).
+    pub fn outbox_snapshot(&self, topic: &str) -> Result<OutboxSnapshot, StoreError> {
+        let snapshot = self.db.snapshot();
+        let read = || {
+            let mut read = ReadOptions::default();
+            read.set_snapshot(&snapshot);
+            read
+        };
+        let mut entries = Vec::new();
         for item in self
             .db
-            .iterator_cf(self.cf(CF_OUTBOX), IteratorMode::Start)
-            .take(limit)
+            .iterator_cf_opt(self.cf(CF_OUTBOX), read(), IteratorMode::Start)
         {
             let (k, v) = item?;
-            out.push((String::from_utf8_lossy(&k).into_owned(), v.into_vec()));
+            entries.push((String::from_utf8_lossy(&k).into_owned(), v.into_vec()));
         }
-        Ok(out)
+        let hlc_high_water = self
+            .db
+            .get_cf_opt(self.cf(CF_META), META_HLC, &read())?
+            .map(|v| decode_hlc(&v))
+            .transpose()?;
+        Ok(OutboxSnapshot {
+            entries,
+            offsets: self.source_offsets_with(topic, read())?,
+            hlc_high_water,
+        })
     }
 
     /// Removes shipped outbox entries — each only if it still holds exactly the shipped
@@ -388,14 +422,23 @@ mod tests {
             BTreeMap::from([(0, 41), (3, 7)])
         );
         assert!(store.source_offsets("other").unwrap().is_empty());
-        let outbox = store.outbox(10).unwrap();
+        let snapshot = store.outbox_snapshot("geostate.updates").unwrap();
+        assert_eq!(snapshot.offsets, BTreeMap::from([(0, 41), (3, 7)]));
+        assert_eq!(snapshot.hlc_high_water, Some(HlcTimestamp::new(99, 2)));
+        let outbox = snapshot.entries;
         assert_eq!(outbox.len(), 1);
         assert_eq!(Delta::decode(&outbox[0].1).unwrap().key, "requests/a");
         // an entry rewritten since it was read is not cleared
         let stale = vec![("requests/a".to_string(), b"older bytes".to_vec())];
         assert_eq!(store.clear_outbox(&stale).unwrap(), 0);
         assert_eq!(store.clear_outbox(&outbox).unwrap(), 1);
-        assert!(store.outbox(10).unwrap().is_empty());
+        assert!(
+            store
+                .outbox_snapshot("geostate.updates")
+                .unwrap()
+                .entries
+                .is_empty()
+        );
         assert_eq!(store.recent_ids("requests/a").unwrap(), ["x", "y"]);
         assert!(store.recent_ids("requests/b").unwrap().is_empty());
         assert_eq!(

@@ -1,0 +1,182 @@
+//! Bootstrap of a node that starts on an empty disk (a lost or new volume).
+//!
+//! ```text
+//!  own geostate.deltas ──read_committed, from the beginning to the end──► merge_batch
+//!        ──► the region's past incarnations' own parts, the last ResumePoint
+//!  store ◄── states; updates offsets := resume point; clock ≥ its high-water mark
+//!  then: a NEW incarnation; remote deltas topics read to their ends before serving
+//! ```
+//!
+//! Guarantee: every event the region applied and shipped before the loss counts exactly
+//! once. The shipper commits deltas and the resume point that covers them in one Kafka
+//! transaction, and the shipping producer of this node was initialised (fencing any older
+//! node of the region and aborting its open transaction) before this reads, so the merged
+//! deltas hold exactly the events up to the resume point's offsets; ingest resumes after
+//! them. Events applied but not shipped were lost with the disk and are applied again,
+//! once, under the new incarnation, whose entries nothing old can absorb.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rdkafka::error::KafkaError;
+
+use super::inbound::{Refusal, merge_batch};
+use crate::clock::Hlc;
+use crate::config::Config;
+use crate::crdt::ResumePoint;
+use crate::log::{self, LogError, Record};
+use crate::store::{Commit, Store, StoreError};
+
+const BATCH: usize = 1000;
+
+#[derive(Debug, thiserror::Error)]
+pub enum BootstrapError {
+    #[error(transparent)]
+    Log(#[from] LogError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("reading {topic}: {source}")]
+    Read { topic: String, source: KafkaError },
+    #[error(
+        "own delta {topic}/{partition}/{offset} cannot be merged ({reason}); refusing to start rather than lose it"
+    )]
+    Refused {
+        topic: String,
+        partition: i32,
+        offset: i64,
+        reason: Refusal,
+    },
+    #[error(
+        "the last resume point on {topic} covers topic {found:?}, but this node ingests {expected:?}"
+    )]
+    OtherTopic {
+        topic: String,
+        found: String,
+        expected: String,
+    },
+}
+
+/// What the region's own deltas topic held.
+#[derive(Debug, Default)]
+pub struct Recovered {
+    pub deltas: usize,
+    pub keys: usize,
+    /// The last resume point; `None` if the region never shipped anything.
+    pub resume: Option<ResumePoint>,
+}
+
+/// Merges every committed delta of the region's own deltas topic into `store` and
+/// positions ingest after the last resume point. Call with the shipping producer of this
+/// node already initialised, before ingest starts.
+pub async fn recover_own_past(
+    config: &Arc<Config>,
+    hlc: &Arc<Hlc>,
+    store: &Arc<Store>,
+) -> Result<Recovered, BootstrapError> {
+    let topic = config.kafka.deltas_topic.clone();
+    let partitions = log::partitions(&config.kafka, &topic).await?;
+    let consumer = log::end_reporting_consumer(
+        &config.kafka,
+        &format!("geostate-bootstrap-{}", config.region),
+    )?;
+    log::assign_after(&consumer, &topic, &partitions, &BTreeMap::new())?;
+    let mut at_end = BTreeSet::new();
+    let mut keys = BTreeSet::new();
+    let mut recovered = Recovered::default();
+    while at_end.len() < partitions.len() {
+        let mut records = Vec::new();
+        while records.len() < BATCH && at_end.len() < partitions.len() {
+            let next = if records.is_empty() {
+                consumer.recv().await
+            } else {
+                match tokio::time::timeout(Duration::ZERO, consumer.recv()).await {
+                    Ok(next) => next,
+                    Err(_) => break,
+                }
+            };
+            match next {
+                Ok(message) => records.push(Record::from_message(&message)),
+                Err(KafkaError::PartitionEOF(p)) => {
+                    at_end.insert(p);
+                }
+                Err(source) => {
+                    return Err(BootstrapError::Read {
+                        topic: topic.clone(),
+                        source,
+                    });
+                }
+            }
+        }
+        if records.is_empty() {
+            continue;
+        }
+        let (store, config_, hlc_) = (store.clone(), config.clone(), hlc.clone());
+        let merged = tokio::task::spawn_blocking(move || {
+            let merged = merge_batch(
+                &records,
+                store.as_ref(),
+                &config_.region,
+                &config_.namespaces,
+                &hlc_,
+            )?;
+            store.commit(&Commit {
+                topic: &config_.kafka.deltas_topic,
+                states: &merged.states,
+                offsets: &BTreeMap::new(),
+                outbox: &[],
+                recent_ids: &BTreeMap::<String, VecDeque<String>>::new(),
+                hlc_high_water: hlc_.now(),
+                remote_applied: None,
+            })?;
+            Ok::<_, StoreError>(merged)
+        })
+        .await
+        .unwrap_or_else(|e| Err(StoreError::Task(e.to_string())))?;
+        if let Some((partition, offset, reason)) = merged.refused.into_iter().next() {
+            return Err(BootstrapError::Refused {
+                topic,
+                partition,
+                offset,
+                reason,
+            });
+        }
+        recovered.deltas += merged.merged;
+        keys.extend(merged.states.into_keys());
+        if merged.resume.is_some() {
+            recovered.resume = merged.resume;
+        }
+    }
+    recovered.keys = keys.len();
+
+    if let Some(resume) = &recovered.resume {
+        if resume.updates_topic != config.kafka.updates_topic {
+            return Err(BootstrapError::OtherTopic {
+                topic,
+                found: resume.updates_topic.clone(),
+                expected: config.kafka.updates_topic.clone(),
+            });
+        }
+        hlc.advance_past(resume.hlc_high_water);
+        let (store, resume, updates_topic, hlc) = (
+            store.clone(),
+            resume.clone(),
+            config.kafka.updates_topic.clone(),
+            hlc.clone(),
+        );
+        tokio::task::spawn_blocking(move || {
+            store.commit(&Commit {
+                topic: &updates_topic,
+                states: &BTreeMap::new(),
+                offsets: &resume.updates_offsets,
+                outbox: &[],
+                recent_ids: &BTreeMap::<String, VecDeque<String>>::new(),
+                hlc_high_water: hlc.now(),
+                remote_applied: None,
+            })
+        })
+        .await
+        .unwrap_or_else(|e| Err(StoreError::Task(e.to_string())))?;
+    }
+    Ok(recovered)
+}
