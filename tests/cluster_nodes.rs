@@ -4,11 +4,10 @@
 
 mod common;
 
-use std::io::{Read, Write};
 use std::process::Command;
 
 use anyhow::{Context, bail};
-use common::unique;
+use common::{http_get, unique};
 use serde::Deserialize;
 
 #[derive(Deserialize)]
@@ -52,15 +51,6 @@ fn grpcurl(tool: &str, args: &[&str]) -> anyhow::Result<String> {
         );
     }
     Ok(String::from_utf8(out.stdout)?)
-}
-
-fn http_get(addr: &str, path: &str) -> anyhow::Result<String> {
-    let mut stream = std::net::TcpStream::connect(addr)?;
-    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes())?;
-    let mut body = String::new();
-    stream.read_to_string(&mut body)?;
-    Ok(body)
 }
 
 #[test]

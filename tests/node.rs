@@ -8,48 +8,16 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, bail};
-use common::{Node, Topics, cluster};
+use common::{Node, Rng, Topics, cluster, counter, producer};
 use geostate::pb;
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::{Headers, Message};
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::FutureRecord;
 use tokio_stream::StreamExt;
 
 const EVENTS: usize = 200_000;
 const KEYS: usize = 500;
-
-fn producer(bootstrap: &str) -> anyhow::Result<FutureProducer> {
-    Ok(ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("enable.idempotence", "true")
-        .set("acks", "all")
-        .set("linger.ms", "5")
-        .set("queue.buffering.max.messages", "1000000")
-        .create()?)
-}
-
-/// A small deterministic generator, so a failing run can be replayed from its seed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
-fn counter(v: &pb::Value) -> i64 {
-    match v.value {
-        Some(pb::value::Value::Counter(n)) => n,
-        ref other => panic!("{} is not a counter: {other:?}", v.key),
-    }
-}
 
 /// 200,000 increments over 1,000 counters, with the node killed by SIGKILL at random
 /// moments at least three times while it ingests: afterwards every counter equals what

@@ -18,7 +18,8 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use rdkafka::consumer::StreamConsumer;
+use rdkafka::Offset;
+use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::error::KafkaError;
 use tokio::sync::watch;
 
@@ -210,6 +211,7 @@ impl Merger {
             let mut records = match first {
                 Ok(record) => vec![record],
                 Err(KafkaError::PartitionEOF(p)) => {
+                    self.at_end_of(&consumer, p);
                     if at_end.insert(p) && at_end.len() == partitions.len() {
                         self.progress.caught_up.send_replace(true);
                         tracing::info!(remote = %self.remote().region, "read every remote partition to its end");
@@ -226,6 +228,7 @@ impl Merger {
                 match tokio::time::timeout(Duration::ZERO, consumer.recv()).await {
                     Ok(Ok(message)) => records.push(Record::from_message(&message)),
                     Ok(Err(KafkaError::PartitionEOF(p))) => {
+                        self.at_end_of(&consumer, p);
                         at_end.insert(p);
                         break;
                     }
@@ -236,6 +239,24 @@ impl Merger {
             if at_end.len() == partitions.len() {
                 self.progress.caught_up.send_replace(true);
             }
+        }
+    }
+
+    /// At a partition's end, the position can be past the last merged record (a commit
+    /// marker of a transactional topic is never delivered): count it as read, for status.
+    fn at_end_of(&self, consumer: &StreamConsumer, partition: i32) {
+        let Ok(positions) = consumer.position() else {
+            return;
+        };
+        let topic = &self.remote().topic;
+        if let Some(Offset::Offset(next)) = positions
+            .find_partition(topic, partition)
+            .map(|p| p.offset())
+        {
+            self.progress.offsets.send_modify(|offsets| {
+                let last = offsets.entry(partition).or_insert(-1);
+                *last = (*last).max(next - 1);
+            });
         }
     }
 

@@ -15,6 +15,7 @@ use geostate::pb::state_client::StateClient;
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient as KafkaAdmin, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
+use rdkafka::producer::{FutureProducer, FutureRecord};
 use serde::Deserialize;
 use tonic::transport::Channel;
 
@@ -52,6 +53,67 @@ pub fn cluster() -> anyhow::Result<Cluster> {
         )
     })?;
     serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))
+}
+
+/// An idempotent producer for feeding topics in tests.
+pub fn producer(bootstrap: &str) -> anyhow::Result<FutureProducer> {
+    Ok(ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .set("linger.ms", "5")
+        .set("queue.buffering.max.messages", "1000000")
+        .create()?)
+}
+
+/// Produces every `(key, payload)` to `topic` and waits until Kafka acknowledged all.
+pub async fn produce_all(
+    producer: &FutureProducer,
+    topic: &str,
+    records: &[(String, Vec<u8>)],
+) -> anyhow::Result<()> {
+    let mut pending = Vec::with_capacity(records.len());
+    for (key, payload) in records {
+        let record = FutureRecord::to(topic).key(key).payload(payload);
+        pending.push(producer.send_result(record).map_err(|(e, _)| e)?);
+    }
+    for delivery in pending {
+        delivery.await?.map_err(|(e, _)| e)?;
+    }
+    Ok(())
+}
+
+/// A small deterministic generator, so a failing run can be replayed from its seed.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+pub fn counter(v: &pb::Value) -> i64 {
+    match v.value {
+        Some(pb::value::Value::Counter(n)) => n,
+        ref other => panic!("{} is not a counter: {other:?}", v.key),
+    }
+}
+
+/// A plain HTTP/1.1 GET (the metrics endpoint); returns the whole response.
+pub fn http_get(addr: &str, path: &str) -> anyhow::Result<String> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr)?;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes())?;
+    let mut body = String::new();
+    stream.read_to_string(&mut body)?;
+    Ok(body)
 }
 
 /// A name no other test run uses.
@@ -115,6 +177,8 @@ impl Topics {
 pub struct Node {
     pub config: PathBuf,
     pub grpc: String,
+    /// host:port of the Prometheus endpoint.
+    pub metrics: String,
     pub log: PathBuf,
     child: Option<Child>,
 }
@@ -146,6 +210,7 @@ impl Node {
             .unwrap_or_default()
             .to_owned();
         let grpc = format!("127.0.0.1:{}", free_port());
+        let metrics = format!("127.0.0.1:{}", free_port());
         let mut text = String::new();
         for line in template.lines() {
             let key = line.split('=').next().unwrap_or("").trim();
@@ -156,7 +221,7 @@ impl Node {
                 "deltas-topic" => format!("deltas-topic = {:?}", topics.deltas),
                 "dlq-topic" => format!("dlq-topic = {:?}", topics.dlq),
                 "grpc-listen" => format!("grpc-listen = {grpc:?}"),
-                "metrics-listen" => format!("metrics-listen = \"127.0.0.1:{}\"", free_port()),
+                "metrics-listen" => format!("metrics-listen = {metrics:?}"),
                 _ => line.to_owned(),
             };
             text.push_str(&line);
@@ -172,6 +237,7 @@ impl Node {
         Ok(Self {
             config,
             grpc: format!("http://{grpc}"),
+            metrics,
             log: dir.join("node.log"),
             child: None,
         })
