@@ -153,3 +153,132 @@ async fn writes_in_both_regions_meet_through_mirrormaker2() -> anyhow::Result<()
     );
     Ok(())
 }
+
+/// Deltas are shipped in transactions, and MirrorMaker 2 reads `read_committed`: a delta
+/// of an aborted transaction never reaches the other region, a committed one does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aborted_deltas_are_never_mirrored() -> anyhow::Result<()> {
+    use geostate::crdt::{Actor, CrdtValue, Delta, GCounter, RegionId};
+    use geostate::pb;
+    use geostate::pb::state_client::StateClient;
+    use rdkafka::ClientConfig;
+    use rdkafka::Message;
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+    use std::time::Duration;
+
+    let cluster = common::cluster()?;
+    let (source, target) = ("us-east-1", "eu-west-1");
+    let delta = |key: &str, n: u64| -> anyhow::Result<Vec<u8>> {
+        let mut c = GCounter::new();
+        c.increment(&Actor::new(RegionId::new(source)?, 1), n)?;
+        Ok(Delta {
+            key: key.into(),
+            origin: RegionId::new(source)?,
+            state: CrdtValue::GCounter(c),
+            origin_time: geostate::clock::HlcTimestamp::new(
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)?
+                    .as_nanos() as u64,
+                0,
+            ),
+            epoch: 0,
+        }
+        .encode())
+    };
+    let (aborted, committed) = (
+        format!("requests/{}", unique("aborted")),
+        format!("requests/{}", unique("committed")),
+    );
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", &cluster.regions[source].kafka)
+        .set("transactional.id", unique("abort-test"))
+        .create()?;
+    let p = producer.clone();
+    let (aborted_delta, committed_delta) = (delta(&aborted, 1)?, delta(&committed, 2)?);
+    let (a, c) = (aborted.clone(), committed.clone());
+    tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
+        p.init_transactions(Duration::from_secs(30))?;
+        p.begin_transaction()?;
+        p.send_result(
+            FutureRecord::to("geostate.deltas")
+                .key(&a)
+                .payload(&aborted_delta),
+        )
+        .map_err(|(e, _)| e)?;
+        p.flush(Duration::from_secs(30))?;
+        p.abort_transaction(Duration::from_secs(30))?;
+        p.begin_transaction()?;
+        p.send_result(
+            FutureRecord::to("geostate.deltas")
+                .key(&c)
+                .payload(&committed_delta),
+        )
+        .map_err(|(e, _)| e)?;
+        p.commit_transaction(Duration::from_secs(30))?;
+        Ok(())
+    })
+    .await??;
+
+    // the committed delta arrives in the other region through the mirror
+    let grpc = cluster.regions[target].grpc.clone().context("no node")?;
+    let mut client = StateClient::connect(format!("http://{grpc}")).await?;
+    let started = std::time::Instant::now();
+    loop {
+        let v = client
+            .get(pb::GetRequest {
+                key: committed.clone(),
+            })
+            .await?
+            .into_inner();
+        if v.value == Some(pb::value::Value::Counter(2)) {
+            break;
+        }
+        if started.elapsed() > Duration::from_secs(60) {
+            bail!("the committed delta did not arrive within 60 s: {v:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // the mirrored topic holds it, and not the aborted one — even read uncommitted
+    let mirrored = format!("{source}.geostate.deltas");
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &cluster.regions[target].kafka)
+        .set("group.id", unique("mirror-reader"))
+        .set("auto.offset.reset", "earliest")
+        .set("isolation.level", "read_uncommitted")
+        .set("enable.partition.eof", "true")
+        .create()?;
+    consumer.subscribe(&[&mirrored])?;
+    let partitions = consumer
+        .fetch_metadata(Some(&mirrored), Duration::from_secs(10))?
+        .topics()[0]
+        .partitions()
+        .len();
+    let (mut at_end, mut keys) = (std::collections::BTreeSet::new(), Vec::new());
+    let reading = std::time::Instant::now();
+    while at_end.len() < partitions {
+        if reading.elapsed() > Duration::from_secs(30) {
+            bail!("reading {mirrored} timed out");
+        }
+        // `None`: a timeout or an event that is not a message (a rebalance)
+        match consumer.poll(Duration::from_secs(1)) {
+            Some(Ok(m)) => keys.push(m.key().unwrap_or_default().to_vec()),
+            Some(Err(rdkafka::error::KafkaError::PartitionEOF(p))) => {
+                at_end.insert(p);
+            }
+            Some(Err(e)) => return Err(e.into()),
+            None => {}
+        }
+    }
+    assert!(keys.contains(&committed.clone().into_bytes()));
+    assert!(
+        !keys.contains(&aborted.clone().into_bytes()),
+        "an aborted delta was mirrored"
+    );
+    let v = client
+        .get(pb::GetRequest { key: aborted })
+        .await?
+        .into_inner();
+    assert_eq!(v.value, Some(pb::value::Value::Counter(0)));
+    Ok(())
+}

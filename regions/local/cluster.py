@@ -180,7 +180,9 @@ def port_open(port: int) -> bool:
         return False
 
 
-def pid_alive(pid: int) -> bool:
+def pid_alive(pid: int | None) -> bool:
+    if not pid:
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -538,7 +540,10 @@ def cmd_up(_args: argparse.Namespace) -> None:
         if not down:
             log(f"already up ({CLUSTER_JSON})")
             return
-        if all(k.startswith("node ") for k in down):
+        if all(k.startswith("node ") or k == "mirrormaker2" for k in down):
+            if "mirrormaker2" in down:
+                existing["mirrormaker2"]["pid"] = start_mm2(existing["regions"])
+                write_cluster(existing)
             for region, r in existing["regions"].items():
                 if f"node {region}" in down:
                     start_node(region, r)
@@ -638,12 +643,35 @@ def cmd_status(_args: argparse.Namespace) -> None:
         sys.exit(1)
 
 
+def cmd_mirror(args: argparse.Namespace) -> None:
+    """Stop or start MirrorMaker 2 alone (chaos drills, tests): the regions keep running."""
+    cluster = read_cluster()
+    if cluster is None:
+        sys.exit("cluster: down (no cluster.json)")
+    pid = cluster["mirrormaker2"]["pid"]
+    if args.action == "stop":
+        if pid:
+            stop_pid("mirrormaker2", pid)
+            (PIDS / "mirrormaker2").unlink(missing_ok=True)
+        cluster["mirrormaker2"]["pid"] = None
+        write_cluster(cluster)
+        log("mirrormaker 2 stopped")
+    elif pid and pid_alive(pid):
+        log(f"mirrormaker 2 already running (pid {pid})")
+    else:
+        cluster["mirrormaker2"]["pid"] = start_mm2(cluster["regions"])
+        write_cluster(cluster)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
     for name, fn in [("install", cmd_install), ("up", cmd_up), ("down", cmd_down),
                      ("status", cmd_status)]:
         sub.add_parser(name).set_defaults(fn=fn)
+    mirror = sub.add_parser("mirror", help="stop or start MirrorMaker 2 alone")
+    mirror.add_argument("action", choices=["stop", "start"])
+    mirror.set_defaults(fn=cmd_mirror)
     args = parser.parse_args()
     args.fn(args)
 

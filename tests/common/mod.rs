@@ -116,6 +116,30 @@ pub fn http_get(addr: &str, path: &str) -> anyhow::Result<String> {
     Ok(body)
 }
 
+/// Runs `regions/local/cluster.py <args>` against the cluster the tests use.
+pub fn cluster_script(args: &[&str]) -> anyhow::Result<()> {
+    let cluster_json = std::env::var_os("GEOSTATE_CLUSTER")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("regions/local/run/cluster.json")
+        });
+    let run_dir = cluster_json
+        .parent()
+        .context("cluster.json has no folder")?;
+    let out = Command::new("python3")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("regions/local/cluster.py"))
+        .args(args)
+        .env("GEOSTATE_RUN_DIR", run_dir)
+        .output()?;
+    if !out.status.success() {
+        bail!(
+            "cluster.py {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(())
+}
+
 /// A name no other test run uses.
 pub fn unique(label: &str) -> String {
     let nanos = SystemTime::now()

@@ -1,0 +1,93 @@
+//! MirrorMaker 2 stopped while both regions keep taking writes, then restarted: nothing is
+//! lost, both regions converge to the sum. Its own test binary, because it stops the
+//! mirror every other test of the cluster relies on (test binaries run one at a time).
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use anyhow::bail;
+use common::{cluster, cluster_script, counter, unique};
+use geostate::pb;
+use geostate::pb::state_client::StateClient;
+
+/// Starts MirrorMaker 2 again however the test ends.
+struct RestartMirror;
+
+impl Drop for RestartMirror {
+    fn drop(&mut self) {
+        if let Err(e) = cluster_script(&["mirror", "start"]) {
+            eprintln!("restarting mirrormaker 2: {e}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mirrormaker_2_stopped_then_restarted_loses_nothing() -> anyhow::Result<()> {
+    const WRITES: i64 = 50;
+    let cluster = cluster()?;
+    let mut clients = Vec::new();
+    for r in cluster.regions.values() {
+        let grpc = r.grpc.clone().expect("make test starts a node per region");
+        clients.push(StateClient::connect(format!("http://{grpc}")).await?);
+    }
+    let keys: Vec<String> = (0..5)
+        .map(|i| format!("requests/{}-{i}", unique("mm2-stop")))
+        .collect();
+
+    cluster_script(&["mirror", "stop"])?;
+    let _restart = RestartMirror;
+    // every region adds (region index + 1) per write to every key
+    for (i, client) in clients.iter_mut().enumerate() {
+        for w in 0..WRITES {
+            client
+                .update(pb::UpdateRequest {
+                    key: keys[(w % 5) as usize].clone(),
+                    op: Some(pb::update_request::Op::Add(i as i64 + 1)),
+                    id: String::new(),
+                })
+                .await?;
+        }
+    }
+    // with the mirror down, each region sees only its own writes
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for (i, client) in clients.iter_mut().enumerate() {
+        let v = client
+            .get(pb::GetRequest {
+                key: keys[0].clone(),
+            })
+            .await?
+            .into_inner();
+        assert_eq!(
+            counter(&v),
+            (i as i64 + 1) * WRITES / 5,
+            "region {i} saw another region's writes with the mirror stopped"
+        );
+    }
+
+    cluster_script(&["mirror", "start"])?;
+    let restarted = Instant::now();
+    let regions = clients.len() as i64;
+    let expected = (1..=regions).sum::<i64>() * WRITES / 5;
+    for (i, client) in clients.iter_mut().enumerate() {
+        loop {
+            let values = client
+                .batch_get(pb::BatchGetRequest { keys: keys.clone() })
+                .await?
+                .into_inner()
+                .values;
+            if values.iter().all(|v| counter(v) == expected) {
+                break;
+            }
+            if restarted.elapsed() > Duration::from_secs(120) {
+                bail!("region {i} did not converge 120 s after the mirror restarted: {values:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    println!(
+        "converged {:.1} s after MirrorMaker 2 was restarted",
+        restarted.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
