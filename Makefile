@@ -32,9 +32,10 @@ down:
 status:
 	$(CLUSTER) status
 
-## Benchmarks (release build) against the local cluster; prints Markdown tables
-bench: up
-	cargo bench --locked --bench node
+## Benchmarks (release build) on a private local cluster; prints Markdown tables and
+## writes them to bench/results/latest.md
+bench:
+	scripts/bench.sh $(ARGS)
 
 lint:
 	cargo fmt --all -- --check

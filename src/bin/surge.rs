@@ -16,6 +16,7 @@ use clap::Parser;
 use geostate::pb;
 use geostate::pb::admin_client::AdminClient;
 use geostate::pb::state_client::StateClient;
+use geostate::workload::{Rng, Zipf, geohash};
 use serde::Deserialize;
 use tonic::transport::Channel;
 
@@ -44,55 +45,6 @@ struct Cluster {
 #[derive(Deserialize)]
 struct Region {
     grpc: String,
-}
-
-/// Zipf(s) over `n` ranks by inverse CDF.
-struct Zipf {
-    cdf: Vec<f64>,
-}
-
-impl Zipf {
-    fn new(n: usize, s: f64) -> Self {
-        let weights: Vec<f64> = (1..=n).map(|k| 1.0 / (k as f64).powf(s)).collect();
-        let total: f64 = weights.iter().sum();
-        let mut acc = 0.0;
-        let cdf = weights
-            .iter()
-            .map(|w| {
-                acc += w / total;
-                acc
-            })
-            .collect();
-        Self { cdf }
-    }
-    fn sample(&self, u: f64) -> usize {
-        self.cdf.partition_point(|&c| c < u).min(self.cdf.len() - 1)
-    }
-}
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
-}
-
-fn geohash(i: usize) -> String {
-    const BASE32: &[u8] = b"0123456789bcdefghjkmnpqrstuvwxyz";
-    let mut s = String::from("9q8");
-    let mut x = i;
-    for _ in 0..3 {
-        s.push(BASE32[x % 32] as char);
-        x /= 32;
-    }
-    s
 }
 
 #[derive(Default)]
@@ -157,11 +109,11 @@ async fn run(args: Args) -> anyhow::Result<()> {
                     tick.tick().await;
                     i += 1;
                     let gh = geohash(zipf.sample(rng.unit()));
-                    let (key, op) = match rng.next() % 10 {
+                    let (key, op) = match rng.next_u64() % 10 {
                         0..=5 => (format!("requests/{gh}"), pb::update_request::Op::Add(1)),
                         6..=8 => (
                             format!("drivers/{gh}"),
-                            pb::update_request::Op::Add(if rng.next().is_multiple_of(2) {
+                            pb::update_request::Op::Add(if rng.next_u64().is_multiple_of(2) {
                                 1
                             } else {
                                 -1
@@ -169,7 +121,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
                         ),
                         _ => {
                             // publish a multiplier for this geohash from what this region sees
-                            let multiplier = 1.0 + (rng.next() % 20) as f64 / 10.0;
+                            let multiplier = 1.0 + (rng.next_u64() % 20) as f64 / 10.0;
                             (
                                 format!("zones/{gh}/multiplier"),
                                 pb::update_request::Op::Set(

@@ -1,0 +1,292 @@
+//! Replication benchmark (`make bench`): prints figures, asserts nothing.
+//!
+//! 1. Replication lag at a fixed open-loop rate: from a write's `Update` ack in one region
+//!    (it is applied there) to the moment a `Watch` on the other region delivers it, once
+//!    through the direct switch (the remote reads the origin's deltas topic) and once
+//!    through MirrorMaker 2 (the nodes of the cluster the bench runs against).
+//! 2. Coalescing under Zipf 0.99 keys: deltas shipped per event and bytes shipped per byte
+//!    ingested, for a pre-loaded backlog (large batches) and for a live stream.
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use common::{Node, Topics, cluster, http_get, produce_all, producer, unique};
+use geostate::pb;
+use geostate::pb::state_client::StateClient;
+use geostate::workload::{Rng, Zipf};
+use tokio_stream::StreamExt;
+use tonic::transport::Channel;
+
+const LAG_RATE: u64 = 100;
+const LAG_SECONDS: u64 = 15;
+const KEYS: usize = 10_000;
+const BACKLOG_EVENTS: usize = 200_000;
+const LIVE_RATE: u64 = 2_000;
+const LIVE_SECONDS: u64 = 10;
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.1} ms", d.as_secs_f64() * 1e3)
+}
+
+fn main() -> anyhow::Result<()> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?
+        .block_on(run())
+}
+
+async fn run() -> anyhow::Result<()> {
+    let cluster = cluster()?;
+    let kafka = cluster.regions["us-east-1"].kafka.clone();
+    println!("# geostate replication benchmark");
+    println!();
+    println!(
+        "machine: {} cores; brokers, MirrorMaker 2, nodes and load generator share them",
+        std::thread::available_parallelism()?.get()
+    );
+    println!();
+
+    // 1. lag, direct switch: two nodes of this build on private topics
+    let (ta, tb) = (
+        Topics::create(&kafka, "lag-a", 4).await?,
+        Topics::create(&kafka, "lag-b", 4).await?,
+    );
+    let (dir_a, dir_b) = (tempfile::tempdir()?, tempfile::tempdir()?);
+    let mut a = Node::configure_region(
+        dir_a.path(),
+        "us-east-1",
+        &kafka,
+        &ta,
+        &[("eu-west-1", &tb.deltas)],
+    )?;
+    let mut b = Node::configure_region(
+        dir_b.path(),
+        "eu-west-1",
+        &kafka,
+        &tb,
+        &[("us-east-1", &ta.deltas)],
+    )?;
+    a.start().await?;
+    b.start().await?;
+    let direct = lag(a.state().await?, b.state().await?).await?;
+    a.kill9();
+    b.kill9();
+
+    // through MirrorMaker 2: the cluster's own nodes, one per Kafka cluster
+    let grpc = |region: &str| -> anyhow::Result<String> {
+        Ok(format!(
+            "http://{}",
+            cluster.regions[region]
+                .grpc
+                .clone()
+                .context("the cluster runs no node")?
+        ))
+    };
+    let mirrored = lag(
+        StateClient::connect(grpc("us-east-1")?).await?,
+        StateClient::connect(grpc("eu-west-1")?).await?,
+    )
+    .await?;
+    println!(
+        "## Replication lag ({LAG_RATE} writes/s for {LAG_SECONDS} s, open loop; one new key per write)"
+    );
+    println!();
+    println!(
+        "Measured from the `Update` ack in us-east-1 (applied there) to the `Watch` event in eu-west-1."
+    );
+    println!();
+    println!("| path | writes | p50 | p99 | max |");
+    println!("|---|---:|---:|---:|---:|");
+    for (name, l) in [
+        (
+            "direct switch (remote reads the origin's deltas topic)",
+            &direct,
+        ),
+        (
+            "MirrorMaker 2 (geostate.deltas → us-east-1.geostate.deltas)",
+            &mirrored,
+        ),
+    ] {
+        println!(
+            "| {name} | {} | {} | {} | {} |",
+            l.len(),
+            ms(percentile(l, 0.5)),
+            ms(percentile(l, 0.99)),
+            ms(l.last().copied().unwrap_or_default())
+        );
+    }
+    println!();
+
+    // 2. coalescing under Zipf keys
+    println!("## Coalescing (Zipf 0.99 over {KEYS} keys, `g_counter` and `pn_counter`)");
+    println!();
+    println!(
+        "| load | events | deltas shipped | deltas per event | bytes shipped ÷ bytes ingested |"
+    );
+    println!("|---|---:|---:|---:|---:|");
+    let zipf = Zipf::new(KEYS, 0.99);
+    let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+    let mut events = |n: usize| -> Vec<(String, Vec<u8>)> {
+        (0..n)
+            .map(|i| {
+                let k = zipf.sample(rng.unit());
+                let (key, add) = if i % 2 == 0 {
+                    (format!("requests/z{k:05}"), 1)
+                } else {
+                    (format!("drivers/z{k:05}"), (rng.next_u64() % 3) as i64 - 1)
+                };
+                let payload = format!(r#"{{"key":"{key}","add":{add}}}"#).into_bytes();
+                (key, payload)
+            })
+            .collect()
+    };
+
+    // a backlog ingested at full speed
+    let backlog = events(BACKLOG_EVENTS);
+    let topics = Topics::create(&kafka, "coalesce-backlog", 4).await?;
+    let producer = producer(&kafka)?;
+    produce_all(&producer, &topics.updates, &backlog).await?;
+    let (shipped, bytes) = ship_counts(&kafka, &topics).await?;
+    let ingested: usize = backlog.iter().map(|(_, p)| p.len()).sum();
+    println!(
+        "| backlog ingested at full speed | {} | {shipped} | {:.3} | {:.3} |",
+        backlog.len(),
+        shipped as f64 / backlog.len() as f64,
+        bytes as f64 / ingested as f64
+    );
+
+    // a live stream at a fixed rate
+    let live = events((LIVE_RATE * LIVE_SECONDS) as usize);
+    let topics = Topics::create(&kafka, "coalesce-live", 4).await?;
+    let dir = tempfile::tempdir()?;
+    let mut node = Node::configure(dir.path(), &kafka, &topics)?;
+    node.start().await?;
+    let started = Instant::now();
+    for (i, chunk) in live.chunks((LIVE_RATE / 100) as usize).enumerate() {
+        tokio::time::sleep_until((started + Duration::from_millis(10 * i as u64)).into()).await;
+        produce_all(&producer, &topics.updates, chunk).await?;
+    }
+    node.caught_up(Duration::from_secs(120)).await?;
+    let (shipped, bytes) = settled_counts(&node).await?;
+    node.kill9();
+    let ingested: usize = live.iter().map(|(_, p)| p.len()).sum();
+    println!(
+        "| live stream, {LIVE_RATE} events/s | {} | {shipped} | {:.3} | {:.3} |",
+        live.len(),
+        shipped as f64 / live.len() as f64,
+        bytes as f64 / ingested as f64
+    );
+    Ok(())
+}
+
+/// Writes one new key per write in `origin` at `LAG_RATE`; returns, per write, the time
+/// from its ack to its arrival in `remote`'s watch stream, sorted.
+async fn lag(
+    origin: StateClient<Channel>,
+    mut remote: StateClient<Channel>,
+) -> anyhow::Result<Vec<Duration>> {
+    let prefix = format!("requests/{}/", unique("lag"));
+    let mut stream = remote
+        .watch(pb::WatchRequest {
+            prefix: prefix.clone(),
+        })
+        .await?
+        .into_inner();
+    let writes = (LAG_RATE * LAG_SECONDS) as usize;
+    let watcher = tokio::spawn(async move {
+        let mut seen = BTreeMap::new();
+        while seen.len() < writes {
+            match tokio::time::timeout(Duration::from_secs(30), stream.next()).await {
+                Ok(Some(Ok(v))) => {
+                    seen.entry(v.key).or_insert_with(Instant::now);
+                }
+                _ => break,
+            }
+        }
+        seen
+    });
+    let started = Instant::now();
+    let mut tasks = Vec::with_capacity(writes);
+    for i in 0..writes {
+        let scheduled = started + Duration::from_micros(i as u64 * 1_000_000 / LAG_RATE);
+        tokio::time::sleep_until(scheduled.into()).await;
+        let (mut client, key) = (origin.clone(), format!("{prefix}{i:06}"));
+        tasks.push(tokio::spawn(async move {
+            client
+                .update(pb::UpdateRequest {
+                    key: key.clone(),
+                    op: Some(pb::update_request::Op::Add(1)),
+                    id: String::new(),
+                })
+                .await
+                .map(|_| (key, Instant::now()))
+        }));
+    }
+    let mut acked = Vec::with_capacity(writes);
+    for t in tasks {
+        acked.push(t.await??);
+    }
+    let seen = watcher.await?;
+    if seen.len() < writes {
+        bail!(
+            "only {} of {writes} writes reached the other region",
+            seen.len()
+        );
+    }
+    let mut lags: Vec<Duration> = acked
+        .iter()
+        .map(|(key, at)| seen[key].saturating_duration_since(*at))
+        .collect();
+    lags.sort();
+    Ok(lags)
+}
+
+/// Runs a node over the pre-loaded `topics` until it applied everything and shipped it.
+async fn ship_counts(kafka: &str, topics: &Topics) -> anyhow::Result<(u64, u64)> {
+    let dir = tempfile::tempdir()?;
+    let mut node = Node::configure(dir.path(), kafka, topics)?;
+    node.start().await?;
+    node.caught_up(Duration::from_secs(300)).await?;
+    let counts = settled_counts(&node).await?;
+    node.kill9();
+    Ok(counts)
+}
+
+/// (deltas shipped, bytes shipped) once they stop changing.
+async fn settled_counts(node: &Node) -> anyhow::Result<(u64, u64)> {
+    let read = || -> anyhow::Result<(u64, u64)> {
+        let text = http_get(&node.metrics, "/metrics")?;
+        let value = |name: &str| {
+            text.lines()
+                .find(|l| l.starts_with(name))
+                .and_then(|l| l.rsplit(' ').next())
+                .and_then(|v| v.parse::<f64>().ok())
+                .unwrap_or(0.0) as u64
+        };
+        Ok((
+            value("geostate_deltas_shipped_total"),
+            value("geostate_delta_bytes_shipped_total"),
+        ))
+    };
+    let mut last = read()?;
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let now = read()?;
+        if now == last && now.0 > 0 {
+            return Ok(now);
+        }
+        last = now;
+    }
+}
