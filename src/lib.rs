@@ -15,8 +15,10 @@
 //!
 //!  node         wiring: build the parts, spawn the tasks, shut down in order
 //!  api          tonic services, pb conversions, the one error → Status map
-//!  replication  inbound merge of remote deltas, outbound shipping, freshness
+//!  replication  inbound merge of remote deltas, transactional outbound shipping with
+//!               resume points, bootstrap of an empty disk, freshness
 //!  ingest       decode and check update records, apply batches (pure), the ingest task
+//!  checkpoint   incremental checkpoints to S3 or a folder, restore, savepoints
 //!  store        RocksDB column families and the one-WriteBatch commit
 //!  log          Kafka clients, positioning, consumed records, dead-letter headers
 //!  config       TOML → validated Config
@@ -25,9 +27,11 @@
 //!  crdt         PURE counters, LWW register, order stamps, deltas and their encoding
 //!  clock        PURE injected physical clock, hybrid logical clock with max-offset guard
 //!  pb           generated protobuf code (proto/)
+//!  workload     load generation for the demo and the benchmarks (Zipf, geohashes)
 //! ```
 
 pub mod api;
+pub mod checkpoint;
 pub mod clock;
 pub mod config;
 pub mod crdt;
@@ -39,3 +43,4 @@ pub mod pb;
 pub mod replication;
 pub mod shutdown;
 pub mod store;
+pub mod workload;

@@ -1,5 +1,6 @@
-//! The `geostate` binary: a region node (`run`) and an operator client (`get`, `update`,
-//! `scan`, `status`) over the public gRPC API.
+//! The `geostate` binary: a region node (`run`), its offline restore (`restore`), and an
+//! operator client (`get`, `update`, `scan`, `status`, `checkpoint`, `savepoint`) over the
+//! public gRPC API.
 
 use std::io::Read;
 use std::path::PathBuf;
@@ -59,6 +60,31 @@ enum Command {
     Status {
         #[arg(long, default_value = "http://127.0.0.1:50051")]
         addr: String,
+    },
+    /// Take a checkpoint now; prints its id and what was uploaded.
+    Checkpoint {
+        #[arg(long, default_value = "http://127.0.0.1:50051")]
+        addr: String,
+    },
+    /// Write a savepoint (a logical dump of the node's store) to the checkpoint store.
+    Savepoint {
+        #[arg(long, default_value = "http://127.0.0.1:50051")]
+        addr: String,
+    },
+    /// Restore a stopped node's empty data dir from a checkpoint (default: the newest) or
+    /// a savepoint; the next `run` replays the log from there.
+    Restore {
+        #[arg(long)]
+        config: PathBuf,
+        /// A checkpoint id (see `--list`).
+        #[arg(long, conflicts_with = "savepoint")]
+        checkpoint: Option<String>,
+        /// A savepoint id in the checkpoint store, or the path of a `.gsp` file.
+        #[arg(long)]
+        savepoint: Option<String>,
+        /// List the checkpoints in the store and exit.
+        #[arg(long)]
+        list: bool,
     },
     /// Decode one `geostate.deltas` record value (protobuf `geostate.v1.Delta`) from stdin.
     DecodeDelta,
@@ -162,6 +188,99 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
                     "  partition {} applied {} end {} lag {}",
                     p.partition, p.applied_offset, p.end_offset, p.lag
                 );
+            }
+            for r in s.remotes {
+                println!(
+                    "remote {} topic {} merged {} refused {} lag {} ms caught-up {}",
+                    r.region, r.topic, r.deltas_merged, r.deltas_refused, r.lag_ms, r.caught_up
+                );
+                for p in r.partitions {
+                    println!(
+                        "  partition {} merged {} end {} lag {}",
+                        p.partition, p.applied_offset, p.end_offset, p.lag
+                    );
+                }
+            }
+            if let Some(c) = s.checkpoint {
+                println!(
+                    "checkpoints to {}: last {} ({} ms ago, took {} ms, uploaded {} bytes), taken {} failed {}{}",
+                    c.target,
+                    if c.last_id.is_empty() {
+                        "-"
+                    } else {
+                        &c.last_id
+                    },
+                    c.last_age_ms,
+                    c.last_duration_ms,
+                    c.last_bytes_uploaded,
+                    c.taken,
+                    c.failures,
+                    if c.restored_from.is_empty() {
+                        String::new()
+                    } else {
+                        format!("; restored from {}", c.restored_from)
+                    }
+                );
+            }
+        }
+        Command::Checkpoint { addr } => {
+            let mut client = AdminClient::connect(addr).await?;
+            let c = client
+                .checkpoint(pb::CheckpointRequest {})
+                .await?
+                .into_inner();
+            println!(
+                "checkpoint {} ({} files, {} bytes, {} uploaded, {} ms): {}",
+                c.id, c.files, c.bytes_total, c.bytes_uploaded, c.duration_ms, c.manifest
+            );
+        }
+        Command::Savepoint { addr } => {
+            let mut client = AdminClient::connect(addr).await?;
+            let s = client
+                .savepoint(pb::SavepointRequest {})
+                .await?
+                .into_inner();
+            println!(
+                "savepoint {} ({} entries, {} bytes): {}",
+                s.id, s.entries, s.bytes, s.location
+            );
+        }
+        Command::Restore {
+            config,
+            checkpoint,
+            savepoint,
+            list,
+        } => {
+            use geostate::checkpoint::{self, objects::Objects};
+            let config = geostate::config::Config::load(&config)?;
+            let objects = Objects::connect(&config.checkpoint.target).await;
+            if list {
+                for id in checkpoint::list(&objects).await? {
+                    println!("{id}");
+                }
+                return Ok(());
+            }
+            match savepoint {
+                Some(savepoint) => {
+                    let header =
+                        checkpoint::savepoint::restore(&config, &objects, &savepoint).await?;
+                    println!(
+                        "restored savepoint {savepoint} (region {}, written by geostate {}) into {}",
+                        header.region,
+                        header.writer_version,
+                        config.data_dir.display()
+                    );
+                }
+                None => {
+                    let manifest =
+                        checkpoint::restore(&config, &objects, checkpoint.as_deref()).await?;
+                    println!(
+                        "restored checkpoint {} ({} files) into {}",
+                        manifest.id,
+                        manifest.files.len(),
+                        config.data_dir.display()
+                    );
+                }
             }
         }
         Command::DecodeDelta => {

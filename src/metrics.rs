@@ -35,6 +35,16 @@ pub const CONSUMER_LAG: &str = "geostate_consumer_lag";
 pub const GRPC_SECONDS: &str = "geostate_grpc_seconds";
 /// gRPC requests answered with an error, labels `method`, `code` (counter).
 pub const GRPC_ERRORS: &str = "geostate_grpc_errors_total";
+/// Checkpoints written (counter).
+pub const CHECKPOINTS: &str = "geostate_checkpoints_total";
+/// Checkpoints that failed; the newest good one stays (counter).
+pub const CHECKPOINT_FAILURES: &str = "geostate_checkpoint_failures_total";
+/// Seconds from the start of a checkpoint to its manifest (histogram).
+pub const CHECKPOINT_SECONDS: &str = "geostate_checkpoint_seconds";
+/// Bytes uploaded by checkpoints (counter).
+pub const CHECKPOINT_BYTES_UPLOADED: &str = "geostate_checkpoint_bytes_uploaded_total";
+/// When the newest checkpoint was written, Unix seconds (gauge).
+pub const CHECKPOINT_LAST: &str = "geostate_checkpoint_last_unix_seconds";
 
 /// Installs the process-wide recorder (once; later calls get `None`).
 pub fn install() -> Option<PrometheusHandle> {

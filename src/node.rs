@@ -12,6 +12,8 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::api::{self, Api};
+use crate::checkpoint::objects::Objects;
+use crate::checkpoint::{self, CheckpointError, CheckpointStatus, Checkpointer};
 use crate::clock::{Clock, Hlc, SystemClock};
 use crate::config::Config;
 use crate::crdt::Actor;
@@ -62,6 +64,8 @@ pub enum NodeError {
     Ship(#[from] ShipError),
     #[error("bootstrap from the deltas topics: {0}")]
     Bootstrap(#[from] BootstrapError),
+    #[error("restore: {0}")]
+    Checkpoint(#[from] CheckpointError),
     #[error("grpc server: {0}")]
     Grpc(#[from] tonic::transport::Error),
     #[error("task failed: {0}")]
@@ -90,6 +94,18 @@ pub async fn run(
         source,
     })?;
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let objects = Objects::connect(&config.checkpoint.target).await;
+    if config.checkpoint.restore_on_empty && checkpoint::is_empty_dir(&config.data_dir)? {
+        match checkpoint::restore(&config, &objects, None).await {
+            Ok(manifest) => {
+                tracing::info!(checkpoint = %manifest.id, files = manifest.files.len(), "empty data dir: restored the newest checkpoint")
+            }
+            Err(CheckpointError::NoCheckpoint(at)) => {
+                tracing::info!(%at, "empty data dir and no checkpoint: rebuilding from the deltas topics")
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
     let data_dir = config.data_dir.clone();
     let store = Arc::new(tokio::task::spawn_blocking(move || Store::open(&data_dir)).await??);
     let hlc = Arc::new(Hlc::new(clock.clone(), config.max_clock_offset));
@@ -121,7 +137,7 @@ pub async fn run(
                 resume = ?recovered.resume.as_ref().map(|r| &r.updates_offsets),
                 last_incarnation = last,
                 incarnation = i,
-                "empty data dir: recovered this region's past from its deltas topic"
+                "no incarnation (empty or restored data dir): merged this region's own deltas topic"
             );
             // last: a crash before this line bootstraps again (merging is idempotent)
             store.set_incarnation(i)?;
@@ -129,6 +145,11 @@ pub async fn run(
         }
     };
     let actor = Actor::new(config.region.clone(), incarnation);
+    let checkpoint_status = Arc::new(CheckpointStatus {
+        restored_from: std::sync::Mutex::new(store.restored_from()?),
+        target: objects.describe(""),
+        ..Default::default()
+    });
 
     let topic = config.kafka.updates_topic.clone();
     let partitions = log::partitions(&config.kafka, &topic).await?;
@@ -179,6 +200,18 @@ pub async fn run(
         merger_tasks.push(tokio::spawn(merger.run(stop_rx.clone())));
     }
 
+    let (checkpoints, requests) = tokio::sync::mpsc::channel(4);
+    let checkpointer = Checkpointer {
+        config: config.clone(),
+        store: store.clone(),
+        shared: shared.clone(),
+        objects: objects.clone(),
+        incarnation,
+        status: checkpoint_status.clone(),
+        requests,
+    };
+    let checkpoint_task = tokio::spawn(checkpointer.run(stop_rx.clone()));
+
     let handle = m::install();
     let metrics_task = tokio::spawn(m::serve(listeners.metrics, handle));
     let lag_task = tokio::spawn(report_lag(
@@ -206,6 +239,7 @@ pub async fn run(
             () = &mut shutdown => {
                 let _ = stop_tx.send(true);
                 metrics_task.abort();
+                checkpoint_task.abort();
                 return stop(ingest_task, shipper_task, merger_tasks, None).await;
             }
         }
@@ -223,6 +257,9 @@ pub async fn run(
         stop: stop_rx.clone(),
         freshness,
         remotes,
+        checkpoints,
+        checkpoint_status,
+        objects,
     });
     let mut grpc_stop = stop_rx.clone();
     let mut grpc_task = tokio::spawn(api::serve(listeners.grpc, api, async move {
@@ -250,6 +287,8 @@ pub async fn run(
     tracing::info!("grpc stopped");
     metrics_task.abort();
     lag_task.abort();
+    // a checkpoint cut short is harmless: its manifest is never written
+    checkpoint_task.abort();
     let result = stop(ingest_task, shipper_task, merger_tasks, failed).await;
     grpc_result??;
     result

@@ -444,33 +444,52 @@ def start_s3() -> dict:
 # region nodes
 
 
+def release() -> bool:
+    """GEOSTATE_PROFILE=release runs the nodes from an optimised build (benchmarks)."""
+    return os.environ.get("GEOSTATE_PROFILE", "debug") == "release"
+
+
 def geostate_bin() -> Path:
     target = Path(os.environ.get("CARGO_TARGET_DIR", CACHE / "target"))
-    return target / "debug" / "geostate"
+    return target / ("release" if release() else "debug") / "geostate"
 
 
 def build_node() -> None:
-    log("building geostate")
+    log(f"building geostate ({'release' if release() else 'debug'})")
     env = dict(os.environ, CARGO_TARGET_DIR=str(geostate_bin().parents[1]))
-    subprocess.run(["cargo", "build", "--locked", "--bin", "geostate"], check=True, cwd=REPO,
-                   env=env)
+    subprocess.run(["cargo", "build", "--locked", "--bin", "geostate"]
+                   + (["--release"] if release() else []), check=True, cwd=REPO, env=env)
 
 
-def node_config(region: str, kafka: str, grpc: int, metrics: int, data_dir: Path) -> Path:
-    """A copy of regions/<region>.toml with this cluster's addresses filled in."""
+def node_config(region: str, kafka: str, grpc: int, metrics: int, data_dir: Path,
+                s3: dict) -> Path:
+    """A copy of regions/<region>.toml with this cluster's addresses filled in, checkpointing
+    to the cluster's S3 server and restoring from it when the data dir is empty."""
     text = (REPO / "regions" / f"{region}.toml").read_text()
     replacements = {
-        "data-dir": str(data_dir),
-        "bootstrap": kafka,
-        "grpc-listen": f"127.0.0.1:{grpc}",
-        "metrics-listen": f"127.0.0.1:{metrics}",
+        "data-dir": f'"{data_dir}"',
+        "bootstrap": f'"{kafka}"',
+        "grpc-listen": f'"127.0.0.1:{grpc}"',
+        "metrics-listen": f'"127.0.0.1:{metrics}"',
+        "restore-on-empty": "true",
     }
     out = []
     for line in text.splitlines():
         key = line.split("=", 1)[0].strip()
-        if key in replacements and "=" in line and not line.lstrip().startswith("#"):
-            line = f'{key} = "{replacements[key]}"'
+        if "=" in line and not line.lstrip().startswith("#"):
+            if key == "local-dir":
+                continue  # the S3 section below replaces it
+            if key in replacements:
+                line = f"{key} = {replacements[key]}"
         out.append(line)
+    out += ["", "[checkpoint.s3]",
+            f'bucket = "{s3["bucket"]}"',
+            f'prefix = "{region}/"',
+            f'endpoint = "{s3["endpoint"]}"',
+            f'region = "{s3["region"]}"',
+            "path-style = true",
+            f'access-key = "{s3["access_key"]}"',
+            f'secret-key = "{s3["secret_key"]}"']
     path = RUN / "nodes" / f"{region}.toml"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(out) + "\n")
@@ -483,14 +502,14 @@ def node_ready(grpc: str) -> bool:
     return out.returncode == 0
 
 
-def start_node(region: str, r: dict) -> None:
+def start_node(region: str, r: dict, s3: dict) -> None:
     """Starts (or restarts) the node of `region`, keeping its data dir and ports."""
     if r.get("pid") and pid_alive(r["pid"]):
         stop_pid(f"node-{region}", r["pid"])
     grpc = int(r["grpc"].rsplit(":", 1)[1]) if r.get("grpc") else free_port()
     metrics = int(r["metrics"].rsplit(":", 1)[1]) if r.get("metrics") else free_port()
     data_dir = Path(r["data_dir"])
-    config = node_config(region, r["kafka"], grpc, metrics, data_dir)
+    config = node_config(region, r["kafka"], grpc, metrics, data_dir, s3)
     pid = spawn(f"node-{region}", [str(geostate_bin()), "run", "--config", str(config)],
                 env={"RUST_LOG": os.environ.get("RUST_LOG", "info")})
     r.update({"grpc": f"127.0.0.1:{grpc}", "metrics": f"127.0.0.1:{metrics}", "pid": pid,
@@ -546,7 +565,7 @@ def cmd_up(_args: argparse.Namespace) -> None:
                 write_cluster(existing)
             for region, r in existing["regions"].items():
                 if f"node {region}" in down:
-                    start_node(region, r)
+                    start_node(region, r, existing["s3"])
                     write_cluster(existing)
                     wait_node(region, r)
             log(f"restarted {', '.join(down)}")
@@ -563,7 +582,8 @@ def cmd_up(_args: argparse.Namespace) -> None:
         regions = {region: start_kafka(region) for region in REGIONS}
         s3 = start_s3()
         cluster = {"s3": s3, "regions": {}, "mirrormaker2": {}, "logs": str(LOGS),
-                   "tools": {"grpcurl": str(GRPCURL), "geostate": str(geostate_bin())}}
+                   "tools": {"grpcurl": str(GRPCURL), "geostate": str(geostate_bin()),
+                             "s3s_fs": str(S3S_FS)}}
         for region, r in regions.items():
             cluster["regions"][region] = {
                 "kafka": r["kafka"], "kafka_pid": r["kafka_pid"],
@@ -582,7 +602,7 @@ def cmd_up(_args: argparse.Namespace) -> None:
         write_cluster(cluster)
         wait_for("mirrormaker 2 remote topics", lambda: mirrored_topics_present(regions), 120)
         for region, r in cluster["regions"].items():
-            start_node(region, r)
+            start_node(region, r, cluster["s3"])
             write_cluster(cluster)
         for region, r in cluster["regions"].items():
             wait_node(region, r)

@@ -18,6 +18,9 @@ pub enum ApiError {
     OutOfRange { value: String },
     #[error("kafka is unreachable: {0}")]
     Unavailable(String),
+    /// The checkpoint store failed or the node is stopping.
+    #[error("{0}")]
+    NotNow(String),
     #[error("appended at {partition}/{offset} but not applied within {seconds}s")]
     NotApplied {
         partition: i32,
@@ -44,7 +47,7 @@ impl ApiError {
             ApiError::Refused(_) | ApiError::InvalidArgument(_) => Code::InvalidArgument,
             ApiError::NotFound { .. } => Code::NotFound,
             ApiError::OutOfRange { .. } => Code::OutOfRange,
-            ApiError::Unavailable(_) => Code::Unavailable,
+            ApiError::Unavailable(_) | ApiError::NotNow(_) => Code::Unavailable,
             ApiError::NotApplied { .. } => Code::DeadlineExceeded,
             ApiError::Store(_) | ApiError::Internal(_) => Code::Internal,
         }

@@ -18,6 +18,7 @@ use tonic::{Request, Response, Status};
 
 pub use error::ApiError;
 
+use crate::checkpoint;
 use crate::clock::Hlc;
 use crate::config::{Config, RecordFormat};
 use crate::crdt::CrdtType;
@@ -50,6 +51,11 @@ pub struct Api {
     pub freshness: Arc<crate::replication::Freshness>,
     /// Per remote region, how far its merger has read.
     pub remotes: Vec<Arc<crate::replication::RemoteProgress>>,
+    /// Asks the checkpointer for a checkpoint now.
+    pub checkpoints: tokio::sync::mpsc::Sender<checkpoint::Request>,
+    pub checkpoint_status: Arc<checkpoint::CheckpointStatus>,
+    /// The checkpoint store (savepoints go there too).
+    pub objects: checkpoint::objects::Objects,
 }
 
 /// Serves the API on `listener` until `shutdown` completes.
@@ -284,6 +290,69 @@ impl Handler {
                 .events_dead_lettered
                 .load(std::sync::atomic::Ordering::Relaxed),
             remotes,
+            checkpoint: Some(self.checkpoint_status()),
+        })
+    }
+
+    fn checkpoint_status(&self) -> pb::CheckpointStatus {
+        let status = &self.0.checkpoint_status;
+        let last = status
+            .last
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        pb::CheckpointStatus {
+            last_id: last.as_ref().map(|l| l.id.clone()).unwrap_or_default(),
+            last_age_ms: last
+                .as_ref()
+                .and_then(|l| l.at.elapsed().ok())
+                .map_or(0, |d| d.as_millis() as u64),
+            last_duration_ms: last.as_ref().map_or(0, |l| l.duration.as_millis() as u64),
+            last_bytes_uploaded: last.as_ref().map_or(0, |l| l.bytes_uploaded),
+            taken: status.taken.load(std::sync::atomic::Ordering::Relaxed),
+            failures: status.failures.load(std::sync::atomic::Ordering::Relaxed),
+            restored_from: status
+                .restored_from
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone()
+                .unwrap_or_default(),
+            target: status.target.clone(),
+        }
+    }
+
+    async fn checkpoint(&self) -> Result<pb::CheckpointResponse, ApiError> {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        self.0
+            .checkpoints
+            .send(reply)
+            .await
+            .map_err(|_| ApiError::NotNow("the node is stopping".into()))?;
+        let taken = answer
+            .await
+            .map_err(|_| ApiError::NotNow("the node is stopping".into()))?
+            .map_err(|e| ApiError::NotNow(format!("checkpoint failed: {e}")))?;
+        Ok(pb::CheckpointResponse {
+            id: taken.id,
+            manifest: taken.manifest,
+            files: taken.files as u64,
+            bytes_total: taken.bytes_total,
+            bytes_uploaded: taken.bytes_uploaded,
+            duration_ms: taken.duration.as_millis() as u64,
+        })
+    }
+
+    async fn savepoint(&self) -> Result<pb::SavepointResponse, ApiError> {
+        let api = &self.0;
+        let written =
+            checkpoint::savepoint::write(&api.config, &api.store, &api.objects, api.incarnation)
+                .await
+                .map_err(|e| ApiError::NotNow(format!("savepoint failed: {e}")))?;
+        Ok(pb::SavepointResponse {
+            id: written.id,
+            location: written.location,
+            entries: written.entries,
+            bytes: written.bytes,
         })
     }
 }
@@ -409,5 +478,21 @@ impl Admin for Handler {
     ) -> Result<Response<pb::StatusResponse>, Status> {
         let started = Instant::now();
         observe("status", started, Handler::status(self).await).map(Response::new)
+    }
+
+    async fn checkpoint(
+        &self,
+        _req: Request<pb::CheckpointRequest>,
+    ) -> Result<Response<pb::CheckpointResponse>, Status> {
+        let started = Instant::now();
+        observe("checkpoint", started, Handler::checkpoint(self).await).map(Response::new)
+    }
+
+    async fn savepoint(
+        &self,
+        _req: Request<pb::SavepointRequest>,
+    ) -> Result<Response<pb::SavepointResponse>, Status> {
+        let started = Instant::now();
+        observe("savepoint", started, Handler::savepoint(self).await).map(Response::new)
     }
 }

@@ -80,7 +80,9 @@ pub async fn recover_own_past(
         &config.kafka,
         &format!("geostate-bootstrap-{}", config.region),
     )?;
-    log::assign_after(&consumer, &topic, &partitions, &BTreeMap::new())?;
+    // a restored store starts where its copy was taken; an empty one at the beginning
+    let from = store.bootstrap_offsets(&topic)?;
+    log::assign_after(&consumer, &topic, &partitions, &from)?;
     let mut at_end = BTreeSet::new();
     let mut keys = BTreeSet::new();
     let mut recovered = Recovered::default();
@@ -158,6 +160,13 @@ pub async fn recover_own_past(
             });
         }
         hlc.advance_past(resume.hlc_high_water);
+        // A restored copy may be newer than the last resume point: keep the later one
+        // (both are snapshots of one history, so one is at or past the other everywhere).
+        let current = store.source_offsets(&config.kafka.updates_topic)?;
+        if !dominates(&resume.updates_offsets, &current) {
+            tracing::info!(restored = ?current, resume = ?resume.updates_offsets, "the restored copy is newer than the last resume point; resuming after the copy");
+            return Ok(recovered);
+        }
         let (store, resume, updates_topic, hlc) = (
             store.clone(),
             resume.clone(),
@@ -179,4 +188,29 @@ pub async fn recover_own_past(
         .unwrap_or_else(|e| Err(StoreError::Task(e.to_string())))?;
     }
     Ok(recovered)
+}
+
+/// True if `later` is at or past `earlier` in every partition `earlier` has.
+fn dominates(later: &BTreeMap<i32, i64>, earlier: &BTreeMap<i32, i64>) -> bool {
+    earlier
+        .iter()
+        .all(|(p, o)| later.get(p).copied().unwrap_or(-1) >= *o)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_later_of_two_positions_dominates() {
+        let a = BTreeMap::from([(0, 5), (1, 7)]);
+        let b = BTreeMap::from([(0, 6), (1, 7)]);
+        assert!(dominates(&b, &a));
+        assert!(!dominates(&a, &b));
+        assert!(
+            dominates(&a, &BTreeMap::new()),
+            "anything is past an empty store"
+        );
+        assert!(!dominates(&BTreeMap::new(), &a));
+    }
 }

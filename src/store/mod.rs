@@ -32,7 +32,13 @@ const CF_OFFSETS: &str = "offsets";
 const CF_OUTBOX: &str = "outbox";
 const CF_META: &str = "meta";
 const CF_DEDUP: &str = "dedup";
+/// Every column family, in the order a savepoint lists them.
+pub const COLUMN_FAMILIES: [&str; 5] = [CF_STATE, CF_OFFSETS, CF_OUTBOX, CF_META, CF_DEDUP];
 const META_INCARNATION: &[u8] = b"incarnation";
+/// Set by a restore: the checkpoint or savepoint the store came from.
+const META_RESTORED_FROM: &[u8] = b"restored-from";
+/// Offsets id of the own deltas topic position a restored node bootstraps from.
+const BOOTSTRAP_OFFSETS: &str = "bootstrap/";
 const META_HLC: &[u8] = b"hlc";
 /// `remote/<region>`: the newest origin time merged from that region.
 const META_REMOTE: &str = "remote/";
@@ -50,6 +56,8 @@ pub enum StoreError {
     BadLength { what: &'static str },
     #[error("storage task failed: {0}")]
     Task(String),
+    #[error("unknown column family {0:?}")]
+    UnknownColumnFamily(String),
 }
 
 /// What one applied batch writes.
@@ -86,8 +94,7 @@ impl Store {
         opts.create_if_missing(true);
         opts.create_missing_column_families(true);
         opts.set_compression_type(rocksdb::DBCompressionType::Lz4);
-        let cfs = [CF_STATE, CF_OFFSETS, CF_OUTBOX, CF_META, CF_DEDUP]
-            .map(|name| ColumnFamilyDescriptor::new(name, opts.clone()));
+        let cfs = COLUMN_FAMILIES.map(|name| ColumnFamilyDescriptor::new(name, opts.clone()));
         let db = DB::open_cf_descriptors(&opts, dir, cfs)?;
         Ok(Self {
             db,
@@ -122,6 +129,128 @@ impl Store {
             incarnation.to_be_bytes(),
         )?;
         Ok(())
+    }
+
+    /// Writes a RocksDB checkpoint into the new directory `dir`: the memtables are flushed,
+    /// then the live SST files are hard-linked and the small metadata files copied.
+    pub fn checkpoint_to(&self, dir: &Path) -> Result<(), StoreError> {
+        rocksdb::checkpoint::Checkpoint::new(&self.db)?.create_checkpoint(dir)?;
+        Ok(())
+    }
+
+    /// Every stored position: offsets id (a topic, or `remote/<region>/<topic>`) →
+    /// partition → last applied offset.
+    pub fn all_offsets(&self) -> Result<BTreeMap<String, BTreeMap<i32, i64>>, StoreError> {
+        let mut out: BTreeMap<String, BTreeMap<i32, i64>> = BTreeMap::new();
+        for item in self
+            .db
+            .iterator_cf(self.cf(CF_OFFSETS), IteratorMode::Start)
+        {
+            let (k, v) = item?;
+            let Some(split) = k.len().checked_sub(5).filter(|&i| k[i] == 0) else {
+                return Err(StoreError::BadLength { what: "offset key" });
+            };
+            let partition = i32::from_be_bytes(
+                k[split + 1..]
+                    .try_into()
+                    .map_err(|_| StoreError::BadLength { what: "offset key" })?,
+            );
+            let offset = i64::from_be_bytes(
+                v[..]
+                    .try_into()
+                    .map_err(|_| StoreError::BadLength { what: "offset" })?,
+            );
+            out.entry(String::from_utf8_lossy(&k[..split]).into_owned())
+                .or_default()
+                .insert(partition, offset);
+        }
+        Ok(out)
+    }
+
+    /// Calls `each(column family, key, value)` for every entry of every column family,
+    /// read from one snapshot (a savepoint).
+    pub fn for_each_entry<E: From<StoreError>>(
+        &self,
+        mut each: impl FnMut(&str, &[u8], &[u8]) -> Result<(), E>,
+    ) -> Result<u64, E> {
+        let snapshot = self.db.snapshot();
+        let mut count = 0;
+        for name in COLUMN_FAMILIES {
+            let mut read = ReadOptions::default();
+            read.set_snapshot(&snapshot);
+            for item in self
+                .db
+                .iterator_cf_opt(self.cf(name), read, IteratorMode::Start)
+            {
+                let (k, v) = item.map_err(StoreError::from)?;
+                each(name, &k, &v)?;
+                count += 1;
+            }
+        }
+        Ok(count)
+    }
+
+    /// Writes entries read by [`Store::for_each_entry`] (a savepoint restore), in one batch.
+    pub fn load(&self, entries: &[(String, Vec<u8>, Vec<u8>)]) -> Result<(), StoreError> {
+        let mut batch = WriteBatch::default();
+        for (cf, k, v) in entries {
+            let Some(name) = COLUMN_FAMILIES.iter().find(|n| **n == cf.as_str()) else {
+                return Err(StoreError::UnknownColumnFamily(cf.clone()));
+            };
+            batch.put_cf(self.cf(name), k, v);
+        }
+        self.db.write(batch)?;
+        Ok(())
+    }
+
+    /// Marks a restored store so that its next start bootstraps: the incarnation is
+    /// forgotten (the node takes a new one after merging its own deltas topic, read from
+    /// `deltas_next`, the deltas topic's end offsets when the copy was taken).
+    pub fn prepare_bootstrap(
+        &self,
+        deltas_topic: &str,
+        deltas_next: &BTreeMap<i32, i64>,
+        restored_from: &str,
+    ) -> Result<(), StoreError> {
+        let offsets = self.cf(CF_OFFSETS);
+        let mut batch = WriteBatch::default();
+        let prefix = offset_prefix(&format!("{BOOTSTRAP_OFFSETS}{deltas_topic}"));
+        for item in self
+            .db
+            .iterator_cf(offsets, IteratorMode::From(&prefix, Direction::Forward))
+        {
+            let (k, _) = item?;
+            if !k.starts_with(&prefix) {
+                break;
+            }
+            batch.delete_cf(offsets, k);
+        }
+        for (partition, next) in deltas_next {
+            let mut k = prefix.clone();
+            k.extend_from_slice(&partition.to_be_bytes());
+            batch.put_cf(offsets, k, (next - 1).to_be_bytes());
+        }
+        batch.delete_cf(self.cf(CF_META), META_INCARNATION);
+        batch.put_cf(
+            self.cf(CF_META),
+            META_RESTORED_FROM,
+            restored_from.as_bytes(),
+        );
+        self.db.write(batch)?;
+        Ok(())
+    }
+
+    /// Where a restored store's own deltas topic is read from (last offset before it).
+    pub fn bootstrap_offsets(&self, deltas_topic: &str) -> Result<BTreeMap<i32, i64>, StoreError> {
+        self.source_offsets(&format!("{BOOTSTRAP_OFFSETS}{deltas_topic}"))
+    }
+
+    /// The checkpoint or savepoint this store was restored from, if any.
+    pub fn restored_from(&self) -> Result<Option<String>, StoreError> {
+        Ok(self
+            .db
+            .get_cf(self.cf(CF_META), META_RESTORED_FROM)?
+            .map(|v| String::from_utf8_lossy(&v).into_owned()))
     }
 
     /// The highest HLC stamp this region issued before, if any.

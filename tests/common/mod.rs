@@ -23,6 +23,13 @@ use tonic::transport::Channel;
 pub struct Cluster {
     pub s3: S3Endpoint,
     pub regions: BTreeMap<String, RegionEndpoints>,
+    pub tools: Tools,
+}
+
+#[derive(Deserialize)]
+pub struct Tools {
+    /// The S3-compatible server binary, for tests that need one of their own.
+    pub s3s_fs: String,
 }
 
 #[derive(Deserialize)]
@@ -140,6 +147,53 @@ pub fn cluster_script(args: &[&str]) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// An `aws-sdk-s3` client for the cluster's S3 server (or another at `endpoint`).
+pub fn s3_client(s3: &S3Endpoint, endpoint: &str) -> aws_sdk_s3::Client {
+    use aws_sdk_s3::config::{BehaviorVersion, Credentials, Region};
+    let conf = aws_sdk_s3::config::Builder::new()
+        .behavior_version(BehaviorVersion::latest())
+        .region(Region::new(s3.region.clone()))
+        .endpoint_url(endpoint)
+        .force_path_style(true)
+        .credentials_provider(Credentials::new(
+            &s3.access_key,
+            &s3.secret_key,
+            None,
+            None,
+            "cluster.json",
+        ))
+        .build();
+    aws_sdk_s3::Client::from_conf(conf)
+}
+
+/// Every key under `prefix` in `bucket`.
+pub async fn s3_keys(
+    client: &aws_sdk_s3::Client,
+    bucket: &str,
+    prefix: &str,
+) -> anyhow::Result<Vec<String>> {
+    let mut keys = Vec::new();
+    let mut token = None;
+    loop {
+        let page = client
+            .list_objects_v2()
+            .bucket(bucket)
+            .prefix(prefix)
+            .set_continuation_token(token)
+            .send()
+            .await?;
+        keys.extend(
+            page.contents()
+                .iter()
+                .filter_map(|o| o.key().map(str::to_owned)),
+        );
+        token = page.next_continuation_token().map(str::to_owned);
+        if token.is_none() {
+            return Ok(keys);
+        }
+    }
+}
+
 /// A name no other test run uses.
 pub fn unique(label: &str) -> String {
     let nanos = SystemTime::now()
@@ -240,6 +294,7 @@ impl Node {
             let key = line.split('=').next().unwrap_or("").trim();
             let line = match key {
                 "data-dir" => format!("data-dir = {:?}", dir.join("data")),
+                "local-dir" => format!("local-dir = {:?}", dir.join("checkpoints")),
                 "bootstrap" => format!("bootstrap = {kafka:?}"),
                 "updates-topic" => format!("updates-topic = {:?}", topics.updates),
                 "deltas-topic" => format!("deltas-topic = {:?}", topics.deltas),
@@ -265,6 +320,51 @@ impl Node {
             log: dir.join("node.log"),
             child: None,
         })
+    }
+
+    /// Rewrites the config line `key = …` to `key = value` (TOML), or drops it (`None`).
+    pub fn edit(&self, key: &str, value: Option<&str>) -> anyhow::Result<()> {
+        let text = std::fs::read_to_string(&self.config)?;
+        let mut found = false;
+        let mut out = String::new();
+        for line in text.lines() {
+            if !found && line.split('=').next().unwrap_or("").trim() == key {
+                found = true;
+                if let Some(value) = value {
+                    out.push_str(&format!("{key} = {value}\n"));
+                }
+                continue;
+            }
+            out.push_str(line);
+            out.push('\n');
+        }
+        if !found {
+            bail!("no `{key}` in {}", self.config.display());
+        }
+        Ok(std::fs::write(&self.config, out)?)
+    }
+
+    /// Appends TOML (a table) to the config.
+    pub fn append(&self, toml: &str) -> anyhow::Result<()> {
+        let mut text = std::fs::read_to_string(&self.config)?;
+        text.push('\n');
+        text.push_str(toml);
+        Ok(std::fs::write(&self.config, text)?)
+    }
+
+    /// Checkpoints to `endpoint` (an S3-compatible server) under `prefix` instead of the
+    /// local folder.
+    pub fn checkpoint_to_s3(
+        &self,
+        s3: &S3Endpoint,
+        endpoint: &str,
+        prefix: &str,
+    ) -> anyhow::Result<()> {
+        self.edit("local-dir", None)?;
+        self.append(&format!(
+            "[checkpoint.s3]\nbucket = {:?}\nprefix = {prefix:?}\nendpoint = {endpoint:?}\nregion = {:?}\npath-style = true\naccess-key = {:?}\nsecret-key = {:?}\n",
+            s3.bucket, s3.region, s3.access_key, s3.secret_key
+        ))
     }
 
     /// Starts the node and waits until its gRPC API answers; returns its pid.

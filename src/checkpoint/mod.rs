@@ -1,0 +1,528 @@
+//! Incremental checkpoints of the store to object storage, restore, and savepoints.
+//!
+//! ```text
+//!  every interval (or Admin/Checkpoint):
+//!    deltas topic end offsets ──► under the state writer lock: RocksDB checkpoint
+//!    (hard links) + every stored offset + clock high-water ──► upload SSTs not uploaded
+//!    before (sst/<incarnation>/<file>), the small files (files/<id>/…), paced
+//!    ──► manifests/<id>.json LAST (the commit point) ──► retention: newest `keep`
+//!    manifests, delete every object none of them references
+//!  restore: manifest ──► download its files ──► open ──► mark for bootstrap
+//! ```
+//!
+//! Guarantees: a checkpoint exists only once its manifest is written, and the manifest is
+//! written after every file it names, so a failure anywhere (the server stopped mid-upload)
+//! leaves the newest good checkpoint untouched; files are deleted only when no kept manifest
+//! references them. SST file numbers never repeat within a RocksDB lineage, and a restored
+//! or rebuilt node takes a new incarnation, so `sst/<incarnation>/<file>` names one content
+//! forever. A restored store replays from the offsets inside it (they were written with the
+//! state), and first merges its own deltas topic from where the copy was taken, so what the
+//! lost node shipped after the copy is kept, never applied twice (see `replication::
+//! bootstrap`).
+
+pub mod objects;
+pub mod savepoint;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::{mpsc, oneshot, watch};
+
+use crate::clock::HlcTimestamp;
+use crate::config::Config;
+use crate::ingest::pump::IngestShared;
+use crate::log;
+use crate::metrics as m;
+use crate::shutdown::stopped;
+use crate::store::{Store, StoreError};
+use objects::{ObjectError, Objects};
+
+/// The manifest layout this version writes and the newest it restores.
+pub const FORMAT_VERSION: u32 = 1;
+const MANIFESTS: &str = "manifests/";
+const SSTS: &str = "sst/";
+const FILES: &str = "files/";
+/// Attempts per object upload before the checkpoint fails.
+const UPLOAD_ATTEMPTS: u32 = 5;
+/// Parallel downloads during a restore.
+const RESTORE_PARALLEL: usize = 4;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    #[error(transparent)]
+    Objects(#[from] ObjectError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        source: std::io::Error,
+    },
+    #[error("manifest {key} is unreadable: {reason}")]
+    Manifest { key: String, reason: String },
+    #[error("no checkpoint in {0}")]
+    NoCheckpoint(String),
+    #[error("data dir {0} is not empty: restore only into an empty or missing data dir")]
+    NotEmpty(String),
+    #[error("{what} has format version {found}; this geostate reads up to {supported}")]
+    Newer {
+        what: String,
+        found: u32,
+        supported: u32,
+    },
+    #[error("{what} has {found} bytes, the manifest says {expected}")]
+    Size {
+        what: String,
+        found: u64,
+        expected: u64,
+    },
+    #[error("savepoint: {0}")]
+    Savepoint(String),
+    #[error("task failed: {0}")]
+    Task(String),
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> CheckpointError {
+    let what = what.into();
+    move |source| CheckpointError::Io { what, source }
+}
+
+/// The commit point of a checkpoint (`manifests/<id>.json`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Manifest {
+    pub format_version: u32,
+    pub id: String,
+    pub region: String,
+    pub incarnation: u32,
+    pub created_unix_ms: u64,
+    pub files: Vec<FileRef>,
+    /// Every stored position: the updates topic's and each remote's, per partition the
+    /// last applied offset (the same values are inside the copy).
+    pub offsets: BTreeMap<String, BTreeMap<i32, i64>>,
+    pub hlc_high_water: Option<HlcTimestamp>,
+    pub deltas_topic: String,
+    /// The deltas topic's end offsets taken before the copy.
+    pub deltas_next: BTreeMap<i32, i64>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileRef {
+    /// File name inside the RocksDB directory.
+    pub name: String,
+    /// Object key, relative to the store's prefix.
+    pub object: String,
+    pub bytes: u64,
+}
+
+/// One finished checkpoint.
+#[derive(Clone, Debug)]
+pub struct Taken {
+    pub id: String,
+    pub manifest: String,
+    pub at: SystemTime,
+    pub duration: Duration,
+    pub files: usize,
+    pub bytes_total: u64,
+    pub bytes_uploaded: u64,
+}
+
+/// What `Admin/Status` shows about checkpoints.
+#[derive(Debug, Default)]
+pub struct CheckpointStatus {
+    pub last: Mutex<Option<Taken>>,
+    pub taken: AtomicU64,
+    pub failures: AtomicU64,
+    pub restored_from: Mutex<Option<String>>,
+    pub target: String,
+}
+
+/// A request to checkpoint now; answered with the result.
+pub type Request = oneshot::Sender<Result<Taken, String>>;
+
+pub struct Checkpointer {
+    pub config: Arc<Config>,
+    pub store: Arc<Store>,
+    pub shared: Arc<IngestShared>,
+    pub objects: Objects,
+    pub incarnation: u32,
+    pub status: Arc<CheckpointStatus>,
+    pub requests: mpsc::Receiver<Request>,
+}
+
+impl Checkpointer {
+    pub async fn run(mut self, mut stop: watch::Receiver<bool>) {
+        // SST objects already in the store: never uploaded twice
+        let mut uploaded: BTreeSet<String> = match self.objects.list(SSTS).await {
+            Ok(keys) => keys.into_iter().collect(),
+            Err(e) => {
+                tracing::warn!(error = %e, "listing uploaded checkpoint files failed");
+                BTreeSet::new()
+            }
+        };
+        let interval = self.config.checkpoint.interval;
+        let mut next = tokio::time::Instant::now() + interval;
+        loop {
+            let reply = tokio::select! {
+                () = stopped(&mut stop) => return,
+                request = self.requests.recv() => match request {
+                    Some(reply) => Some(reply),
+                    None => return,
+                },
+                () = tokio::time::sleep_until(next), if !interval.is_zero() => None,
+            };
+            let result = self.take(&mut uploaded).await;
+            match &result {
+                Ok(taken) => {
+                    self.status.taken.fetch_add(1, Ordering::Relaxed);
+                    *self.status.last.lock().unwrap_or_else(|p| p.into_inner()) =
+                        Some(taken.clone());
+                    metrics::counter!(m::CHECKPOINTS).increment(1);
+                    metrics::histogram!(m::CHECKPOINT_SECONDS).record(taken.duration.as_secs_f64());
+                    metrics::counter!(m::CHECKPOINT_BYTES_UPLOADED).increment(taken.bytes_uploaded);
+                    metrics::gauge!(m::CHECKPOINT_LAST).set(unix_ms(taken.at) as f64 / 1e3);
+                    tracing::info!(id = %taken.id, files = taken.files, uploaded = taken.bytes_uploaded, total = taken.bytes_total, took = ?taken.duration, "checkpoint written");
+                }
+                Err(e) => {
+                    self.status.failures.fetch_add(1, Ordering::Relaxed);
+                    metrics::counter!(m::CHECKPOINT_FAILURES).increment(1);
+                    tracing::warn!(error = %e, "checkpoint failed; the previous one stays the newest");
+                }
+            }
+            if let Some(reply) = reply {
+                let _ = reply.send(result.map_err(|e| e.to_string()));
+            }
+            next = tokio::time::Instant::now() + interval;
+        }
+    }
+
+    async fn take(&self, uploaded: &mut BTreeSet<String>) -> Result<Taken, CheckpointError> {
+        let started = Instant::now();
+        let at = SystemTime::now();
+        let id = format!("{:013}", unix_ms(at));
+        let deltas_topic = self.config.kafka.deltas_topic.clone();
+        // before the copy: every delta before these offsets is covered by it
+        let deltas_next = match log::partitions(&self.config.kafka, &deltas_topic).await {
+            Ok(partitions) => log::end_offsets(&self.config.kafka, &deltas_topic, partitions)
+                .await
+                .unwrap_or_default(),
+            Err(e) => {
+                tracing::warn!(error = %e, "deltas topic end offsets unknown; a restore will read it from the start");
+                BTreeMap::new()
+            }
+        };
+        let tmp = sibling(&self.config.data_dir, &format!("checkpoint-{id}"));
+        let _ = tokio::fs::remove_dir_all(&tmp).await;
+        let result = self
+            .copy_and_upload(&id, at, &tmp, deltas_next, uploaded)
+            .await;
+        let _ = tokio::fs::remove_dir_all(&tmp).await;
+        let mut taken = result?;
+        if let Err(e) = self.retain(uploaded).await {
+            tracing::warn!(error = %e, "deleting old checkpoints failed; retried after the next one");
+        }
+        taken.duration = started.elapsed();
+        Ok(taken)
+    }
+
+    async fn copy_and_upload(
+        &self,
+        id: &str,
+        at: SystemTime,
+        tmp: &Path,
+        deltas_next: BTreeMap<i32, i64>,
+        uploaded: &mut BTreeSet<String>,
+    ) -> Result<Taken, CheckpointError> {
+        let started = Instant::now();
+        let (offsets, hlc_high_water) = {
+            // the copy and the positions it records, with no batch in between
+            let _writer = self.shared.state_writer.lock().await;
+            let (store, dir) = (self.store.clone(), tmp.to_owned());
+            tokio::task::spawn_blocking(move || {
+                store.checkpoint_to(&dir)?;
+                Ok::<_, StoreError>((store.all_offsets()?, store.hlc_high_water()?))
+            })
+            .await
+            .map_err(|e| CheckpointError::Task(e.to_string()))??
+        };
+        let mut files = Vec::new();
+        let mut entries = tokio::fs::read_dir(tmp)
+            .await
+            .map_err(io("reading the checkpoint"))?;
+        while let Some(entry) = entries
+            .next_entry()
+            .await
+            .map_err(io("reading the checkpoint"))?
+        {
+            let meta = entry
+                .metadata()
+                .await
+                .map_err(io("reading the checkpoint"))?;
+            if meta.is_file() {
+                files.push((entry.file_name().to_string_lossy().into_owned(), meta.len()));
+            }
+        }
+        files.sort();
+
+        let mut pace = Pace::new(self.config.checkpoint.upload_bytes_per_second);
+        let (mut refs, mut bytes_total, mut bytes_uploaded) = (Vec::new(), 0, 0);
+        for (name, bytes) in files {
+            let sst = name.ends_with(".sst");
+            let object = if sst {
+                format!("{SSTS}{}/{name}", self.incarnation)
+            } else {
+                format!("{FILES}{id}/{name}")
+            };
+            bytes_total += bytes;
+            if !sst || !uploaded.contains(&object) {
+                upload(&self.objects, &object, &tmp.join(&name)).await?;
+                bytes_uploaded += bytes;
+                pace.sent(bytes).await;
+                if sst {
+                    uploaded.insert(object.clone());
+                }
+            }
+            refs.push(FileRef {
+                name,
+                object,
+                bytes,
+            });
+        }
+        let manifest = Manifest {
+            format_version: FORMAT_VERSION,
+            id: id.to_owned(),
+            region: self.config.region.to_string(),
+            incarnation: self.incarnation,
+            created_unix_ms: unix_ms(at),
+            files: refs,
+            offsets,
+            hlc_high_water,
+            deltas_topic: self.config.kafka.deltas_topic.clone(),
+            deltas_next,
+        };
+        let key = format!("{MANIFESTS}{id}.json");
+        let json = serde_json::to_vec_pretty(&manifest).map_err(|e| CheckpointError::Manifest {
+            key: key.clone(),
+            reason: e.to_string(),
+        })?;
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match self.objects.put_bytes(&key, json.clone()).await {
+                Ok(()) => break,
+                Err(e) if attempt >= UPLOAD_ATTEMPTS => return Err(e.into()),
+                Err(e) => {
+                    tracing::warn!(error = %e, attempt, "writing the manifest failed; retrying");
+                    tokio::time::sleep(backoff(attempt)).await;
+                }
+            }
+        }
+        Ok(Taken {
+            id: id.to_owned(),
+            manifest: self.objects.describe(&key),
+            at,
+            duration: started.elapsed(),
+            files: manifest.files.len(),
+            bytes_total,
+            bytes_uploaded,
+        })
+    }
+
+    /// Keeps the newest `keep` manifests and deletes every file none of them references.
+    async fn retain(&self, uploaded: &mut BTreeSet<String>) -> Result<(), CheckpointError> {
+        let manifests = self.objects.list(MANIFESTS).await?;
+        let keep = self.config.checkpoint.keep;
+        let (old, kept) = manifests.split_at(manifests.len().saturating_sub(keep));
+        for key in old {
+            self.objects.delete(key).await?;
+        }
+        let mut referenced = BTreeSet::new();
+        for key in kept {
+            let manifest = read_manifest(&self.objects, key).await?;
+            referenced.extend(manifest.files.into_iter().map(|f| f.object));
+        }
+        for key in self
+            .objects
+            .list(SSTS)
+            .await?
+            .into_iter()
+            .chain(self.objects.list(FILES).await?)
+        {
+            if !referenced.contains(&key) {
+                self.objects.delete(&key).await?;
+            }
+        }
+        uploaded.retain(|k| referenced.contains(k));
+        Ok(())
+    }
+}
+
+/// Uploads one file, retrying with backoff.
+async fn upload(objects: &Objects, key: &str, path: &Path) -> Result<(), CheckpointError> {
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        match objects.put_file(key, path).await {
+            Ok(()) => return Ok(()),
+            Err(e) if attempt >= UPLOAD_ATTEMPTS => return Err(e.into()),
+            Err(e) => {
+                tracing::warn!(error = %e, attempt, "checkpoint upload failed; retrying");
+                tokio::time::sleep(backoff(attempt)).await;
+            }
+        }
+    }
+}
+
+fn backoff(attempt: u32) -> Duration {
+    Duration::from_millis(100 << attempt.min(6))
+}
+
+/// Paces uploads to a byte rate, at file granularity.
+struct Pace {
+    rate: u64,
+    started: Instant,
+    sent: u64,
+}
+
+impl Pace {
+    fn new(rate: u64) -> Self {
+        Self {
+            rate,
+            started: Instant::now(),
+            sent: 0,
+        }
+    }
+
+    async fn sent(&mut self, bytes: u64) {
+        if self.rate == 0 {
+            return;
+        }
+        self.sent += bytes;
+        let due = Duration::from_secs_f64(self.sent as f64 / self.rate as f64);
+        if let Some(wait) = due.checked_sub(self.started.elapsed()) {
+            tokio::time::sleep(wait).await;
+        }
+    }
+}
+
+fn unix_ms(at: SystemTime) -> u64 {
+    at.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or_default()
+}
+
+/// `<data-dir>.<suffix>`: next to the data dir, on the same file system (hard links).
+fn sibling(data_dir: &Path, suffix: &str) -> PathBuf {
+    let mut name = data_dir.as_os_str().to_owned();
+    name.push(format!(".{suffix}"));
+    PathBuf::from(name)
+}
+
+async fn read_manifest(objects: &Objects, key: &str) -> Result<Manifest, CheckpointError> {
+    let bytes = objects.get_bytes(key).await?;
+    let manifest: Manifest =
+        serde_json::from_slice(&bytes).map_err(|e| CheckpointError::Manifest {
+            key: key.to_owned(),
+            reason: e.to_string(),
+        })?;
+    if manifest.format_version > FORMAT_VERSION {
+        return Err(CheckpointError::Newer {
+            what: format!("checkpoint {}", manifest.id),
+            found: manifest.format_version,
+            supported: FORMAT_VERSION,
+        });
+    }
+    Ok(manifest)
+}
+
+/// The ids of every checkpoint in the store, oldest first.
+pub async fn list(objects: &Objects) -> Result<Vec<String>, CheckpointError> {
+    Ok(objects
+        .list(MANIFESTS)
+        .await?
+        .into_iter()
+        .filter_map(|k| {
+            k.strip_prefix(MANIFESTS)
+                .and_then(|k| k.strip_suffix(".json"))
+                .map(str::to_owned)
+        })
+        .collect())
+}
+
+/// True if `dir` is missing or holds nothing.
+pub fn is_empty_dir(dir: &Path) -> Result<bool, CheckpointError> {
+    match std::fs::read_dir(dir) {
+        Ok(mut entries) => Ok(entries.next().is_none()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(true),
+        Err(e) => Err(io(format!("reading {}", dir.display()))(e)),
+    }
+}
+
+/// Restores checkpoint `id` (default: the newest) into the empty data dir, and marks the
+/// store to bootstrap from its own deltas topic on start.
+pub async fn restore(
+    config: &Config,
+    objects: &Objects,
+    id: Option<&str>,
+) -> Result<Manifest, CheckpointError> {
+    let data_dir = &config.data_dir;
+    if !is_empty_dir(data_dir)? {
+        return Err(CheckpointError::NotEmpty(data_dir.display().to_string()));
+    }
+    let id = match id {
+        Some(id) => id.to_owned(),
+        None => list(objects)
+            .await?
+            .pop()
+            .ok_or_else(|| CheckpointError::NoCheckpoint(objects.describe(MANIFESTS)))?,
+    };
+    let manifest = read_manifest(objects, &format!("{MANIFESTS}{id}.json")).await?;
+    let tmp = sibling(data_dir, "restore");
+    let _ = tokio::fs::remove_dir_all(&tmp).await;
+    tokio::fs::create_dir_all(&tmp)
+        .await
+        .map_err(io(format!("creating {}", tmp.display())))?;
+    let mut downloads = tokio::task::JoinSet::new();
+    for file in manifest.files.iter().cloned() {
+        if downloads.len() >= RESTORE_PARALLEL
+            && let Some(done) = downloads.join_next().await
+        {
+            done.map_err(|e| CheckpointError::Task(e.to_string()))??;
+        }
+        let (objects, path) = (objects.clone(), tmp.join(&file.name));
+        downloads.spawn(async move {
+            let found = objects.get_to_file(&file.object, &path).await?;
+            if found != file.bytes {
+                return Err(CheckpointError::Size {
+                    what: file.object,
+                    found,
+                    expected: file.bytes,
+                });
+            }
+            Ok(())
+        });
+    }
+    while let Some(done) = downloads.join_next().await {
+        done.map_err(|e| CheckpointError::Task(e.to_string()))??;
+    }
+    let _ = tokio::fs::remove_dir(data_dir).await;
+    tokio::fs::rename(&tmp, data_dir).await.map_err(io(format!(
+        "moving the restored copy to {}",
+        data_dir.display()
+    )))?;
+    let (dir, topic, from) = (
+        data_dir.clone(),
+        manifest.deltas_topic.clone(),
+        format!("checkpoint {}", manifest.id),
+    );
+    let deltas_next = manifest.deltas_next.clone();
+    tokio::task::spawn_blocking(move || {
+        Store::open(&dir)?.prepare_bootstrap(&topic, &deltas_next, &from)
+    })
+    .await
+    .map_err(|e| CheckpointError::Task(e.to_string()))??;
+    Ok(manifest)
+}

@@ -1,0 +1,484 @@
+//! Checkpoints, restore and savepoints on the real parts: a node process of the real
+//! binary, real Kafka, and the S3-compatible server (the cluster's, or one of the test's
+//! own that it stops mid-upload).
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use common::{
+    Node, Rng, S3Endpoint, Topics, cluster, counter, free_port, produce_all, producer, s3_client,
+    s3_keys, unique,
+};
+use geostate::pb;
+use geostate::pb::admin_client::AdminClient;
+
+/// `n` increments over `keys` counters, and the totals they add up to.
+fn increments(
+    rng: &mut Rng,
+    n: usize,
+    keys: u64,
+    expected: &mut BTreeMap<String, i64>,
+) -> Vec<(String, Vec<u8>)> {
+    (0..n)
+        .map(|_| {
+            let k = rng.below(keys);
+            let (key, add) = if rng.below(2) == 0 {
+                (format!("requests/c{k}"), 1 + rng.below(3) as i64)
+            } else {
+                (format!("drivers/c{k}"), rng.below(7) as i64 - 3)
+            };
+            *expected.entry(key.clone()).or_default() += add;
+            let payload = format!(r#"{{"key":"{key}","add":{add}}}"#).into_bytes();
+            (key, payload)
+        })
+        .collect()
+}
+
+async fn assert_totals(node: &Node, expected: &BTreeMap<String, i64>) -> anyhow::Result<()> {
+    let keys: Vec<String> = expected.keys().cloned().collect();
+    let mut state = node.state().await?;
+    let mut wrong = Vec::new();
+    for chunk in keys.chunks(500) {
+        for v in state
+            .batch_get(pb::BatchGetRequest {
+                keys: chunk.to_vec(),
+            })
+            .await?
+            .into_inner()
+            .values
+        {
+            if expected[&v.key] != counter(&v) {
+                wrong.push((v.key.clone(), counter(&v), expected[&v.key]));
+            }
+        }
+    }
+    if !wrong.is_empty() {
+        bail!(
+            "{} counters wrong, e.g. (key, got, expected) {:?}",
+            wrong.len(),
+            &wrong[..wrong.len().min(4)]
+        );
+    }
+    Ok(())
+}
+
+async fn admin(node: &Node) -> anyhow::Result<AdminClient<tonic::transport::Channel>> {
+    Ok(AdminClient::connect(node.grpc.clone()).await?)
+}
+
+/// Under continuous ingest, checkpoints to the cluster's S3 server every second; the node
+/// is killed with SIGKILL, its data dir deleted, and it restarts: it restores the newest
+/// checkpoint, replays the log after it, and every counter is exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_and_a_wiped_disk_restore_from_s3_with_exact_totals() -> anyhow::Result<()> {
+    let cluster = cluster()?;
+    let kafka = cluster.regions["us-east-1"].kafka.clone();
+    let topics = Topics::create(&kafka, "ckpt", 4).await?;
+    let dir = tempfile::tempdir()?;
+    let node_dir = dir.path();
+    let mut node = Node::configure(node_dir, &kafka, &topics)?;
+    node.edit("interval", Some("\"1s\""))?;
+    node.edit("restore-on-empty", Some("true"))?;
+    let prefix = format!("{}/", unique("ckpt-test"));
+    node.checkpoint_to_s3(&cluster.s3, &cluster.s3.endpoint, &prefix)?;
+
+    let mut rng = Rng(0x1234_5678_9abc_def1);
+    let mut expected = BTreeMap::new();
+    let (first, second) = (
+        increments(&mut rng, 120_000, 500, &mut expected),
+        increments(&mut rng, 10_000, 500, &mut expected),
+    );
+    node.start().await?;
+    let producer = producer(&kafka)?;
+    // a steady stream (20,000 events/s), so the kill lands mid-ingest
+    let feed = {
+        let (producer, topic) = (producer.clone(), topics.updates.clone());
+        tokio::spawn(async move {
+            for chunk in first.chunks(2_000) {
+                produce_all(&producer, &topic, chunk).await?;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            anyhow::Ok(())
+        })
+    };
+    // at least two checkpoints while events keep arriving
+    let until = Instant::now() + Duration::from_secs(120);
+    loop {
+        let status = node.status().await?;
+        let taken = status.checkpoint.as_ref().map_or(0, |c| c.taken);
+        if taken >= 2 && status.events_applied >= 20_000 {
+            println!(
+                "kill -9 after {} events, {taken} checkpoints",
+                status.events_applied
+            );
+            break;
+        }
+        if Instant::now() > until {
+            bail!("no two checkpoints within 120 s: {status:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    node.kill9();
+    std::fs::remove_dir_all(node_dir.join("data"))?;
+    feed.await??;
+    node.start().await?;
+    let restored = node
+        .status()
+        .await?
+        .checkpoint
+        .context("no checkpoint status")?;
+    assert!(
+        restored.restored_from.starts_with("checkpoint "),
+        "not restored from a checkpoint: {restored:?}"
+    );
+    produce_all(&producer, &topics.updates, &second).await?;
+    node.caught_up(Duration::from_secs(120)).await?;
+    assert_totals(&node, &expected).await
+}
+
+/// An S3-compatible server of the test's own.
+struct S3Server {
+    child: Child,
+    endpoint: String,
+    dir: std::path::PathBuf,
+}
+
+impl S3Server {
+    fn start(binary: &str, s3: &S3Endpoint, dir: &Path, port: u16) -> anyhow::Result<Self> {
+        std::fs::create_dir_all(dir.join(&s3.bucket))?;
+        let child = Command::new(binary)
+            .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+            .args([
+                "--access-key",
+                &s3.access_key,
+                "--secret-key",
+                &s3.secret_key,
+            ])
+            .arg(dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .with_context(|| format!("starting {binary}"))?;
+        let until = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if Instant::now() > until {
+                bail!("s3s-fs did not listen on {port}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(Self {
+            child,
+            endpoint: format!("http://127.0.0.1:{port}"),
+            dir: dir.to_owned(),
+        })
+    }
+
+    /// Files the server holds (objects and their metadata).
+    fn files(&self) -> usize {
+        walk(&self.dir)
+    }
+}
+
+fn walk(dir: &Path) -> usize {
+    std::fs::read_dir(dir).map_or(0, |entries| {
+        entries
+            .flatten()
+            .map(|e| {
+                if e.path().is_dir() {
+                    walk(&e.path())
+                } else {
+                    1
+                }
+            })
+            .sum()
+    })
+}
+
+impl Drop for S3Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The S3 server is stopped while a checkpoint uploads its files: the checkpoint fails and
+/// is counted, no manifest of it appears, and after the node loses its disk it restores the
+/// previous checkpoint and replays to exact totals.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_cut_midway_leaves_the_previous_checkpoint_restorable() -> anyhow::Result<()> {
+    let cluster = cluster()?;
+    let kafka = cluster.regions["us-east-1"].kafka.clone();
+    let topics = Topics::create(&kafka, "ckpt-cut", 2).await?;
+    let dir = tempfile::tempdir()?;
+    let port = free_port();
+    let s3_dir = dir.path().join("s3");
+    let server = S3Server::start(&cluster.tools.s3s_fs, &cluster.s3, &s3_dir, port)?;
+    std::fs::create_dir_all(dir.path().join("node"))?;
+    let mut node = Node::configure(&dir.path().join("node"), &kafka, &topics)?;
+    node.edit("interval", Some("\"0s\""))?;
+    node.edit("restore-on-empty", Some("true"))?;
+    // slow uploads, so the server can be stopped halfway through one
+    node.edit("upload-bytes-per-second", Some("300000"))?;
+    node.checkpoint_to_s3(&cluster.s3, &server.endpoint, "cut/")?;
+    let producer = producer(&kafka)?;
+    let mut rng = Rng(0x0bad_cafe_f00d_0001);
+    let mut expected = BTreeMap::new();
+
+    node.start().await?;
+    produce_all(
+        &producer,
+        &topics.updates,
+        &increments(&mut rng, 2_000, 50, &mut expected),
+    )
+    .await?;
+    node.caught_up(Duration::from_secs(60)).await?;
+    let good = admin(&node)
+        .await?
+        .checkpoint(pb::CheckpointRequest {})
+        .await?
+        .into_inner();
+    println!("first checkpoint {} ({} bytes)", good.id, good.bytes_total);
+
+    // many new keys: the next checkpoint has megabytes of new SST files to send
+    produce_all(
+        &producer,
+        &topics.updates,
+        &increments(&mut rng, 60_000, 30_000, &mut expected),
+    )
+    .await?;
+    node.caught_up(Duration::from_secs(120)).await?;
+    let before = server.files();
+    let mut client = admin(&node).await?;
+    let second = tokio::spawn(async move { client.checkpoint(pb::CheckpointRequest {}).await });
+    let until = Instant::now() + Duration::from_secs(60);
+    while server.files() == before {
+        if Instant::now() > until {
+            bail!("the second checkpoint uploaded nothing within 60 s");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    drop(server); // SIGKILL, mid-upload
+    let status = second
+        .await?
+        .expect_err("a checkpoint without its server must fail");
+    println!("second checkpoint: {status}");
+    assert_eq!(status.code(), tonic::Code::Unavailable);
+    let checkpoint = node
+        .status()
+        .await?
+        .checkpoint
+        .context("no checkpoint status")?;
+    assert_eq!((checkpoint.taken, checkpoint.failures), (1, 1));
+    assert_eq!(checkpoint.last_id, good.id);
+
+    // lose the disk; the server comes back with what it held
+    node.kill9();
+    std::fs::remove_dir_all(dir.path().join("node/data"))?;
+    let _server = S3Server::start(&cluster.tools.s3s_fs, &cluster.s3, &s3_dir, port)?;
+    let client = s3_client(&cluster.s3, &format!("http://127.0.0.1:{port}"));
+    let manifests = s3_keys(&client, &cluster.s3.bucket, "cut/manifests/").await?;
+    assert_eq!(manifests, [format!("cut/manifests/{}.json", good.id)]);
+    node.start().await?;
+    let restored = node
+        .status()
+        .await?
+        .checkpoint
+        .context("no checkpoint status")?;
+    assert_eq!(restored.restored_from, format!("checkpoint {}", good.id));
+    node.caught_up(Duration::from_secs(120)).await?;
+    assert_totals(&node, &expected).await
+}
+
+/// A savepoint, the data dir wiped, `geostate restore --savepoint`: identical state. A
+/// truncated savepoint is refused with a reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_savepoint_restores_identical_state_and_a_truncated_one_is_refused() -> anyhow::Result<()>
+{
+    let cluster = cluster()?;
+    let kafka = cluster.regions["us-east-1"].kafka.clone();
+    let topics = Topics::create(&kafka, "savepoint", 2).await?;
+    let dir = tempfile::tempdir()?;
+    let mut node = Node::configure(dir.path(), &kafka, &topics)?;
+    node.edit("interval", Some("\"0s\""))?;
+    node.start().await?;
+    let mut state = node.state().await?;
+    for i in 0..200i64 {
+        let (key, op) = match i % 3 {
+            0 => (
+                format!("requests/{}", i % 11),
+                pb::update_request::Op::Add(1 + i % 5),
+            ),
+            1 => (
+                format!("drivers/{}", i % 7),
+                pb::update_request::Op::Add(i % 9 - 4),
+            ),
+            _ => (
+                format!("zones/{}", i % 5),
+                pb::update_request::Op::Set(format!("zone-{i}").into_bytes()),
+            ),
+        };
+        state
+            .update(pb::UpdateRequest {
+                key,
+                op: Some(op),
+                id: format!("op-{i}"),
+            })
+            .await?;
+    }
+    let before = scan_all(&node).await?;
+    let saved = admin(&node)
+        .await?
+        .savepoint(pb::SavepointRequest {})
+        .await?
+        .into_inner();
+    println!(
+        "savepoint {} at {} ({} entries)",
+        saved.id, saved.location, saved.entries
+    );
+    node.terminate(Duration::from_secs(20)).await?;
+    std::fs::remove_dir_all(dir.path().join("data"))?;
+
+    // a cut-off copy is refused, and leaves the data dir empty
+    let file = dir
+        .path()
+        .join(format!("checkpoints/savepoints/{}.gsp", saved.id));
+    let bytes = std::fs::read(&file)?;
+    let truncated = dir.path().join("truncated.gsp");
+    std::fs::write(&truncated, &bytes[..bytes.len() - 10])?;
+    let out = restore(
+        &node,
+        &["--savepoint", truncated.to_str().unwrap_or_default()],
+    )?;
+    assert!(!out.status.success(), "a truncated savepoint was restored");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("truncated"), "{stderr}");
+    assert!(
+        !dir.path().join("data").exists()
+            || std::fs::read_dir(dir.path().join("data"))?.next().is_none()
+    );
+
+    let out = restore(&node, &["--savepoint", &saved.id])?;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    node.start().await?;
+    let status = node.status().await?;
+    assert_eq!(
+        status.checkpoint.map(|c| c.restored_from),
+        Some(format!("savepoint {}", saved.id))
+    );
+    assert_eq!(scan_all(&node).await?, before);
+    Ok(())
+}
+
+fn restore(node: &Node, args: &[&str]) -> anyhow::Result<std::process::Output> {
+    Ok(Command::new(env!("CARGO_BIN_EXE_geostate"))
+        .arg("restore")
+        .arg("--config")
+        .arg(&node.config)
+        .args(args)
+        .output()?)
+}
+
+async fn scan_all(node: &Node) -> anyhow::Result<BTreeMap<String, pb::Value>> {
+    let mut state = node.state().await?;
+    let page = state
+        .scan(pb::ScanRequest {
+            prefix: String::new(),
+            page_token: String::new(),
+            limit: 1000,
+        })
+        .await?
+        .into_inner();
+    Ok(page
+        .values
+        .into_iter()
+        .map(|mut v| {
+            v.freshness = None;
+            (v.key.clone(), v)
+        })
+        .collect())
+}
+
+/// With `keep = 2`, after five checkpoints (new data before each) only two manifests and
+/// exactly the files they reference remain in the bucket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_keeps_k_manifests_and_only_their_files() -> anyhow::Result<()> {
+    const KEEP: usize = 2;
+    let cluster = cluster()?;
+    let kafka = cluster.regions["us-east-1"].kafka.clone();
+    let topics = Topics::create(&kafka, "retention", 2).await?;
+    let dir = tempfile::tempdir()?;
+    let mut node = Node::configure(dir.path(), &kafka, &topics)?;
+    node.edit("interval", Some("\"0s\""))?;
+    node.edit("keep", Some(&KEEP.to_string()))?;
+    let prefix = format!("{}/", unique("retention"));
+    node.checkpoint_to_s3(&cluster.s3, &cluster.s3.endpoint, &prefix)?;
+    node.start().await?;
+    let producer = producer(&kafka)?;
+    let mut rng = Rng(0x5eed_0000_0000_0007);
+    let mut expected = BTreeMap::new();
+    let mut ids = Vec::new();
+    for _ in 0..KEEP + 3 {
+        produce_all(
+            &producer,
+            &topics.updates,
+            &increments(&mut rng, 3_000, 2_000, &mut expected),
+        )
+        .await?;
+        node.caught_up(Duration::from_secs(60)).await?;
+        ids.push(
+            admin(&node)
+                .await?
+                .checkpoint(pb::CheckpointRequest {})
+                .await?
+                .into_inner()
+                .id,
+        );
+    }
+    let client = s3_client(&cluster.s3, &cluster.s3.endpoint);
+    let keys = s3_keys(&client, &cluster.s3.bucket, &prefix).await?;
+    let manifests: Vec<&String> = keys.iter().filter(|k| k.contains("/manifests/")).collect();
+    let newest: Vec<String> = ids[ids.len() - KEEP..]
+        .iter()
+        .map(|id| format!("{prefix}manifests/{id}.json"))
+        .collect();
+    assert_eq!(manifests, newest.iter().collect::<Vec<_>>());
+    let mut referenced = BTreeSet::new();
+    for key in &newest {
+        let body = client
+            .get_object()
+            .bucket(&cluster.s3.bucket)
+            .key(key)
+            .send()
+            .await?
+            .body
+            .collect()
+            .await?
+            .into_bytes();
+        let manifest: geostate::checkpoint::Manifest = serde_json::from_slice(&body)?;
+        referenced.extend(
+            manifest
+                .files
+                .into_iter()
+                .map(|f| format!("{prefix}{}", f.object)),
+        );
+    }
+    let files: BTreeSet<String> = keys
+        .iter()
+        .filter(|k| !k.contains("/manifests/"))
+        .cloned()
+        .collect();
+    assert_eq!(
+        files, referenced,
+        "files left = files the kept manifests reference"
+    );
+    Ok(())
+}
