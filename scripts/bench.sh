@@ -25,5 +25,7 @@ report=bench/results/latest.md
   cargo bench --locked --bench node "$@"
   echo
   cargo bench --locked --bench replication "$@"
+  echo
+  cargo bench --locked --bench checkpoint "$@"
 } | tee "$report"
 echo "report: $report"

@@ -96,9 +96,11 @@ pub async fn run(
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let objects = Objects::connect(&config.checkpoint.target).await;
     if config.checkpoint.restore_on_empty && checkpoint::is_empty_dir(&config.data_dir)? {
+        let started = std::time::Instant::now();
         match checkpoint::restore(&config, &objects, None).await {
             Ok(manifest) => {
-                tracing::info!(checkpoint = %manifest.id, files = manifest.files.len(), "empty data dir: restored the newest checkpoint")
+                let bytes: u64 = manifest.files.iter().map(|f| f.bytes).sum();
+                tracing::info!(checkpoint = %manifest.id, files = manifest.files.len(), bytes, took_ms = started.elapsed().as_millis() as u64, "empty data dir: restored the newest checkpoint")
             }
             Err(CheckpointError::NoCheckpoint(at)) => {
                 tracing::info!(%at, "empty data dir and no checkpoint: rebuilding from the deltas topics")
@@ -128,6 +130,7 @@ pub async fn run(
     let (incarnation, bootstrapping) = match store.incarnation()? {
         Some(i) => (i, false),
         None => {
+            let started = std::time::Instant::now();
             let recovered = bootstrap::recover_own_past(&config, &hlc, &store).await?;
             let last = recovered.resume.as_ref().map_or(0, |r| r.incarnation);
             let i = new_incarnation(clock.as_ref()).max(last.saturating_add(1));
@@ -137,6 +140,7 @@ pub async fn run(
                 resume = ?recovered.resume.as_ref().map(|r| &r.updates_offsets),
                 last_incarnation = last,
                 incarnation = i,
+                took_ms = started.elapsed().as_millis() as u64,
                 "no incarnation (empty or restored data dir): merged this region's own deltas topic"
             );
             // last: a crash before this line bootstraps again (merging is idempotent)
