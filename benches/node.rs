@@ -149,6 +149,13 @@ async fn run() -> anyhow::Result<()> {
     node.caught_up(Duration::from_secs(600)).await?;
     let ingest = started.elapsed();
     let ingest_cpu = cpu_seconds(pid);
+    let metrics = common::http_get(&node.metrics, "/metrics")?;
+    let shipped = metrics
+        .lines()
+        .find(|l| l.starts_with("geostate_deltas_shipped_total"))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse::<f64>().ok())
+        .unwrap_or(0.0);
 
     let rate = |d: Duration| EVENTS as f64 / d.as_secs_f64();
     println!(
@@ -171,6 +178,11 @@ async fn run() -> anyhow::Result<()> {
         rate(ingest),
         EVENTS as f64 / ingest_cpu.max(1e-9),
         rate(ingest) / rate(raw_consume)
+    );
+    println!();
+    println!(
+        "During the ingest the node shipped {shipped:.0} deltas ({:.3} per event) in its replication transactions.",
+        shipped / EVENTS as f64
     );
     println!();
 

@@ -208,7 +208,6 @@ pub async fn run(
     let checkpointer = Checkpointer {
         config: config.clone(),
         store: store.clone(),
-        shared: shared.clone(),
         objects: objects.clone(),
         incarnation,
         status: checkpoint_status.clone(),

@@ -2,8 +2,8 @@
 //!
 //! ```text
 //!  every interval (or Admin/Checkpoint):
-//!    deltas topic end offsets ──► under the state writer lock: RocksDB checkpoint
-//!    (hard links) + every stored offset + clock high-water ──► upload SSTs not uploaded
+//!    deltas topic end offsets ──► RocksDB checkpoint (flush + hard links), every stored
+//!    offset and the clock high-water read from the copy ──► upload SSTs not uploaded
 //!    before (sst/<incarnation>/<file>), the small files (files/<id>/…), paced
 //!    ──► manifests/<id>.json LAST (the commit point) ──► retention: newest `keep`
 //!    manifests, delete every object none of them references
@@ -34,7 +34,6 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::clock::HlcTimestamp;
 use crate::config::Config;
-use crate::ingest::pump::IngestShared;
 use crate::log;
 use crate::metrics as m;
 use crate::shutdown::stopped;
@@ -146,7 +145,6 @@ pub type Request = oneshot::Sender<Result<Taken, String>>;
 pub struct Checkpointer {
     pub config: Arc<Config>,
     pub store: Arc<Store>,
-    pub shared: Arc<IngestShared>,
     pub objects: Objects,
     pub incarnation: u32,
     pub status: Arc<CheckpointStatus>,
@@ -237,17 +235,16 @@ impl Checkpointer {
         uploaded: &mut BTreeSet<String>,
     ) -> Result<Taken, CheckpointError> {
         let started = Instant::now();
-        let (offsets, hlc_high_water) = {
-            // the copy and the positions it records, with no batch in between
-            let _writer = self.shared.state_writer.lock().await;
-            let (store, dir) = (self.store.clone(), tmp.to_owned());
-            tokio::task::spawn_blocking(move || {
-                store.checkpoint_to(&dir)?;
-                Ok::<_, StoreError>((store.all_offsets()?, store.hlc_high_water()?))
-            })
-            .await
-            .map_err(|e| CheckpointError::Task(e.to_string()))??
-        };
+        // the copy is one point in time; the positions are read from the copy itself, so
+        // they match it without pausing ingest
+        let (store, dir) = (self.store.clone(), tmp.to_owned());
+        let (offsets, hlc_high_water) = tokio::task::spawn_blocking(move || {
+            store.checkpoint_to(&dir)?;
+            let copy = Store::open_read_only(&dir)?;
+            Ok::<_, StoreError>((copy.all_offsets()?, copy.hlc_high_water()?))
+        })
+        .await
+        .map_err(|e| CheckpointError::Task(e.to_string()))??;
         let mut files = Vec::new();
         let mut entries = tokio::fs::read_dir(tmp)
             .await
@@ -261,8 +258,10 @@ impl Checkpointer {
                 .metadata()
                 .await
                 .map_err(io("reading the checkpoint"))?;
-            if meta.is_file() {
-                files.push((entry.file_name().to_string_lossy().into_owned(), meta.len()));
+            let name = entry.file_name().to_string_lossy().into_owned();
+            // LOG files are RocksDB's own text log (reading the copy may write one)
+            if meta.is_file() && !name.starts_with("LOG") {
+                files.push((name, meta.len()));
             }
         }
         files.sort();

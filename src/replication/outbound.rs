@@ -6,15 +6,15 @@
 //! then a [`ResumePoint`] saying which offsets they cover, then commit. Readers use
 //! `read_committed`, so a round is seen whole or not at all — a node that lost its disk
 //! merges its committed deltas and resumes ingest after the last resume point without
-//! applying any event twice. An entry is deleted only after the commit and only if the
-//! store still holds the same bytes (a newer delta written meanwhile ships next round); a
-//! crash anywhere re-ships, which merge makes harmless. Record key = state key, so a key's
+//! applying any event twice. An entry is deleted only after the commit and only if it
+//! was not rewritten since it was read (a newer delta written meanwhile ships next round);
+//! a crash anywhere re-ships, which merge makes harmless. Record key = state key, so a key's
 //! deltas stay in order on one partition and the topic can be compacted.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use rdkafka::error::KafkaError;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use tokio::sync::{Notify, watch};
 
@@ -23,8 +23,8 @@ use crate::metrics as m;
 use crate::shutdown::stopped;
 use crate::store::{OutboxSnapshot, Store, StoreError};
 
-/// Most records in flight at once within a round.
-const CHUNK: usize = 10_000;
+/// How long to wait when the producer's queue is full.
+const QUEUE_FULL_PAUSE: Duration = Duration::from_millis(2);
 /// Longest the shipper sleeps without being woken (catches entries left by a crash).
 const IDLE: Duration = Duration::from_millis(500);
 const RETRY_PAUSE: Duration = Duration::from_millis(200);
@@ -91,6 +91,21 @@ impl Shipper {
         }
     }
 
+    /// Queues one record, waiting while the producer's queue is full.
+    async fn send(&self, key: &[u8], payload: &[u8]) -> Result<(), KafkaError> {
+        loop {
+            let record = FutureRecord::to(&self.topic).key(key).payload(payload);
+            match self.producer.send_result(record) {
+                // the delivery is checked by the transaction's commit
+                Ok(_delivery) => return Ok(()),
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
+                    tokio::time::sleep(QUEUE_FULL_PAUSE).await;
+                }
+                Err((e, _)) => return Err(e),
+            }
+        }
+    }
+
     /// Runs a blocking transaction call off the async threads.
     async fn blocking(
         &self,
@@ -102,23 +117,14 @@ impl Shipper {
             .unwrap_or(Err(KafkaError::Canceled))
     }
 
-    /// One transaction: every entry, then the resume point, then commit.
+    /// One transaction: every entry, then the resume point, then commit. Deliveries are
+    /// not awaited one by one: the commit flushes them and fails if any failed.
     async fn ship(&self, snapshot: &OutboxSnapshot) -> Result<(), KafkaError> {
         self.blocking(|p| p.begin_transaction()).await?;
         let mut bytes = 0;
-        for chunk in snapshot.entries.chunks(CHUNK) {
-            let mut pending = Vec::with_capacity(chunk.len());
-            for (key, payload) in chunk {
-                let record = FutureRecord::to(&self.topic).key(key).payload(payload);
-                pending.push(self.producer.send_result(record).map_err(|(e, _)| e)?);
-                bytes += payload.len();
-            }
-            for delivery in pending {
-                delivery
-                    .await
-                    .map_err(|_| KafkaError::Canceled)?
-                    .map_err(|(e, _)| e)?;
-            }
+        for entry in &snapshot.entries {
+            self.send(entry.key.as_bytes(), &entry.bytes).await?;
+            bytes += entry.bytes.len();
         }
         let resume = ResumePoint {
             origin: self.actor.region.clone(),
@@ -128,15 +134,7 @@ impl Shipper {
             hlc_high_water: snapshot.hlc_high_water.unwrap_or_default(),
         }
         .encode();
-        let record = FutureRecord::to(&self.topic)
-            .key(RESUME_KEY)
-            .payload(&resume);
-        self.producer
-            .send_result(record)
-            .map_err(|(e, _)| e)?
-            .await
-            .map_err(|_| KafkaError::Canceled)?
-            .map_err(|(e, _)| e)?;
+        self.send(RESUME_KEY, &resume).await?;
         self.blocking(|p| p.commit_transaction(TXN_CALL)).await?;
         metrics::counter!(m::DELTAS_SHIPPED).increment(snapshot.entries.len() as u64);
         metrics::counter!(m::DELTA_BYTES_SHIPPED).increment(bytes as u64);

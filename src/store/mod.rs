@@ -73,18 +73,39 @@ pub struct Commit<'a> {
     pub remote_applied: Option<(&'a RegionId, HlcTimestamp)>,
 }
 
+/// In-memory mirror of the outbox column family.
+#[derive(Default)]
+struct Outbox {
+    /// State key → (version of the last write, encoded `Delta`).
+    entries: BTreeMap<String, (u64, Vec<u8>)>,
+    next_version: u64,
+}
+
+/// One pending outbox entry as read by a shipping round.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OutboxEntry {
+    pub key: String,
+    /// An encoded `Delta`.
+    pub bytes: Vec<u8>,
+    /// Changes whenever the key's entry is rewritten.
+    pub version: u64,
+}
+
 /// See [`Store::outbox_snapshot`].
 pub struct OutboxSnapshot {
-    /// (state key, encoded `Delta`), in key order.
-    pub entries: Vec<(String, Vec<u8>)>,
+    /// In key order.
+    pub entries: Vec<OutboxEntry>,
     pub offsets: BTreeMap<i32, i64>,
     pub hlc_high_water: Option<HlcTimestamp>,
 }
 
 pub struct Store {
     db: DB,
-    /// Serializes outbox writes (commits) with the compare-and-delete of shipped entries.
-    outbox_writer: std::sync::Mutex<()>,
+    /// The outbox column family's entries, mirrored in memory with a version per write.
+    /// Its lock serializes outbox writes (commits) with taking a shipping snapshot and with
+    /// the compare-and-delete of shipped entries, so the mirror always matches the column
+    /// family, and a shipping round reads no RocksDB at all for the entries.
+    outbox: std::sync::Mutex<Outbox>,
 }
 
 impl Store {
@@ -96,9 +117,29 @@ impl Store {
         opts.set_compression_type(rocksdb::DBCompressionType::Lz4);
         let cfs = COLUMN_FAMILIES.map(|name| ColumnFamilyDescriptor::new(name, opts.clone()));
         let db = DB::open_cf_descriptors(&opts, dir, cfs)?;
+        let mut outbox = Outbox::default();
+        if let Some(cf) = db.cf_handle(CF_OUTBOX) {
+            for item in db.iterator_cf(cf, IteratorMode::Start) {
+                let (k, v) = item?;
+                outbox.entries.insert(
+                    String::from_utf8_lossy(&k).into_owned(),
+                    (outbox.next_version, v.into_vec()),
+                );
+                outbox.next_version += 1;
+            }
+        }
         Ok(Self {
             db,
-            outbox_writer: std::sync::Mutex::new(()),
+            outbox: std::sync::Mutex::new(outbox),
+        })
+    }
+
+    /// Opens a store (a checkpoint copy) to read it; nothing is written.
+    pub fn open_read_only(dir: &Path) -> Result<Self, StoreError> {
+        let db = DB::open_cf_for_read_only(&Options::default(), dir, COLUMN_FAMILIES, false)?;
+        Ok(Self {
+            db,
+            outbox: std::sync::Mutex::new(Outbox::default()),
         })
     }
 
@@ -380,52 +421,58 @@ impl Store {
     /// clock high-water mark, read from one snapshot: the entries hold every event applied
     /// up to those offsets that was not shipped before (commits write both in one batch).
     pub fn outbox_snapshot(&self, topic: &str) -> Result<OutboxSnapshot, StoreError> {
-        let snapshot = self.db.snapshot();
-        let read = || {
-            let mut read = ReadOptions::default();
-            read.set_snapshot(&snapshot);
-            read
+        let (snapshot, entries) = {
+            let outbox = self.lock_outbox();
+            let entries = outbox
+                .entries
+                .iter()
+                .map(|(key, (version, bytes))| OutboxEntry {
+                    key: key.clone(),
+                    bytes: bytes.clone(),
+                    version: *version,
+                })
+                .collect();
+            (self.db.snapshot(), entries)
         };
-        let mut entries = Vec::new();
-        for item in self
-            .db
-            .iterator_cf_opt(self.cf(CF_OUTBOX), read(), IteratorMode::Start)
-        {
-            let (k, v) = item?;
-            entries.push((String::from_utf8_lossy(&k).into_owned(), v.into_vec()));
-        }
+        let mut read = ReadOptions::default();
+        read.set_snapshot(&snapshot);
         let hlc_high_water = self
             .db
-            .get_cf_opt(self.cf(CF_META), META_HLC, &read())?
+            .get_cf_opt(self.cf(CF_META), META_HLC, &read)?
             .map(|v| decode_hlc(&v))
             .transpose()?;
+        let mut read = ReadOptions::default();
+        read.set_snapshot(&snapshot);
         Ok(OutboxSnapshot {
             entries,
-            offsets: self.source_offsets_with(topic, read())?,
+            offsets: self.source_offsets_with(topic, read)?,
             hlc_high_water,
         })
     }
 
-    /// Removes shipped outbox entries — each only if it still holds exactly the shipped
-    /// bytes: a batch that wrote a newer delta for the key meanwhile keeps its entry, so
+    /// Removes shipped outbox entries — each only if it was not rewritten since it was
+    /// read: a batch that wrote a newer delta for the key meanwhile keeps its entry, so
     /// the newer state is shipped too, never lost.
-    pub fn clear_outbox(&self, shipped: &[(String, Vec<u8>)]) -> Result<usize, StoreError> {
-        let _writer = self.lock_outbox();
-        let outbox = self.cf(CF_OUTBOX);
+    pub fn clear_outbox(&self, shipped: &[OutboxEntry]) -> Result<usize, StoreError> {
+        let mut outbox = self.lock_outbox();
+        let cf = self.cf(CF_OUTBOX);
         let mut batch = WriteBatch::default();
-        let mut cleared = 0;
-        for (key, bytes) in shipped {
-            if self.db.get_pinned_cf(outbox, key.as_bytes())?.as_deref() == Some(bytes.as_slice()) {
-                batch.delete_cf(outbox, key.as_bytes());
-                cleared += 1;
-            }
+        let unchanged: Vec<&OutboxEntry> = shipped
+            .iter()
+            .filter(|e| outbox.entries.get(&e.key).map(|(v, _)| *v) == Some(e.version))
+            .collect();
+        for entry in &unchanged {
+            batch.delete_cf(cf, entry.key.as_bytes());
         }
         self.db.write(batch)?;
-        Ok(cleared)
+        for entry in &unchanged {
+            outbox.entries.remove(&entry.key);
+        }
+        Ok(unchanged.len())
     }
 
-    fn lock_outbox(&self) -> std::sync::MutexGuard<'_, ()> {
-        self.outbox_writer.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock_outbox(&self) -> std::sync::MutexGuard<'_, Outbox> {
+        self.outbox.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Writes one applied batch atomically (see the module guarantee).
@@ -442,9 +489,14 @@ impl Store {
             k.extend_from_slice(&partition.to_be_bytes());
             batch.put_cf(offsets, k, offset.to_be_bytes());
         }
-        let outbox = self.cf(CF_OUTBOX);
-        for delta in commit.outbox {
-            batch.put_cf(outbox, delta.key.as_bytes(), delta.encode());
+        let outbox_cf = self.cf(CF_OUTBOX);
+        let outbox_entries: Vec<(&str, Vec<u8>)> = commit
+            .outbox
+            .iter()
+            .map(|delta| (delta.key.as_str(), delta.encode()))
+            .collect();
+        for (key, bytes) in &outbox_entries {
+            batch.put_cf(outbox_cf, key.as_bytes(), bytes);
         }
         let dedup = self.cf(CF_DEDUP);
         for (key, ids) in commit.recent_ids {
@@ -466,8 +518,13 @@ impl Store {
             let key = format!("{META_REMOTE}{region}");
             batch.put_cf(self.cf(CF_META), key.as_bytes(), encode_hlc(newest));
         }
-        let _writer = self.lock_outbox();
+        let mut outbox = self.lock_outbox();
         self.db.write(batch)?;
+        for (key, bytes) in outbox_entries {
+            let version = outbox.next_version;
+            outbox.next_version += 1;
+            outbox.entries.insert(key.to_owned(), (version, bytes));
+        }
         Ok(())
     }
 }
@@ -556,9 +613,12 @@ mod tests {
         assert_eq!(snapshot.hlc_high_water, Some(HlcTimestamp::new(99, 2)));
         let outbox = snapshot.entries;
         assert_eq!(outbox.len(), 1);
-        assert_eq!(Delta::decode(&outbox[0].1).unwrap().key, "requests/a");
+        assert_eq!(Delta::decode(&outbox[0].bytes).unwrap().key, "requests/a");
         // an entry rewritten since it was read is not cleared
-        let stale = vec![("requests/a".to_string(), b"older bytes".to_vec())];
+        let stale = vec![OutboxEntry {
+            version: outbox[0].version + 1,
+            ..outbox[0].clone()
+        }];
         assert_eq!(store.clear_outbox(&stale).unwrap(), 0);
         assert_eq!(store.clear_outbox(&outbox).unwrap(), 1);
         assert!(
