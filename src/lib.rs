@@ -18,6 +18,7 @@
 //!  replication  inbound merge of remote deltas, transactional outbound shipping with
 //!               resume points, bootstrap of an empty disk, freshness
 //!  ingest       decode and check update records, apply batches (pure), the ingest task
+//!  lease        PURE lease table, holdings and the exclusivity invariant (no Raft yet)
 //!  checkpoint   incremental checkpoints to S3 or a folder, restore, savepoints
 //!  store        RocksDB column families and the one-WriteBatch commit
 //!  log          Kafka clients, positioning, consumed records, dead-letter headers
@@ -36,6 +37,7 @@ pub mod clock;
 pub mod config;
 pub mod crdt;
 pub mod ingest;
+pub mod lease;
 pub mod log;
 pub mod metrics;
 pub mod node;

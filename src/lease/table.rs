@@ -1,0 +1,350 @@
+//! PURE: the lease table, the Raft state machine's data. Commands carry their proposer's
+//! wall-clock time; applying a command never reads a clock, so every replica of the table
+//! decides the same.
+//!
+//! The rules, with `δ` = `max_clock_offset` (the largest difference between any two
+//! regions' wall clocks) and `D` the lease duration:
+//!
+//! - a grant records `expires_at = proposer's time + D`; the holder itself treats the lease
+//!   as valid until `request_sent + D − δ` on its monotonic clock ([`super::holder`]);
+//! - a shard goes to another region only when the proposer's time is at or past the current
+//!   `expires_at`, so its holder's validity (which ends `δ` before `expires_at`) has
+//!   ended, whatever the two clocks say within `δ`;
+//! - every grant that is not a renewal of a lease still in force increments the shard's
+//!   epoch, the fencing token stamped on every owned write and delta;
+//! - a renewal must name the current epoch: a delayed or duplicated command from an older
+//!   holding is refused;
+//! - a release or a transfer is proposed by the holder after it stopped writing; it ends
+//!   the lease at `proposer's time + δ`, which keeps the rule above true for the next
+//!   holder, and a transfer names the next holder, who must renew before it writes;
+//! - a holder's command stamped earlier than its latest applied one is refused: the log
+//!   may order a renewal sent after a release before it, and that release must not cut
+//!   the renewed lease (found by the simulation).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::crdt::RegionId;
+
+/// An ownership shard: a hash of the key into `shards` buckets.
+pub type ShardId = u32;
+
+/// The shard of `key` among `shards` (FNV-1a, stable across versions and platforms).
+pub fn shard_of(key: &str, shards: u32) -> ShardId {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in key.as_bytes() {
+        hash ^= u64::from(*byte);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    (hash % u64::from(shards.max(1))) as ShardId
+}
+
+/// One shard's row.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lease {
+    pub holder: RegionId,
+    /// Fencing token: increases with every new grant of the shard.
+    pub epoch: u64,
+    /// Wall-clock milliseconds (the proposer's clock) when the lease ends.
+    pub expires_at_ms: u64,
+    /// The holder's clock at its latest applied command: a holder's command stamped
+    /// earlier was overtaken in the log by a later one (a renewal sent after a release,
+    /// a release sent after a renewal) and is refused.
+    pub last_ms: u64,
+}
+
+/// A proposal to the lease group. `now_ms` is the proposer's wall clock when it sent it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Command {
+    /// Take the shard (or renew it, if `region` holds it and it is in force).
+    Acquire {
+        shard: ShardId,
+        region: RegionId,
+        now_ms: u64,
+        duration_ms: u64,
+    },
+    /// Extend a holding; refused unless `region` holds the shard at `epoch`.
+    Renew {
+        shard: ShardId,
+        region: RegionId,
+        epoch: u64,
+        now_ms: u64,
+        duration_ms: u64,
+    },
+    /// Give the shard up (the holder stopped writing first).
+    Release {
+        shard: ShardId,
+        region: RegionId,
+        epoch: u64,
+        now_ms: u64,
+    },
+    /// Hand the shard to `to` (the holder stopped writing first); `to` must renew before
+    /// it writes.
+    Transfer {
+        shard: ShardId,
+        from: RegionId,
+        to: RegionId,
+        epoch: u64,
+        now_ms: u64,
+    },
+}
+
+impl Command {
+    pub fn shard(&self) -> ShardId {
+        match self {
+            Command::Acquire { shard, .. }
+            | Command::Renew { shard, .. }
+            | Command::Release { shard, .. }
+            | Command::Transfer { shard, .. } => *shard,
+        }
+    }
+}
+
+/// What applying a command decided.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Outcome {
+    /// The lease now held (a new grant, a renewal, or the state after a release/transfer).
+    Granted(Lease),
+    Refused {
+        reason: Refusal,
+        current: Option<Lease>,
+    },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Refusal {
+    /// Another region holds the shard and its lease has not ended at the proposer's time.
+    HeldElsewhere,
+    /// The command names an epoch that is not the current one (delayed or duplicated).
+    StaleEpoch,
+    /// The proposer does not hold the shard.
+    NotHolder,
+    /// The holder sent a later command that is already applied.
+    Superseded,
+}
+
+/// The lease table: the Raft state machine's data.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseTable {
+    shards: BTreeMap<ShardId, Lease>,
+    /// `max_clock_offset` in milliseconds: part of the rules, so part of the state.
+    max_offset_ms: u64,
+}
+
+impl LeaseTable {
+    pub fn new(max_offset_ms: u64) -> Self {
+        Self {
+            shards: BTreeMap::new(),
+            max_offset_ms,
+        }
+    }
+
+    pub fn get(&self, shard: ShardId) -> Option<&Lease> {
+        self.shards.get(&shard)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&ShardId, &Lease)> {
+        self.shards.iter()
+    }
+
+    /// Applies one command (deterministic: no clock is read).
+    pub fn apply(&mut self, command: &Command) -> Outcome {
+        let shard = command.shard();
+        let current = self.shards.get(&shard).cloned();
+        let refuse = |reason| Outcome::Refused {
+            reason,
+            current: current.clone(),
+        };
+        let next = match command {
+            Command::Acquire {
+                region,
+                now_ms,
+                duration_ms,
+                ..
+            } => match &current {
+                Some(l) if &l.holder == region && *now_ms < l.last_ms => {
+                    return refuse(Refusal::Superseded);
+                }
+                // a renewal of a lease still in force keeps its epoch
+                Some(l) if &l.holder == region && *now_ms < l.expires_at_ms => Lease {
+                    expires_at_ms: l.expires_at_ms.max(now_ms + duration_ms),
+                    last_ms: *now_ms,
+                    ..l.clone()
+                },
+                Some(l) if &l.holder != region && *now_ms < l.expires_at_ms => {
+                    return refuse(Refusal::HeldElsewhere);
+                }
+                _ => Lease {
+                    holder: region.clone(),
+                    epoch: current.as_ref().map_or(1, |l| l.epoch + 1),
+                    expires_at_ms: now_ms + duration_ms,
+                    last_ms: *now_ms,
+                },
+            },
+            Command::Renew {
+                region,
+                epoch,
+                now_ms,
+                duration_ms,
+                ..
+            } => match &current {
+                Some(l) if &l.holder == region && l.epoch == *epoch && *now_ms < l.last_ms => {
+                    return refuse(Refusal::Superseded);
+                }
+                Some(l) if &l.holder == region && l.epoch == *epoch => Lease {
+                    expires_at_ms: l.expires_at_ms.max(now_ms + duration_ms),
+                    last_ms: *now_ms,
+                    ..l.clone()
+                },
+                Some(l) if &l.holder == region => return refuse(Refusal::StaleEpoch),
+                _ => return refuse(Refusal::NotHolder),
+            },
+            Command::Release {
+                region,
+                epoch,
+                now_ms,
+                ..
+            } => match &current {
+                Some(l) if &l.holder == region && l.epoch == *epoch && *now_ms < l.last_ms => {
+                    return refuse(Refusal::Superseded);
+                }
+                Some(l) if &l.holder == region && l.epoch == *epoch => Lease {
+                    expires_at_ms: l.expires_at_ms.min(now_ms + self.max_offset_ms),
+                    last_ms: *now_ms,
+                    ..l.clone()
+                },
+                Some(l) if &l.holder == region => return refuse(Refusal::StaleEpoch),
+                _ => return refuse(Refusal::NotHolder),
+            },
+            Command::Transfer {
+                from,
+                to,
+                epoch,
+                now_ms,
+                ..
+            } => match &current {
+                Some(l) if &l.holder == from && l.epoch == *epoch && *now_ms < l.last_ms => {
+                    return refuse(Refusal::Superseded);
+                }
+                Some(l) if &l.holder == from && l.epoch == *epoch => Lease {
+                    holder: to.clone(),
+                    epoch: l.epoch + 1,
+                    // the new holder's renewals extend this; nobody else takes it before
+                    expires_at_ms: l.expires_at_ms.max(now_ms + self.max_offset_ms),
+                    // the new holder's clock starts counting from its first renewal
+                    last_ms: 0,
+                },
+                Some(l) if &l.holder == from => return refuse(Refusal::StaleEpoch),
+                _ => return refuse(Refusal::NotHolder),
+            },
+        };
+        self.shards.insert(shard, next.clone());
+        Outcome::Granted(next)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn r(name: &str) -> RegionId {
+        RegionId::new(name).unwrap()
+    }
+
+    fn acquire(region: &str, now_ms: u64) -> Command {
+        Command::Acquire {
+            shard: 0,
+            region: r(region),
+            now_ms,
+            duration_ms: 1000,
+        }
+    }
+
+    #[test]
+    fn a_shard_moves_only_after_expiry_and_every_new_grant_raises_the_epoch() {
+        let mut t = LeaseTable::new(100);
+        let Outcome::Granted(a) = t.apply(&acquire("us-east-1", 0)) else {
+            panic!()
+        };
+        assert_eq!((a.epoch, a.expires_at_ms), (1, 1000));
+        // in force: the other region is refused, the holder renews at the same epoch
+        assert!(matches!(
+            t.apply(&acquire("eu-west-1", 999)),
+            Outcome::Refused {
+                reason: Refusal::HeldElsewhere,
+                ..
+            }
+        ));
+        let Outcome::Granted(renewed) = t.apply(&acquire("us-east-1", 500)) else {
+            panic!()
+        };
+        assert_eq!((renewed.epoch, renewed.expires_at_ms), (1, 1500));
+        // after expiry the other region takes it with a higher epoch
+        let Outcome::Granted(b) = t.apply(&acquire("eu-west-1", 1500)) else {
+            panic!()
+        };
+        assert_eq!((b.holder.as_str(), b.epoch), ("eu-west-1", 2));
+        // the old holder's delayed renewal is refused
+        let late = Command::Renew {
+            shard: 0,
+            region: r("us-east-1"),
+            epoch: 1,
+            now_ms: 600,
+            duration_ms: 1000,
+        };
+        assert!(matches!(
+            t.apply(&late),
+            Outcome::Refused {
+                reason: Refusal::NotHolder,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn release_and_transfer_end_the_lease_a_clock_offset_after_the_proposal() {
+        let mut t = LeaseTable::new(100);
+        t.apply(&acquire("us-east-1", 0));
+        let release = Command::Release {
+            shard: 0,
+            region: r("us-east-1"),
+            epoch: 1,
+            now_ms: 200,
+        };
+        let Outcome::Granted(released) = t.apply(&release) else {
+            panic!()
+        };
+        assert_eq!(released.expires_at_ms, 300);
+        assert!(matches!(
+            t.apply(&acquire("eu-west-1", 299)),
+            Outcome::Refused { .. }
+        ));
+        let Outcome::Granted(b) = t.apply(&acquire("eu-west-1", 300)) else {
+            panic!()
+        };
+        assert_eq!(b.epoch, 2);
+        let transfer = Command::Transfer {
+            shard: 0,
+            from: r("eu-west-1"),
+            to: r("us-east-1"),
+            epoch: 2,
+            now_ms: 400,
+        };
+        let Outcome::Granted(moved) = t.apply(&transfer) else {
+            panic!()
+        };
+        assert_eq!((moved.holder.as_str(), moved.epoch), ("us-east-1", 3));
+        // applied twice, the transfer is stale
+        assert!(matches!(t.apply(&transfer), Outcome::Refused { .. }));
+    }
+
+    #[test]
+    fn shards_are_stable_and_spread() {
+        assert_eq!(shard_of("surge/9q8yy", 64), shard_of("surge/9q8yy", 64));
+        let used: std::collections::BTreeSet<_> = (0..1000)
+            .map(|i| shard_of(&format!("surge/{i}"), 16))
+            .collect();
+        assert_eq!(used.len(), 16);
+    }
+}
