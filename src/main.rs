@@ -82,6 +82,9 @@ enum Command {
         /// A savepoint id in the checkpoint store, or the path of a `.gsp` file.
         #[arg(long)]
         savepoint: Option<String>,
+        /// Seed this region from another region's savepoint: state only.
+        #[arg(long, requires = "savepoint")]
+        seed: bool,
         /// List the checkpoints in the store and exit.
         #[arg(long)]
         list: bool,
@@ -251,6 +254,7 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
             config,
             checkpoint,
             savepoint,
+            seed,
             list,
         } => {
             use geostate::checkpoint::{self, objects::Objects};
@@ -265,7 +269,7 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
             match savepoint {
                 Some(savepoint) => {
                     let header =
-                        checkpoint::savepoint::restore(&config, &objects, &savepoint).await?;
+                        checkpoint::savepoint::restore(&config, &objects, &savepoint, seed).await?;
                     println!(
                         "restored savepoint {savepoint} (region {}, written by geostate {}) into {}",
                         header.region,

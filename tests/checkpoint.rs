@@ -295,7 +295,8 @@ async fn an_upload_cut_midway_leaves_the_previous_checkpoint_restorable() -> any
 }
 
 /// A savepoint, the data dir wiped, `geostate restore --savepoint`: identical state. A
-/// truncated savepoint is refused with a reason.
+/// truncated savepoint is refused with a reason. Another region's node refuses it unless
+/// asked to seed from it, and then holds the same state.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_savepoint_restores_identical_state_and_a_truncated_one_is_refused() -> anyhow::Result<()>
 {
@@ -375,6 +376,28 @@ async fn a_savepoint_restores_identical_state_and_a_truncated_one_is_refused() -
         Some(format!("savepoint {}", saved.id))
     );
     assert_eq!(scan_all(&node).await?, before);
+
+    // a new region seeded from it
+    let other_dir = tempfile::tempdir()?;
+    let other_topics = Topics::create(&kafka, "seeded", 2).await?;
+    let mut other =
+        Node::configure_region(other_dir.path(), "eu-west-1", &kafka, &other_topics, &[])?;
+    let path = file.to_str().unwrap_or_default();
+    let out = restore(&other, &["--savepoint", path])?;
+    assert!(
+        !out.status.success(),
+        "another region's savepoint was restored whole"
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("written by region us-east-1"), "{stderr}");
+    let out = restore(&other, &["--savepoint", path, "--seed"])?;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    other.start().await?;
+    assert_eq!(scan_all(&other).await?, before);
     Ok(())
 }
 

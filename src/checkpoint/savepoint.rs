@@ -22,6 +22,8 @@ use crate::store::Store;
 /// The entry layout this version writes and the newest it restores.
 pub const SAVEPOINT_VERSION: u32 = 1;
 const SAVEPOINTS: &str = "savepoints/";
+/// The column family a seed copies.
+const STATE_FAMILY: &str = "state";
 /// Entries written to RocksDB per batch during a restore.
 const LOAD_BATCH: usize = 10_000;
 
@@ -117,10 +119,16 @@ fn dump(store: &Store, header: pb::SavepointHeader, path: &Path) -> Result<u64, 
 
 /// Restores a savepoint — an id in the store, or the path of a `.gsp` file — into the
 /// empty data dir, and marks the store to bootstrap from its own deltas topic on start.
+///
+/// A savepoint of this region is restored whole. With `seed`, a savepoint of another
+/// region seeds this one: only the state is loaded (every region's parts as the other
+/// region knew them), none of its positions, idempotency windows or outbox, and this
+/// region then reads its own topics from the start under a new incarnation.
 pub async fn restore(
     config: &Config,
     objects: &Objects,
     savepoint: &str,
+    seed: bool,
 ) -> Result<pb::SavepointHeader, CheckpointError> {
     let data_dir = config.data_dir.clone();
     if !is_empty_dir(&data_dir)? {
@@ -139,7 +147,8 @@ pub async fn restore(
     let tmp = sibling(&data_dir, "restore");
     let _ = tokio::fs::remove_dir_all(&tmp).await;
     let (source, target) = (file.clone(), tmp.clone());
-    let loaded = tokio::task::spawn_blocking(move || load(&source, &target))
+    let region = config.region.to_string();
+    let loaded = tokio::task::spawn_blocking(move || load(&source, &target, &region, seed))
         .await
         .map_err(|e| CheckpointError::Task(e.to_string()));
     if downloaded {
@@ -175,7 +184,12 @@ pub async fn restore(
     Ok(header)
 }
 
-fn load(path: &Path, dir: &Path) -> Result<pb::SavepointHeader, CheckpointError> {
+fn load(
+    path: &Path,
+    dir: &Path,
+    region: &str,
+    seed: bool,
+) -> Result<pb::SavepointHeader, CheckpointError> {
     let file = std::fs::File::open(path).map_err(io(format!("reading {}", path.display())))?;
     let mut input = BufReader::new(file);
     let mut next = || -> Result<Option<Kind>, CheckpointError> {
@@ -224,13 +238,22 @@ fn load(path: &Path, dir: &Path) -> Result<pb::SavepointHeader, CheckpointError>
             supported: SAVEPOINT_VERSION,
         });
     }
+    if !seed && header.region != region {
+        return Err(bad(format!(
+            "it was written by region {}, this node is {region}: restore it here with --seed (state only), or on a {} node",
+            header.region, header.region
+        )));
+    }
     let store = Store::open(dir)?;
     let (mut batch, mut count) = (Vec::with_capacity(LOAD_BATCH), 0u64);
     loop {
         match next()? {
             Some(Kind::Entry(e)) => {
-                batch.push((e.column_family, e.key, e.value));
                 count += 1;
+                if seed && e.column_family != STATE_FAMILY {
+                    continue;
+                }
+                batch.push((e.column_family, e.key, e.value));
                 if batch.len() >= LOAD_BATCH {
                     store.load(&batch)?;
                     batch.clear();
