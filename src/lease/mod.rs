@@ -5,16 +5,19 @@
 //!                       their proposer's time; grant, renew, release, transfer; epochs
 //!  holder.rs      PURE  a region's own holdings: valid until sent + duration − offset
 //!  invariants.rs  PURE  exclusivity and epoch monotonicity, named once
+//!  raft_store.rs        openraft 0.9 log + state machine storage in RocksDB (synced)
 //! ```
 //!
 //! Guarantee (proved by the simulation in `sim.rs` over clocks up to `max_clock_offset`
 //! apart and delayed, duplicated commands): at no instant do two regions hold a valid
 //! lease on one shard, no epoch is held by two regions, and epochs rise from holder to
-//! holder. Not built yet: the openraft group that replicates the table, the witness, and
-//! owned writes at the node (they are refused with `FAILED_PRECONDITION` today).
+//! holder. The table's Raft storage passes openraft's conformance suite. Not built yet: the
+//! Raft network, the group across regions and the witness, and owned writes at the node
+//! (they are refused with `FAILED_PRECONDITION` today).
 
 pub mod holder;
 pub mod invariants;
+pub mod raft_store;
 pub mod table;
 
 #[cfg(test)]

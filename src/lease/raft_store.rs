@@ -1,0 +1,407 @@
+//! Durable storage of the lease group (openraft 0.9, storage v2) in RocksDB: the Raft log,
+//! the vote, and the state machine — the lease table with the last applied log id and
+//! membership, persisted together after every applied batch (so a restart never applies
+//! an entry twice or loses one). Every write that Raft needs durable is synced.
+//!
+//! ```text
+//!  column family  key                    value (JSON)
+//!  logs           index (u64 BE)         Entry<LeaseRaft>
+//!  meta           "vote" | "committed"   Vote | LogId
+//!                 "purged"               LogId (the last purged entry)
+//!  machine        "state"                Machine {last_applied, membership, table}
+//!                 "snapshot"             StoredSnapshot {meta, data}
+//! ```
+
+// openraft's traits fix the error type (`StorageError`, a large enum); helpers return it too
+#![allow(clippy::result_large_err)]
+
+use std::fmt::Debug;
+use std::io::Cursor;
+use std::ops::{Bound, RangeBounds};
+use std::path::Path;
+use std::sync::Arc;
+
+use openraft::storage::{LogFlushed, LogState, RaftLogStorage, RaftStateMachine, Snapshot};
+use openraft::{
+    BasicNode, Entry, EntryPayload, LogId, OptionalSend, RaftLogReader, RaftSnapshotBuilder,
+    SnapshotMeta, StorageError, StorageIOError, StoredMembership, Vote,
+};
+use rocksdb::{
+    ColumnFamilyDescriptor, DB, Direction, IteratorMode, Options, WriteBatch, WriteOptions,
+};
+use serde::{Deserialize, Serialize};
+
+use super::table::{Command, LeaseTable, Outcome};
+
+openraft::declare_raft_types!(
+    /// The lease group's Raft types: commands are lease commands, replies their outcome.
+    pub LeaseRaft:
+        D = Command,
+        R = Reply,
+        NodeId = u64,
+        Node = BasicNode,
+);
+
+/// The answer to one applied log entry (`None` for blank and membership entries).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reply(pub Option<Outcome>);
+
+type NodeId = u64;
+type Error = StorageError<NodeId>;
+
+const CF_LOGS: &str = "logs";
+const CF_META: &str = "meta";
+const CF_MACHINE: &str = "machine";
+
+/// Opens (or creates) the lease group's store in `dir`.
+pub fn open(dir: &Path, max_offset_ms: u64) -> Result<(LogStore, StateMachine), Error> {
+    let mut opts = Options::default();
+    opts.create_if_missing(true);
+    opts.create_missing_column_families(true);
+    let cfs = [CF_LOGS, CF_META, CF_MACHINE]
+        .map(|name| ColumnFamilyDescriptor::new(name, Options::default()));
+    let db =
+        Arc::new(DB::open_cf_descriptors(&opts, dir, cfs).map_err(|e| StorageIOError::write(&e))?);
+    let machine = match db
+        .get_cf(cf(&db, CF_MACHINE), b"state")
+        .map_err(|e| StorageIOError::read_state_machine(&e))?
+    {
+        Some(bytes) => {
+            serde_json::from_slice(&bytes).map_err(|e| StorageIOError::read_state_machine(&e))?
+        }
+        None => Machine {
+            last_applied: None,
+            membership: StoredMembership::default(),
+            table: LeaseTable::new(max_offset_ms),
+        },
+    };
+    Ok((LogStore { db: db.clone() }, StateMachine { db, machine }))
+}
+
+fn cf<'a>(db: &'a DB, name: &str) -> &'a rocksdb::ColumnFamily {
+    match db.cf_handle(name) {
+        Some(cf) => cf,
+        None => unreachable!("column family {name} is created at open"),
+    }
+}
+
+fn synced() -> WriteOptions {
+    let mut w = WriteOptions::default();
+    w.set_sync(true);
+    w
+}
+
+fn to_json<T: Serialize>(value: &T) -> Result<Vec<u8>, serde_json::Error> {
+    serde_json::to_vec(value)
+}
+
+/// The Raft log and vote.
+#[derive(Clone)]
+pub struct LogStore {
+    db: Arc<DB>,
+}
+
+impl LogStore {
+    fn meta<T: for<'de> Deserialize<'de>>(&self, key: &[u8]) -> Result<Option<T>, Error> {
+        self.db
+            .get_cf(cf(&self.db, CF_META), key)
+            .map_err(|e| StorageIOError::read(&e))?
+            .map(|bytes| {
+                serde_json::from_slice(&bytes).map_err(|e| StorageIOError::read(&e).into())
+            })
+            .transpose()
+    }
+
+    fn put_meta<T: Serialize>(&self, key: &[u8], value: &T) -> Result<(), Error> {
+        let bytes = to_json(value).map_err(|e| StorageIOError::write(&e))?;
+        self.db
+            .put_cf_opt(cf(&self.db, CF_META), key, bytes, &synced())
+            .map_err(|e| StorageIOError::write(&e).into())
+    }
+
+    fn last_entry(&self) -> Result<Option<Entry<LeaseRaft>>, Error> {
+        match self
+            .db
+            .iterator_cf(cf(&self.db, CF_LOGS), IteratorMode::End)
+            .next()
+        {
+            None => Ok(None),
+            Some(item) => {
+                let (_, v) = item.map_err(|e| StorageIOError::read_logs(&e))?;
+                Ok(Some(
+                    serde_json::from_slice(&v).map_err(|e| StorageIOError::read_logs(&e))?,
+                ))
+            }
+        }
+    }
+
+    fn delete_range(&self, from: u64, to: u64) -> Result<(), Error> {
+        let mut batch = WriteBatch::default();
+        batch.delete_range_cf(cf(&self.db, CF_LOGS), from.to_be_bytes(), to.to_be_bytes());
+        self.db
+            .write_opt(batch, &synced())
+            .map_err(|e| StorageIOError::write_logs(&e).into())
+    }
+}
+
+impl RaftLogReader<LeaseRaft> for LogStore {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
+        &mut self,
+        range: RB,
+    ) -> Result<Vec<Entry<LeaseRaft>>, Error> {
+        let start = match range.start_bound() {
+            Bound::Included(&i) => i,
+            Bound::Excluded(&i) => i + 1,
+            Bound::Unbounded => 0,
+        };
+        let mut out = Vec::new();
+        for item in self.db.iterator_cf(
+            cf(&self.db, CF_LOGS),
+            IteratorMode::From(&start.to_be_bytes(), Direction::Forward),
+        ) {
+            let (k, v) = item.map_err(|e| StorageIOError::read_logs(&e))?;
+            let index =
+                u64::from_be_bytes(k[..].try_into().map_err(|_| {
+                    StorageIOError::read_logs(&std::io::Error::other("bad log key"))
+                })?);
+            if !range.contains(&index) {
+                break;
+            }
+            out.push(serde_json::from_slice(&v).map_err(|e| StorageIOError::read_logs(&e))?);
+        }
+        Ok(out)
+    }
+}
+
+impl RaftLogStorage<LeaseRaft> for LogStore {
+    type LogReader = Self;
+
+    async fn get_log_state(&mut self) -> Result<LogState<LeaseRaft>, Error> {
+        let last_purged_log_id: Option<LogId<NodeId>> = self.meta(b"purged")?;
+        let last_log_id = match self.last_entry()? {
+            Some(entry) => Some(entry.log_id),
+            None => last_purged_log_id,
+        };
+        Ok(LogState {
+            last_purged_log_id,
+            last_log_id,
+        })
+    }
+
+    async fn get_log_reader(&mut self) -> Self::LogReader {
+        self.clone()
+    }
+
+    async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<(), Error> {
+        self.put_meta(b"vote", vote)
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>, Error> {
+        self.meta(b"vote")
+    }
+
+    async fn save_committed(&mut self, committed: Option<LogId<NodeId>>) -> Result<(), Error> {
+        self.put_meta(b"committed", &committed)
+    }
+
+    async fn read_committed(&mut self) -> Result<Option<LogId<NodeId>>, Error> {
+        Ok(self.meta::<Option<LogId<NodeId>>>(b"committed")?.flatten())
+    }
+
+    async fn append<I>(&mut self, entries: I, callback: LogFlushed<LeaseRaft>) -> Result<(), Error>
+    where
+        I: IntoIterator<Item = Entry<LeaseRaft>> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let logs = cf(&self.db, CF_LOGS);
+        let mut batch = WriteBatch::default();
+        for entry in entries {
+            let bytes = to_json(&entry).map_err(|e| StorageIOError::write_logs(&e))?;
+            batch.put_cf(logs, entry.log_id.index.to_be_bytes(), bytes);
+        }
+        let result = self.db.write_opt(batch, &synced());
+        callback.log_io_completed(
+            result
+                .as_ref()
+                .map(|_| ())
+                .map_err(|e| std::io::Error::other(e.to_string())),
+        );
+        result.map_err(|e| StorageIOError::write_logs(&e).into())
+    }
+
+    async fn truncate(&mut self, log_id: LogId<NodeId>) -> Result<(), Error> {
+        self.delete_range(log_id.index, u64::MAX)
+    }
+
+    async fn purge(&mut self, log_id: LogId<NodeId>) -> Result<(), Error> {
+        self.put_meta(b"purged", &log_id)?;
+        self.delete_range(0, log_id.index + 1)
+    }
+}
+
+/// The state machine's persisted data.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Machine {
+    pub last_applied: Option<LogId<NodeId>>,
+    pub membership: StoredMembership<NodeId, BasicNode>,
+    pub table: LeaseTable,
+}
+
+#[derive(Serialize, Deserialize)]
+struct StoredSnapshot {
+    meta: SnapshotMeta<NodeId, BasicNode>,
+    data: Vec<u8>,
+}
+
+/// The lease table as a Raft state machine.
+pub struct StateMachine {
+    db: Arc<DB>,
+    machine: Machine,
+}
+
+impl StateMachine {
+    pub fn table(&self) -> &LeaseTable {
+        &self.machine.table
+    }
+
+    fn persist(&self) -> Result<(), Error> {
+        let bytes = to_json(&self.machine).map_err(|e| StorageIOError::write_state_machine(&e))?;
+        self.db
+            .put_cf_opt(cf(&self.db, CF_MACHINE), b"state", bytes, &synced())
+            .map_err(|e| StorageIOError::write_state_machine(&e).into())
+    }
+}
+
+/// Builds a snapshot from a copy of the machine.
+pub struct SnapshotBuilder {
+    db: Arc<DB>,
+    machine: Machine,
+}
+
+impl RaftSnapshotBuilder<LeaseRaft> for SnapshotBuilder {
+    async fn build_snapshot(&mut self) -> Result<Snapshot<LeaseRaft>, Error> {
+        let data = to_json(&self.machine).map_err(|e| StorageIOError::write_snapshot(None, &e))?;
+        let snapshot_id = match &self.machine.last_applied {
+            Some(id) => format!("{}-{}", id.leader_id, id.index),
+            None => "empty".into(),
+        };
+        let meta = SnapshotMeta {
+            last_log_id: self.machine.last_applied,
+            last_membership: self.machine.membership.clone(),
+            snapshot_id,
+        };
+        let stored = StoredSnapshot {
+            meta: meta.clone(),
+            data: data.clone(),
+        };
+        let bytes = to_json(&stored).map_err(|e| StorageIOError::write_snapshot(None, &e))?;
+        self.db
+            .put_cf_opt(cf(&self.db, CF_MACHINE), b"snapshot", bytes, &synced())
+            .map_err(|e| StorageIOError::write_snapshot(None, &e))?;
+        Ok(Snapshot {
+            meta,
+            snapshot: Box::new(Cursor::new(data)),
+        })
+    }
+}
+
+impl RaftStateMachine<LeaseRaft> for StateMachine {
+    type SnapshotBuilder = SnapshotBuilder;
+
+    async fn applied_state(
+        &mut self,
+    ) -> Result<(Option<LogId<NodeId>>, StoredMembership<NodeId, BasicNode>), Error> {
+        Ok((self.machine.last_applied, self.machine.membership.clone()))
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Reply>, Error>
+    where
+        I: IntoIterator<Item = Entry<LeaseRaft>> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let mut replies = Vec::new();
+        for entry in entries {
+            self.machine.last_applied = Some(entry.log_id);
+            replies.push(match entry.payload {
+                EntryPayload::Blank => Reply(None),
+                EntryPayload::Normal(command) => Reply(Some(self.machine.table.apply(&command))),
+                EntryPayload::Membership(membership) => {
+                    self.machine.membership = StoredMembership::new(Some(entry.log_id), membership);
+                    Reply(None)
+                }
+            });
+        }
+        self.persist()?;
+        Ok(replies)
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        SnapshotBuilder {
+            db: self.db.clone(),
+            machine: self.machine.clone(),
+        }
+    }
+
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, Error> {
+        Ok(Box::new(Cursor::new(Vec::new())))
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta<NodeId, BasicNode>,
+        snapshot: Box<Cursor<Vec<u8>>>,
+    ) -> Result<(), Error> {
+        let data = snapshot.into_inner();
+        let machine: Machine = serde_json::from_slice(&data)
+            .map_err(|e| StorageIOError::read_snapshot(Some(meta.signature()), &e))?;
+        let stored = StoredSnapshot {
+            meta: meta.clone(),
+            data,
+        };
+        let bytes = to_json(&stored).map_err(|e| StorageIOError::write_snapshot(None, &e))?;
+        self.db
+            .put_cf_opt(cf(&self.db, CF_MACHINE), b"snapshot", bytes, &synced())
+            .map_err(|e| StorageIOError::write_snapshot(None, &e))?;
+        self.machine = machine;
+        self.persist()
+    }
+
+    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<LeaseRaft>>, Error> {
+        let Some(bytes) = self
+            .db
+            .get_cf(cf(&self.db, CF_MACHINE), b"snapshot")
+            .map_err(|e| StorageIOError::read_snapshot(None, &e))?
+        else {
+            return Ok(None);
+        };
+        let stored: StoredSnapshot =
+            serde_json::from_slice(&bytes).map_err(|e| StorageIOError::read_snapshot(None, &e))?;
+        Ok(Some(Snapshot {
+            meta: stored.meta,
+            snapshot: Box::new(Cursor::new(stored.data)),
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use openraft::testing::{StoreBuilder, Suite};
+
+    use super::*;
+
+    struct Builder;
+
+    impl StoreBuilder<LeaseRaft, LogStore, StateMachine, tempfile::TempDir> for Builder {
+        async fn build(&self) -> Result<(tempfile::TempDir, LogStore, StateMachine), Error> {
+            let dir = tempfile::tempdir().map_err(|e| StorageIOError::write(&e))?;
+            let (log, machine) = open(dir.path(), 100)?;
+            Ok((dir, log, machine))
+        }
+    }
+
+    /// openraft's own conformance suite for log and state machine storage.
+    #[test]
+    fn passes_the_openraft_storage_suite() -> Result<(), Error> {
+        Suite::test_all(Builder)
+    }
+}
