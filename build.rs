@@ -7,6 +7,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/geostate/v1/update.proto",
         "proto/geostate/v1/state.proto",
         "proto/geostate/v1/savepoint.proto",
+        "proto/geostate/v1/raft.proto",
     ];
     for proto in protos {
         println!("cargo:rerun-if-changed={proto}");

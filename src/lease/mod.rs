@@ -5,18 +5,22 @@
 //!                       their proposer's time; grant, renew, release, transfer; epochs
 //!  holder.rs      PURE  a region's own holdings: valid until sent + duration − offset
 //!  invariants.rs  PURE  exclusivity and epoch monotonicity, named once
-//!  raft_store.rs        openraft 0.9 log + state machine storage in RocksDB (synced)
+//!  raft_store.rs        openraft 0.9 log + state machine storage in RocksDB (synced),
+//!                       and a read-only view of the applied table
+//!  network.rs           Raft traffic over tonic gRPC (`LeaseRaft` service, JSON bodies)
 //! ```
 //!
 //! Guarantee (proved by the simulation in `sim.rs` over clocks up to `max_clock_offset`
 //! apart and delayed, duplicated commands): at no instant do two regions hold a valid
 //! lease on one shard, no epoch is held by two regions, and epochs rise from holder to
-//! holder. The table's Raft storage passes openraft's conformance suite. Not built yet: the
-//! Raft network, the group across regions and the witness, and owned writes at the node
-//! (they are refused with `FAILED_PRECONDITION` today).
+//! holder. The table's Raft storage passes openraft's conformance suite, and a three-member
+//! group over gRPC keeps granting after its leader stops (`tests/lease_group.rs`). Not
+//! built yet: the group inside the region node and the witness process, renewals, owned
+//! writes at the node (refused with `FAILED_PRECONDITION` today) and delta fencing.
 
 pub mod holder;
 pub mod invariants;
+pub mod network;
 pub mod raft_store;
 pub mod table;
 

@@ -53,8 +53,29 @@ const CF_LOGS: &str = "logs";
 const CF_META: &str = "meta";
 const CF_MACHINE: &str = "machine";
 
+/// A read-only view of the applied lease table, shared with the state machine.
+#[derive(Clone)]
+pub struct TableView(Arc<std::sync::RwLock<Machine>>);
+
+impl TableView {
+    pub fn table(&self) -> LeaseTable {
+        self.0
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .table
+            .clone()
+    }
+
+    pub fn last_applied(&self) -> Option<LogId<NodeId>> {
+        self.0
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .last_applied
+    }
+}
+
 /// Opens (or creates) the lease group's store in `dir`.
-pub fn open(dir: &Path, max_offset_ms: u64) -> Result<(LogStore, StateMachine), Error> {
+pub fn open(dir: &Path, max_offset_ms: u64) -> Result<(LogStore, StateMachine, TableView), Error> {
     let mut opts = Options::default();
     opts.create_if_missing(true);
     opts.create_missing_column_families(true);
@@ -75,7 +96,15 @@ pub fn open(dir: &Path, max_offset_ms: u64) -> Result<(LogStore, StateMachine), 
             table: LeaseTable::new(max_offset_ms),
         },
     };
-    Ok((LogStore { db: db.clone() }, StateMachine { db, machine }))
+    let machine = Arc::new(std::sync::RwLock::new(machine));
+    Ok((
+        LogStore { db: db.clone() },
+        StateMachine {
+            db,
+            machine: machine.clone(),
+        },
+        TableView(machine),
+    ))
 }
 
 fn cf<'a>(db: &'a DB, name: &str) -> &'a rocksdb::ColumnFamily {
@@ -256,16 +285,20 @@ struct StoredSnapshot {
 /// The lease table as a Raft state machine.
 pub struct StateMachine {
     db: Arc<DB>,
-    machine: Machine,
+    machine: Arc<std::sync::RwLock<Machine>>,
 }
 
 impl StateMachine {
-    pub fn table(&self) -> &LeaseTable {
-        &self.machine.table
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Machine> {
+        self.machine.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Machine> {
+        self.machine.write().unwrap_or_else(|p| p.into_inner())
     }
 
     fn persist(&self) -> Result<(), Error> {
-        let bytes = to_json(&self.machine).map_err(|e| StorageIOError::write_state_machine(&e))?;
+        let bytes = to_json(&*self.read()).map_err(|e| StorageIOError::write_state_machine(&e))?;
         self.db
             .put_cf_opt(cf(&self.db, CF_MACHINE), b"state", bytes, &synced())
             .map_err(|e| StorageIOError::write_state_machine(&e).into())
@@ -311,7 +344,8 @@ impl RaftStateMachine<LeaseRaft> for StateMachine {
     async fn applied_state(
         &mut self,
     ) -> Result<(Option<LogId<NodeId>>, StoredMembership<NodeId, BasicNode>), Error> {
-        Ok((self.machine.last_applied, self.machine.membership.clone()))
+        let machine = self.read();
+        Ok((machine.last_applied, machine.membership.clone()))
     }
 
     async fn apply<I>(&mut self, entries: I) -> Result<Vec<Reply>, Error>
@@ -320,16 +354,19 @@ impl RaftStateMachine<LeaseRaft> for StateMachine {
         I::IntoIter: OptionalSend,
     {
         let mut replies = Vec::new();
-        for entry in entries {
-            self.machine.last_applied = Some(entry.log_id);
-            replies.push(match entry.payload {
-                EntryPayload::Blank => Reply(None),
-                EntryPayload::Normal(command) => Reply(Some(self.machine.table.apply(&command))),
-                EntryPayload::Membership(membership) => {
-                    self.machine.membership = StoredMembership::new(Some(entry.log_id), membership);
-                    Reply(None)
-                }
-            });
+        {
+            let mut machine = self.write();
+            for entry in entries {
+                machine.last_applied = Some(entry.log_id);
+                replies.push(match entry.payload {
+                    EntryPayload::Blank => Reply(None),
+                    EntryPayload::Normal(command) => Reply(Some(machine.table.apply(&command))),
+                    EntryPayload::Membership(membership) => {
+                        machine.membership = StoredMembership::new(Some(entry.log_id), membership);
+                        Reply(None)
+                    }
+                });
+            }
         }
         self.persist()?;
         Ok(replies)
@@ -338,7 +375,7 @@ impl RaftStateMachine<LeaseRaft> for StateMachine {
     async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
         SnapshotBuilder {
             db: self.db.clone(),
-            machine: self.machine.clone(),
+            machine: self.read().clone(),
         }
     }
 
@@ -362,7 +399,7 @@ impl RaftStateMachine<LeaseRaft> for StateMachine {
         self.db
             .put_cf_opt(cf(&self.db, CF_MACHINE), b"snapshot", bytes, &synced())
             .map_err(|e| StorageIOError::write_snapshot(None, &e))?;
-        self.machine = machine;
+        *self.write() = machine;
         self.persist()
     }
 
@@ -394,7 +431,7 @@ mod tests {
     impl StoreBuilder<LeaseRaft, LogStore, StateMachine, tempfile::TempDir> for Builder {
         async fn build(&self) -> Result<(tempfile::TempDir, LogStore, StateMachine), Error> {
             let dir = tempfile::tempdir().map_err(|e| StorageIOError::write(&e))?;
-            let (log, machine) = open(dir.path(), 100)?;
+            let (log, machine, _) = open(dir.path(), 100)?;
             Ok((dir, log, machine))
         }
     }

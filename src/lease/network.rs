@@ -1,0 +1,189 @@
+//! The lease group's Raft traffic over tonic gRPC (`proto/geostate/v1/raft.proto`): a
+//! client per peer for the sending side, and the `LeaseRaft` service that hands incoming
+//! requests to the local `Raft`. Messages are openraft's own types as JSON; a remote Raft
+//! error comes back as data. A peer that cannot be reached is reported `Unreachable`, so
+//! openraft backs off instead of spinning.
+
+use std::time::Duration;
+
+use openraft::error::{
+    InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
+};
+use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
+};
+use openraft::{BasicNode, Raft};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Request, Response, Status};
+
+use super::raft_store::LeaseRaft;
+use crate::pb;
+use crate::pb::lease_raft_client::LeaseRaftClient;
+use crate::pb::lease_raft_server::LeaseRaftServer;
+
+type NodeId = u64;
+type RpcError<E = openraft::error::Infallible> = RPCError<NodeId, BasicNode, RaftError<NodeId, E>>;
+
+/// Largest Raft message accepted (snapshots of a big lease table).
+const MAX_MESSAGE: usize = 64 * 1024 * 1024;
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Builds a client per peer.
+#[derive(Clone, Default)]
+pub struct Network;
+
+impl RaftNetworkFactory<LeaseRaft> for Network {
+    type Network = Peer;
+
+    async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> Peer {
+        Peer {
+            target,
+            addr: node.addr.clone(),
+            client: None,
+        }
+    }
+}
+
+/// The connection to one peer, made on first use and remade after a failure.
+pub struct Peer {
+    target: NodeId,
+    addr: String,
+    client: Option<LeaseRaftClient<Channel>>,
+}
+
+impl Peer {
+    async fn client(&mut self) -> Result<LeaseRaftClient<Channel>, Unreachable> {
+        if let Some(client) = &self.client {
+            return Ok(client.clone());
+        }
+        let endpoint = Endpoint::from_shared(format!("http://{}", self.addr))
+            .map_err(|e| Unreachable::new(&e))?
+            .connect_timeout(CONNECT_TIMEOUT);
+        let channel = endpoint.connect().await.map_err(|e| Unreachable::new(&e))?;
+        let client = LeaseRaftClient::new(channel)
+            .max_decoding_message_size(MAX_MESSAGE)
+            .max_encoding_message_size(MAX_MESSAGE);
+        self.client = Some(client.clone());
+        Ok(client)
+    }
+
+    /// Sends one request; decodes the peer's `Result<Resp, RaftError<E>>`.
+    async fn call<Req, Resp, E>(
+        &mut self,
+        method: Method,
+        request: &Req,
+        option: &RPCOption,
+    ) -> Result<Resp, RpcError<E>>
+    where
+        Req: Serialize,
+        Resp: DeserializeOwned,
+        E: std::error::Error + DeserializeOwned,
+    {
+        let json =
+            serde_json::to_vec(request).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        let mut client = self.client().await?;
+        let mut message = Request::new(pb::RaftMessage { json });
+        message.set_timeout(option.hard_ttl());
+        let reply = match method {
+            Method::AppendEntries => client.append_entries(message).await,
+            Method::Vote => client.vote(message).await,
+            Method::InstallSnapshot => client.install_snapshot(message).await,
+        };
+        let reply = match reply {
+            Ok(reply) => reply.into_inner(),
+            Err(status) => {
+                // a broken connection is remade on the next call
+                self.client = None;
+                return Err(RPCError::Unreachable(Unreachable::new(&status)));
+            }
+        };
+        let result: Result<Resp, RaftError<NodeId, E>> = serde_json::from_slice(&reply.json)
+            .map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        result.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Method {
+    AppendEntries,
+    Vote,
+    InstallSnapshot,
+}
+
+impl RaftNetwork<LeaseRaft> for Peer {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<LeaseRaft>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<NodeId>, RpcError> {
+        self.call(Method::AppendEntries, &rpc, &option).await
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        rpc: InstallSnapshotRequest<LeaseRaft>,
+        option: RPCOption,
+    ) -> Result<InstallSnapshotResponse<NodeId>, RpcError<InstallSnapshotError>> {
+        self.call(Method::InstallSnapshot, &rpc, &option).await
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<NodeId>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<NodeId>, RpcError> {
+        self.call(Method::Vote, &rpc, &option).await
+    }
+}
+
+/// The `LeaseRaft` gRPC service of one group member.
+pub struct Service {
+    raft: Raft<LeaseRaft>,
+}
+
+impl Service {
+    pub fn server(raft: Raft<LeaseRaft>) -> LeaseRaftServer<Self> {
+        LeaseRaftServer::new(Self { raft })
+            .max_decoding_message_size(MAX_MESSAGE)
+            .max_encoding_message_size(MAX_MESSAGE)
+    }
+}
+
+fn decode<T: DeserializeOwned>(request: Request<pb::RaftMessage>) -> Result<T, Status> {
+    serde_json::from_slice(&request.into_inner().json)
+        .map_err(|e| Status::invalid_argument(format!("not an openraft message: {e}")))
+}
+
+fn encode<T: Serialize>(result: &T) -> Result<Response<pb::RaftMessage>, Status> {
+    serde_json::to_vec(result)
+        .map(|json| Response::new(pb::RaftMessage { json }))
+        .map_err(|e| Status::internal(format!("encoding the raft reply: {e}")))
+}
+
+#[tonic::async_trait]
+impl pb::lease_raft_server::LeaseRaft for Service {
+    async fn append_entries(
+        &self,
+        request: Request<pb::RaftMessage>,
+    ) -> Result<Response<pb::RaftMessage>, Status> {
+        encode(&self.raft.append_entries(decode(request)?).await)
+    }
+
+    async fn vote(
+        &self,
+        request: Request<pb::RaftMessage>,
+    ) -> Result<Response<pb::RaftMessage>, Status> {
+        encode(&self.raft.vote(decode(request)?).await)
+    }
+
+    async fn install_snapshot(
+        &self,
+        request: Request<pb::RaftMessage>,
+    ) -> Result<Response<pb::RaftMessage>, Status> {
+        encode(&self.raft.install_snapshot(decode(request)?).await)
+    }
+}
