@@ -44,6 +44,7 @@ pub struct S3Endpoint {
 #[derive(Deserialize)]
 pub struct RegionEndpoints {
     pub kafka: String,
+    pub kafka_pid: u32,
     pub grpc: Option<String>,
 }
 

@@ -1,0 +1,92 @@
+//! The region's Kafka broker frozen (SIGSTOP) under a node: an `Update` that cannot be
+//! appended is answered `UNAVAILABLE` with the reason, never hangs past the producer's
+//! delivery timeout, and once the broker resumes (SIGCONT) the node serves writes again;
+//! the write that timed out is indeterminate (it may still be appended from the broker's
+//! socket buffer), so the counter ends at either total. Its own test binary: it freezes
+//! a broker the other tests use (test binaries run one at a time).
+
+mod common;
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::{Node, Topics, cluster, counter};
+use geostate::pb;
+
+/// Resumes the broker however the test ends.
+struct Resume(u32);
+
+impl Drop for Resume {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-CONT", &self.0.to_string()])
+            .status();
+    }
+}
+
+fn add(key: &str, n: i64) -> pb::UpdateRequest {
+    pb::UpdateRequest {
+        key: key.into(),
+        op: Some(pb::update_request::Op::Add(n)),
+        id: String::new(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_broker_gives_unavailable_and_the_node_recovers() -> anyhow::Result<()> {
+    let cluster = cluster()?;
+    let region = &cluster.regions["us-east-1"];
+    let topics = Topics::create(&region.kafka, "kafka-down", 2).await?;
+    let dir = tempfile::tempdir()?;
+    let mut node = Node::configure(dir.path(), &region.kafka, &topics)?;
+    node.edit("interval", Some("\"0s\""))?;
+    node.start().await?;
+    let mut state = node.state().await?;
+    state.update(add("requests/frozen", 1)).await?;
+
+    let pid = region.kafka_pid;
+    let resume = Resume(pid);
+    Command::new("kill")
+        .args(["-STOP", &pid.to_string()])
+        .status()?;
+    let asked = Instant::now();
+    let answer = tokio::time::timeout(
+        Duration::from_secs(40),
+        state.update(add("requests/frozen", 10)),
+    )
+    .await?;
+    let waited = asked.elapsed();
+    let status = answer.expect_err("a write with the broker frozen must fail");
+    println!("answered after {:.1} s: {status}", waited.as_secs_f64());
+    assert_eq!(status.code(), tonic::Code::Unavailable, "{status}");
+    assert!(status.message().contains("kafka"), "{status}");
+    assert!(waited < Duration::from_secs(30), "took {waited:?}");
+    drop(resume);
+
+    // the node serves writes again once the broker is back
+    let until = Instant::now() + Duration::from_secs(60);
+    loop {
+        match state.update(add("requests/frozen", 100)).await {
+            Ok(_) => break,
+            Err(e) if Instant::now() < until => {
+                println!("not yet: {e}");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    node.caught_up(Duration::from_secs(60)).await?;
+    let total = counter(
+        &state
+            .get(pb::GetRequest {
+                key: "requests/frozen".into(),
+            })
+            .await?
+            .into_inner(),
+    );
+    assert!(
+        total == 101 || total == 111,
+        "the acknowledged writes add to 101 (111 if the timed-out one was appended after all); got {total}"
+    );
+    Ok(())
+}
