@@ -13,7 +13,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{Node, Topics, cluster};
+use common::{Node, Topics, cluster, ms, percentile};
 use geostate::pb;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -26,18 +26,6 @@ const UPDATE_RATE: u64 = 200;
 const UPDATE_SECONDS: u64 = 10;
 const GET_STREAMS: usize = 10;
 const GET_SECONDS: u64 = 5;
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i]
-}
-
-fn ms(d: Duration) -> String {
-    format!("{:.2} ms", d.as_secs_f64() * 1e3)
-}
 
 /// CPU seconds (user + system) a process has used, from /proc.
 fn cpu_seconds(pid: u32) -> f64 {

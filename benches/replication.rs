@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use common::{Node, Topics, cluster, http_get, produce_all, producer, unique};
+use common::{Node, Topics, cluster, http_get, ms, percentile, produce_all, producer, unique};
 use geostate::pb;
 use geostate::pb::state_client::StateClient;
 use geostate::workload::{Rng, Zipf};
@@ -27,17 +27,6 @@ const KEYS: usize = 10_000;
 const BACKLOG_EVENTS: usize = 200_000;
 const LIVE_RATE: u64 = 2_000;
 const LIVE_SECONDS: u64 = 10;
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
-}
-
-fn ms(d: Duration) -> String {
-    format!("{:.1} ms", d.as_secs_f64() * 1e3)
-}
 
 fn main() -> anyhow::Result<()> {
     tokio::runtime::Builder::new_multi_thread()

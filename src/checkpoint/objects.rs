@@ -87,13 +87,7 @@ impl Objects {
     pub async fn put_file(&self, key: &str, path: &Path) -> Result<(), ObjectError> {
         match self {
             Objects::Local(dir) => {
-                let target = dir.join(key);
-                let tmp = temp_name(&target);
-                if let Some(parent) = target.parent() {
-                    tokio::fs::create_dir_all(parent)
-                        .await
-                        .map_err(|e| failed("put", key, e))?;
-                }
+                let (target, tmp) = local_target(dir, key).await?;
                 tokio::fs::copy(path, &tmp)
                     .await
                     .map_err(|e| failed("put", key, e))?;
@@ -125,13 +119,7 @@ impl Objects {
     pub async fn put_bytes(&self, key: &str, bytes: Vec<u8>) -> Result<(), ObjectError> {
         match self {
             Objects::Local(dir) => {
-                let target = dir.join(key);
-                let tmp = temp_name(&target);
-                if let Some(parent) = target.parent() {
-                    tokio::fs::create_dir_all(parent)
-                        .await
-                        .map_err(|e| failed("put", key, e))?;
-                }
+                let (target, tmp) = local_target(dir, key).await?;
                 tokio::fs::write(&tmp, bytes)
                     .await
                     .map_err(|e| failed("put", key, e))?;
@@ -176,21 +164,7 @@ impl Objects {
                 bucket,
                 prefix,
             } => {
-                let response = client
-                    .get_object()
-                    .bucket(bucket)
-                    .key(format!("{prefix}{key}"))
-                    .send()
-                    .await
-                    .map_err(|e| {
-                        if e.as_service_error().is_some_and(|s| s.is_no_such_key()) {
-                            ObjectError::NotFound {
-                                key: key.to_owned(),
-                            }
-                        } else {
-                            failed("get", key, aws_sdk_s3::error::DisplayErrorContext(e))
-                        }
-                    })?;
+                let response = s3_get(client, bucket, prefix, key).await?;
                 let mut file = tokio::fs::File::create(path)
                     .await
                     .map_err(|e| failed("get", key, e))?;
@@ -222,21 +196,7 @@ impl Objects {
                 bucket,
                 prefix,
             } => {
-                let response = client
-                    .get_object()
-                    .bucket(bucket)
-                    .key(format!("{prefix}{key}"))
-                    .send()
-                    .await
-                    .map_err(|e| {
-                        if e.as_service_error().is_some_and(|s| s.is_no_such_key()) {
-                            ObjectError::NotFound {
-                                key: key.to_owned(),
-                            }
-                        } else {
-                            failed("get", key, aws_sdk_s3::error::DisplayErrorContext(e))
-                        }
-                    })?;
+                let response = s3_get(client, bucket, prefix, key).await?;
                 let bytes = response
                     .body
                     .collect()
@@ -341,10 +301,42 @@ impl Objects {
     }
 }
 
-fn temp_name(target: &Path) -> PathBuf {
-    let mut name = target.as_os_str().to_owned();
-    name.push(format!(".tmp-{}", std::process::id()));
-    PathBuf::from(name)
+/// GET of `prefix + key`; a missing key is `NotFound`.
+async fn s3_get(
+    client: &aws_sdk_s3::Client,
+    bucket: &str,
+    prefix: &str,
+    key: &str,
+) -> Result<aws_sdk_s3::operation::get_object::GetObjectOutput, ObjectError> {
+    client
+        .get_object()
+        .bucket(bucket)
+        .key(format!("{prefix}{key}"))
+        .send()
+        .await
+        .map_err(|e| {
+            if e.as_service_error().is_some_and(|s| s.is_no_such_key()) {
+                ObjectError::NotFound {
+                    key: key.to_owned(),
+                }
+            } else {
+                failed("get", key, aws_sdk_s3::error::DisplayErrorContext(e))
+            }
+        })
+}
+
+/// The file for `key` under `dir` and the temporary name it is written under first;
+/// creates the folders.
+async fn local_target(dir: &Path, key: &str) -> Result<(PathBuf, PathBuf), ObjectError> {
+    let target = dir.join(key);
+    let mut tmp = target.as_os_str().to_owned();
+    tmp.push(format!(".tmp-{}", std::process::id()));
+    if let Some(parent) = target.parent() {
+        tokio::fs::create_dir_all(parent)
+            .await
+            .map_err(|e| failed("put", key, e))?;
+    }
+    Ok((target, PathBuf::from(tmp)))
 }
 
 async fn sync_and_rename(tmp: &Path, target: &Path) -> std::io::Result<()> {

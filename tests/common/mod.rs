@@ -113,6 +113,19 @@ pub fn counter(v: &pb::Value) -> i64 {
     }
 }
 
+/// The `p` quantile (0..=1) of sorted durations.
+pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+/// A duration in milliseconds for a report.
+pub fn ms(d: Duration) -> String {
+    format!("{:.2} ms", d.as_secs_f64() * 1e3)
+}
+
 /// A plain HTTP/1.1 GET (the metrics endpoint); returns the whole response.
 pub fn http_get(addr: &str, path: &str) -> anyhow::Result<String> {
     use std::io::{Read, Write};
