@@ -20,11 +20,7 @@ const CHANGED: usize = KEYS / 100;
 const RESTORES: usize = 5;
 
 fn main() -> anyhow::Result<()> {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?
-        .block_on(run())
+    common::block_on(run())
 }
 
 /// The `took_ms` of the last log line containing `what`.

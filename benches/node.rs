@@ -46,11 +46,7 @@ fn cpu_seconds(pid: u32) -> f64 {
 }
 
 fn main() -> anyhow::Result<()> {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?
-        .block_on(run())
+    common::block_on(run())
 }
 
 async fn run() -> anyhow::Result<()> {

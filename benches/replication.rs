@@ -29,11 +29,7 @@ const LIVE_RATE: u64 = 2_000;
 const LIVE_SECONDS: u64 = 10;
 
 fn main() -> anyhow::Result<()> {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?
-        .block_on(run())
+    common::block_on(run())
 }
 
 async fn run() -> anyhow::Result<()> {
@@ -53,20 +49,7 @@ async fn run() -> anyhow::Result<()> {
         Topics::create(&kafka, "lag-b", 4).await?,
     );
     let (dir_a, dir_b) = (tempfile::tempdir()?, tempfile::tempdir()?);
-    let mut a = Node::configure_region(
-        dir_a.path(),
-        "us-east-1",
-        &kafka,
-        &ta,
-        &[("eu-west-1", &tb.deltas)],
-    )?;
-    let mut b = Node::configure_region(
-        dir_b.path(),
-        "eu-west-1",
-        &kafka,
-        &tb,
-        &[("us-east-1", &ta.deltas)],
-    )?;
+    let (mut a, mut b) = Node::pair(&kafka, (&ta, &tb), (dir_a.path(), dir_b.path()))?;
     a.start().await?;
     b.start().await?;
     let direct = lag(a.state().await?, b.state().await?).await?;

@@ -36,6 +36,10 @@ impl Rng {
         self.0 ^= self.0 << 17;
         self.0
     }
+    /// Uniform in `0..n` (modulo bias is fine for load generation).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n
+    }
     pub fn unit(&mut self) -> f64 {
         (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
     }

@@ -11,11 +11,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use common::{
-    Node, Rng, S3Endpoint, Topics, cluster, counter, free_port, produce_all, producer, s3_client,
+    Node, S3Endpoint, Topics, cluster, counter, free_port, produce_all, producer, s3_client,
     s3_keys, unique,
 };
 use geostate::pb;
 use geostate::pb::admin_client::AdminClient;
+use geostate::workload::Rng;
 
 /// `n` increments over `keys` counters, and the totals they add up to.
 fn increments(
@@ -69,6 +70,15 @@ async fn assert_totals(node: &Node, expected: &BTreeMap<String, i64>) -> anyhow:
 
 async fn admin(node: &Node) -> anyhow::Result<AdminClient<tonic::transport::Channel>> {
     Ok(AdminClient::connect(node.grpc.clone()).await?)
+}
+
+/// `Admin/Checkpoint`: a checkpoint now, answered once its manifest is written.
+async fn checkpoint_now(node: &Node) -> anyhow::Result<pb::CheckpointResponse> {
+    Ok(admin(node)
+        .await?
+        .checkpoint(pb::CheckpointRequest {})
+        .await?
+        .into_inner())
 }
 
 /// Under continuous ingest, checkpoints to the cluster's S3 server every second; the node
@@ -237,11 +247,7 @@ async fn an_upload_cut_midway_leaves_the_previous_checkpoint_restorable() -> any
     )
     .await?;
     node.caught_up(Duration::from_secs(60)).await?;
-    let good = admin(&node)
-        .await?
-        .checkpoint(pb::CheckpointRequest {})
-        .await?
-        .into_inner();
+    let good = checkpoint_now(&node).await?;
     println!("first checkpoint {} ({} bytes)", good.id, good.bytes_total);
 
     // many new keys: the next checkpoint has megabytes of new SST files to send
@@ -457,14 +463,7 @@ async fn retention_keeps_k_manifests_and_only_their_files() -> anyhow::Result<()
         )
         .await?;
         node.caught_up(Duration::from_secs(60)).await?;
-        ids.push(
-            admin(&node)
-                .await?
-                .checkpoint(pb::CheckpointRequest {})
-                .await?
-                .into_inner()
-                .id,
-        );
+        ids.push(checkpoint_now(&node).await?.id);
     }
     let client = s3_client(&cluster.s3, &cluster.s3.endpoint);
     let keys = s3_keys(&client, &cluster.s3.bucket, &prefix).await?;

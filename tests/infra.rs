@@ -9,7 +9,6 @@
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, bail};
-use aws_sdk_s3::config::{BehaviorVersion, Credentials, Region};
 use aws_sdk_s3::primitives::ByteStream;
 use geostate::clock::HlcTimestamp;
 use geostate::crdt::{Actor, CrdtValue, Delta, GCounter, RegionId};
@@ -133,20 +132,7 @@ async fn every_region_deltas_reach_every_other_region_through_mirrormaker2() -> 
 async fn an_object_put_to_the_s3_server_reads_back() -> anyhow::Result<()> {
     let cluster = cluster()?;
     let s3 = &cluster.s3;
-    let conf = aws_sdk_s3::config::Builder::new()
-        .behavior_version(BehaviorVersion::latest())
-        .region(Region::new(s3.region.clone()))
-        .endpoint_url(&s3.endpoint)
-        .force_path_style(true)
-        .credentials_provider(Credentials::new(
-            &s3.access_key,
-            &s3.secret_key,
-            None,
-            None,
-            "cluster.json",
-        ))
-        .build();
-    let client = aws_sdk_s3::Client::from_conf(conf);
+    let client = common::s3_client(s3, &s3.endpoint);
     let key = unique("s3");
     let body: Vec<u8> = (0..=255u8).cycle().take(100_000).collect();
 

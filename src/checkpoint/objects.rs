@@ -103,15 +103,7 @@ impl Objects {
                 let body = ByteStream::from_path(path)
                     .await
                     .map_err(|e| failed("put", key, e))?;
-                client
-                    .put_object()
-                    .bucket(bucket)
-                    .key(format!("{prefix}{key}"))
-                    .body(body)
-                    .send()
-                    .await
-                    .map_err(|e| failed("put", key, aws_sdk_s3::error::DisplayErrorContext(e)))?;
-                Ok(())
+                s3_put(client, bucket, prefix, key, body).await
             }
         }
     }
@@ -131,17 +123,7 @@ impl Objects {
                 client,
                 bucket,
                 prefix,
-            } => {
-                client
-                    .put_object()
-                    .bucket(bucket)
-                    .key(format!("{prefix}{key}"))
-                    .body(ByteStream::from(bytes))
-                    .send()
-                    .await
-                    .map_err(|e| failed("put", key, aws_sdk_s3::error::DisplayErrorContext(e)))?;
-                Ok(())
-            }
+            } => s3_put(client, bucket, prefix, key, ByteStream::from(bytes)).await,
         }
     }
 
@@ -225,7 +207,11 @@ impl Objects {
                         .map_err(|e| failed("list", under, e))?
                     {
                         let path = entry.path();
-                        if path.is_dir() {
+                        let kind = entry
+                            .file_type()
+                            .await
+                            .map_err(|e| failed("list", under, e))?;
+                        if kind.is_dir() {
                             pending.push(path);
                             continue;
                         }
@@ -299,6 +285,25 @@ impl Objects {
             }
         }
     }
+}
+
+/// PUT of `prefix + key`.
+async fn s3_put(
+    client: &aws_sdk_s3::Client,
+    bucket: &str,
+    prefix: &str,
+    key: &str,
+    body: ByteStream,
+) -> Result<(), ObjectError> {
+    client
+        .put_object()
+        .bucket(bucket)
+        .key(format!("{prefix}{key}"))
+        .body(body)
+        .send()
+        .await
+        .map_err(|e| failed("put", key, aws_sdk_s3::error::DisplayErrorContext(e)))?;
+    Ok(())
 }
 
 /// GET of `prefix + key`; a missing key is `NotFound`.

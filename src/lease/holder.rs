@@ -73,13 +73,13 @@ impl Holdings {
 
     /// The epoch to stamp an owned write of `shard` with, if the holding is valid at `now`.
     pub fn valid(&self, shard: ShardId, now: u64) -> Option<u64> {
-        self.shards
-            .get(&shard)
+        self.holding(shard)
             .filter(|h| now < h.valid_until)
             .map(|h| h.epoch)
     }
 
-    pub fn iter(&self) -> impl Iterator<Item = (&ShardId, &Holding)> {
-        self.shards.iter()
+    /// The holding of `shard`, valid or not.
+    pub fn holding(&self, shard: ShardId) -> Option<Holding> {
+        self.shards.get(&shard).copied()
     }
 }

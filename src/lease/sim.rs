@@ -150,17 +150,13 @@ fn simulate(offsets: [u64; 3], mut intents: Vec<Intent>) -> Vec<Validity> {
                 let renewal = matches!(command, Command::Acquire { .. } | Command::Renew { .. });
                 if let (true, Outcome::Granted(lease)) = (renewal, outcome) {
                     holdings[region].granted(0, &lease, sent, DURATION);
-                    if let Some(epoch) = holdings[region].valid(0, now) {
-                        let until = holdings[region]
-                            .iter()
-                            .find(|(s, _)| **s == 0)
-                            .map_or(now, |(_, h)| h.valid_until);
+                    if let Some(h) = holdings[region].holding(0).filter(|h| now < h.valid_until) {
                         spans.push(Validity {
                             shard: 0,
                             region: regions[region].clone(),
-                            epoch,
+                            epoch: h.epoch,
                             from: now,
-                            until,
+                            until: h.valid_until,
                         });
                     }
                 }

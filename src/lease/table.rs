@@ -144,10 +144,6 @@ impl LeaseTable {
         self.shards.get(&shard)
     }
 
-    pub fn iter(&self) -> impl Iterator<Item = (&ShardId, &Lease)> {
-        self.shards.iter()
-    }
-
     /// Applies one command (deterministic: no clock is read).
     pub fn apply(&mut self, command: &Command) -> Outcome {
         let shard = command.shard();

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use rdkafka::error::KafkaError;
 
-use super::inbound::{Refusal, merge_batch};
+use super::inbound::{Refusal, merge_and_commit};
 use crate::clock::Hlc;
 use crate::config::Config;
 use crate::crdt::ResumePoint;
@@ -113,28 +113,15 @@ pub async fn recover_own_past(
         if records.is_empty() {
             continue;
         }
-        let (store, config_, hlc_) = (store.clone(), config.clone(), hlc.clone());
-        let merged = tokio::task::spawn_blocking(move || {
-            let merged = merge_batch(
-                &records,
-                store.as_ref(),
-                &config_.region,
-                &config_.namespaces,
-                &hlc_,
-            )?;
-            store.commit(&Commit {
-                topic: &config_.kafka.deltas_topic,
-                states: &merged.states,
-                offsets: &BTreeMap::new(),
-                outbox: &[],
-                recent_ids: &BTreeMap::<String, VecDeque<String>>::new(),
-                hlc_high_water: hlc_.now(),
-                remote_applied: None,
-            })?;
-            Ok::<_, StoreError>(merged)
-        })
-        .await
-        .unwrap_or_else(|e| Err(StoreError::Task(e.to_string())))?;
+        let merged = merge_and_commit(
+            store.clone(),
+            config.clone(),
+            hlc.clone(),
+            records,
+            config.region.clone(),
+            None,
+        )
+        .await?;
         if let Some((partition, offset, reason)) = merged.refused.into_iter().next() {
             return Err(BootstrapError::Refused {
                 topic,

@@ -178,6 +178,44 @@ fn check(
     Ok(delta)
 }
 
+/// Merges `records` (deltas of `origin`) into `store` and commits the merged states in
+/// one `WriteBatch` with no outbox entry (a merge never ships), off the async threads.
+/// With `positions`, the consumed offsets and the newest origin time merged are committed
+/// with them, under that offsets id.
+pub async fn merge_and_commit(
+    store: Arc<Store>,
+    config: Arc<Config>,
+    hlc: Arc<Hlc>,
+    records: Vec<Record>,
+    origin: RegionId,
+    positions: Option<String>,
+) -> Result<Merged, StoreError> {
+    tokio::task::spawn_blocking(move || {
+        let merged = merge_batch(&records, store.as_ref(), &origin, &config.namespaces, &hlc)?;
+        let no_offsets = BTreeMap::new();
+        store.commit(&Commit {
+            topic: positions.as_deref().unwrap_or_default(),
+            states: &merged.states,
+            offsets: if positions.is_some() {
+                &merged.offsets
+            } else {
+                &no_offsets
+            },
+            outbox: &[],
+            recent_ids: &BTreeMap::<String, VecDeque<String>>::new(),
+            hlc_high_water: hlc.now(),
+            remote_applied: positions
+                .is_some()
+                .then_some(merged.newest)
+                .flatten()
+                .map(|newest| (&origin, newest)),
+        })?;
+        Ok(merged)
+    })
+    .await
+    .unwrap_or_else(|e| Err(StoreError::Task(e.to_string())))
+}
+
 /// The task merging one remote region's deltas.
 pub struct Merger {
     pub config: Arc<Config>,
@@ -304,33 +342,15 @@ impl Merger {
     async fn merge(&self, records: Vec<Record>) -> Result<(), StoreError> {
         // read-modify-write of state: no local batch or other merge may interleave
         let writer = self.shared.state_writer.lock().await;
-        let (store, config, hlc, remote) = (
+        let merged = merge_and_commit(
             self.store.clone(),
             self.config.clone(),
             self.hlc.clone(),
-            self.remote().clone(),
-        );
-        let merged = tokio::task::spawn_blocking(move || {
-            let merged = merge_batch(
-                &records,
-                store.as_ref(),
-                &remote.region,
-                &config.namespaces,
-                &hlc,
-            )?;
-            store.commit(&Commit {
-                topic: &Merger::offsets_id(&remote),
-                states: &merged.states,
-                offsets: &merged.offsets,
-                outbox: &[],
-                recent_ids: &BTreeMap::<String, VecDeque<String>>::new(),
-                hlc_high_water: hlc.now(),
-                remote_applied: merged.newest.map(|newest| (&remote.region, newest)),
-            })?;
-            Ok::<_, StoreError>(merged)
-        })
-        .await
-        .unwrap_or_else(|e| Err(StoreError::Task(e.to_string())))?;
+            records,
+            self.remote().region.clone(),
+            Some(Merger::offsets_id(self.remote())),
+        )
+        .await?;
         drop(writer);
 
         self.progress.offsets.send_modify(|offsets| {

@@ -91,26 +91,20 @@ pub async fn produce_all(
     Ok(())
 }
 
-/// A small deterministic generator, so a failing run can be replayed from its seed.
-pub struct Rng(pub u64);
-
-impl Rng {
-    pub fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
 pub fn counter(v: &pb::Value) -> i64 {
     match v.value {
         Some(pb::value::Value::Counter(n)) => n,
         ref other => panic!("{} is not a counter: {other:?}", v.key),
     }
+}
+
+/// Runs a benchmark's body on a two-thread runtime (benchmarks have no test harness).
+pub fn block_on(body: impl std::future::Future<Output = anyhow::Result<()>>) -> anyhow::Result<()> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?
+        .block_on(body)
 }
 
 /// The `p` quantile (0..=1) of sorted durations.
@@ -334,6 +328,19 @@ impl Node {
             log: dir.join("node.log"),
             child: None,
         })
+    }
+
+    /// Two direct-mode nodes, `us-east-1` over `ta` and `eu-west-1` over `tb`, each
+    /// merging the other's deltas topic.
+    pub fn pair(
+        kafka: &str,
+        (ta, tb): (&Topics, &Topics),
+        (dir_a, dir_b): (&Path, &Path),
+    ) -> anyhow::Result<(Node, Node)> {
+        Ok((
+            Node::configure_region(dir_a, "us-east-1", kafka, ta, &[("eu-west-1", &tb.deltas)])?,
+            Node::configure_region(dir_b, "eu-west-1", kafka, tb, &[("us-east-1", &ta.deltas)])?,
+        ))
     }
 
     /// Rewrites the config line `key = …` to `key = value` (TOML), or drops it (`None`).
