@@ -153,7 +153,11 @@ async fn leases_are_granted_by_the_majority_after_the_leader_stops() -> anyhow::
         .context("leader")?
         .stop()
         .await?;
-    tokio::time::sleep(Duration::from_millis(600)).await; // the first lease ends
+    // the first lease ends at its recorded expiry (the proposer's wall clock is ours)
+    tokio::time::sleep(Duration::from_millis(
+        first.expires_at_ms.saturating_sub(now_ms()),
+    ))
+    .await;
     let Outcome::Granted(second) = acquire(&members, "eu-west-1", 500).await? else {
         anyhow::bail!("the majority did not grant the expired shard");
     };

@@ -10,10 +10,11 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use common::{Node, Rng, Topics, cluster, counter, http_get, produce_all, producer};
+use common::{Node, Topics, cluster, counter, http_get, produce_all, producer};
 use geostate::crdt::{Actor, CrdtValue, Delta, GCounter, RegionId};
 use geostate::pb;
 use geostate::pb::state_client::StateClient;
+use geostate::workload::Rng;
 use rdkafka::ClientConfig;
 use rdkafka::Message;
 use rdkafka::consumer::{Consumer, StreamConsumer};
@@ -25,19 +26,6 @@ const WRITES_PER_REGION: usize = 600;
 const KEYS: usize = 4;
 /// Concurrent writers per region.
 const WRITERS: usize = 4;
-
-/// Two direct-mode nodes, `us-east-1` over `ta` and `eu-west-1` over `tb`, each merging
-/// the other's deltas topic.
-fn pair(
-    kafka: &str,
-    (ta, tb): (&Topics, &Topics),
-    (dir_a, dir_b): (&std::path::Path, &std::path::Path),
-) -> anyhow::Result<(Node, Node)> {
-    Ok((
-        Node::configure_region(dir_a, "us-east-1", kafka, ta, &[("eu-west-1", &tb.deltas)])?,
-        Node::configure_region(dir_b, "eu-west-1", kafka, tb, &[("us-east-1", &ta.deltas)])?,
-    ))
-}
 
 /// Every value of every key (freshness cleared).
 async fn everything(
@@ -75,7 +63,7 @@ async fn concurrent_writes_in_two_regions_converge_and_count_every_increment() -
         Topics::create(&kafka, "repl-b", 2).await?,
     );
     let (dir_a, dir_b) = (tempfile::tempdir()?, tempfile::tempdir()?);
-    let (mut a, mut b) = pair(&kafka, (&ta, &tb), (dir_a.path(), dir_b.path()))?;
+    let (mut a, mut b) = Node::pair(&kafka, (&ta, &tb), (dir_a.path(), dir_b.path()))?;
     a.start().await?;
     b.start().await?;
 
@@ -244,7 +232,8 @@ async fn remote_caught_up(node: &Node, deadline: Duration) -> anyhow::Result<pb:
 }
 
 /// Merging a region's deltas again — all of them, twice, newest first — changes nothing;
-/// a delta stamped a minute ahead is refused and counted, and its key is not created.
+/// a delta stamped a minute ahead is refused and counted, and its key is not created; a
+/// region that only merges ships nothing (deltas never echo back).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replayed_reordered_deltas_change_nothing_and_a_clock_ahead_delta_is_refused()
 -> anyhow::Result<()> {
@@ -255,7 +244,7 @@ async fn replayed_reordered_deltas_change_nothing_and_a_clock_ahead_delta_is_ref
         Topics::create(&kafka, "replay-b", 2).await?,
     );
     let (dir_a, dir_b) = (tempfile::tempdir()?, tempfile::tempdir()?);
-    let (mut a, mut b) = pair(&kafka, (&ta, &tb), (dir_a.path(), dir_b.path()))?;
+    let (mut a, mut b) = Node::pair(&kafka, (&ta, &tb), (dir_a.path(), dir_b.path()))?;
     a.start().await?;
     b.start().await?;
     let mut sa = a.state().await?;
@@ -351,6 +340,13 @@ async fn replayed_reordered_deltas_change_nothing_and_a_clock_ahead_delta_is_ref
     );
     let after = everything(&mut sb).await?;
     assert_eq!(before, after, "replaying deltas changed the state");
+    // b took no write of its own: merging hundreds of deltas shipped none back
+    assert!(
+        !metrics
+            .lines()
+            .any(|l| l.starts_with("geostate_deltas_shipped_total") && !l.ends_with(" 0")),
+        "a merge produced outbound deltas: {metrics}"
+    );
     Ok(())
 }
 
@@ -369,7 +365,7 @@ async fn a_node_on_an_empty_disk_comes_back_with_exact_totals_in_both_regions() 
         Topics::create(&kafka, "wipe-b", 2).await?,
     );
     let (dir_a, dir_b) = (tempfile::tempdir()?, tempfile::tempdir()?);
-    let (mut a, mut b) = pair(&kafka, (&ta, &tb), (dir_a.path(), dir_b.path()))?;
+    let (mut a, mut b) = Node::pair(&kafka, (&ta, &tb), (dir_a.path(), dir_b.path()))?;
     let seed = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)?
         .as_nanos() as u64
