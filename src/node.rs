@@ -150,7 +150,7 @@ pub async fn run(
     };
     let actor = Actor::new(config.region.clone(), incarnation);
     let checkpoint_status = Arc::new(CheckpointStatus {
-        restored_from: std::sync::Mutex::new(store.restored_from()?),
+        restored_from: store.restored_from()?,
         target: objects.describe(""),
         ..Default::default()
     });

@@ -311,12 +311,7 @@ impl Handler {
             last_bytes_uploaded: last.as_ref().map_or(0, |l| l.bytes_uploaded),
             taken: status.taken.load(std::sync::atomic::Ordering::Relaxed),
             failures: status.failures.load(std::sync::atomic::Ordering::Relaxed),
-            restored_from: status
-                .restored_from
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .clone()
-                .unwrap_or_default(),
+            restored_from: status.restored_from.clone().unwrap_or_default(),
             target: status.target.clone(),
         }
     }

@@ -135,7 +135,8 @@ pub struct CheckpointStatus {
     pub last: Mutex<Option<Taken>>,
     pub taken: AtomicU64,
     pub failures: AtomicU64,
-    pub restored_from: Mutex<Option<String>>,
+    /// Set once at start: what the store was restored from.
+    pub restored_from: Option<String>,
     pub target: String,
 }
 
@@ -215,14 +216,13 @@ impl Checkpointer {
         let tmp = sibling(&self.config.data_dir, &format!("checkpoint-{id}"));
         let _ = tokio::fs::remove_dir_all(&tmp).await;
         let result = self
-            .copy_and_upload(&id, at, &tmp, deltas_next, uploaded)
+            .copy_and_upload(&id, at, started, &tmp, deltas_next, uploaded)
             .await;
         let _ = tokio::fs::remove_dir_all(&tmp).await;
-        let mut taken = result?;
+        let taken = result?;
         if let Err(e) = self.retain(uploaded).await {
             tracing::warn!(error = %e, "deleting old checkpoints failed; retried after the next one");
         }
-        taken.duration = started.elapsed();
         Ok(taken)
     }
 
@@ -230,11 +230,11 @@ impl Checkpointer {
         &self,
         id: &str,
         at: SystemTime,
+        started: Instant,
         tmp: &Path,
         deltas_next: BTreeMap<i32, i64>,
         uploaded: &mut BTreeSet<String>,
     ) -> Result<Taken, CheckpointError> {
-        let started = Instant::now();
         // the copy is one point in time; the positions are read from the copy itself, so
         // they match it without pausing ingest
         let (store, dir) = (self.store.clone(), tmp.to_owned());
