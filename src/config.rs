@@ -11,6 +11,8 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::crdt::{CrdtType, RegionId};
+pub use crate::lease::config::LeaseConfig;
+use crate::lease::config::RawLease;
 
 /// A validated region configuration.
 #[derive(Clone, Debug)]
@@ -26,6 +28,8 @@ pub struct Config {
     pub namespaces: Namespaces,
     pub replication: ReplicationConfig,
     pub checkpoint: CheckpointConfig,
+    /// The lease group for owned namespaces (`None`: owned writes are refused).
+    pub lease: Option<LeaseConfig>,
 }
 
 /// Incremental checkpoints of the store to object storage.
@@ -198,7 +202,7 @@ pub enum ConfigError {
     Invalid { field: &'static str, reason: String },
 }
 
-fn invalid(field: &'static str, reason: impl Into<String>) -> ConfigError {
+pub(crate) fn invalid(field: &'static str, reason: impl Into<String>) -> ConfigError {
     ConfigError::Invalid {
         field,
         reason: reason.into(),
@@ -249,6 +253,7 @@ struct RawConfig {
     replication: RawReplication,
     #[serde(default)]
     checkpoint: RawCheckpoint,
+    lease: Option<RawLease>,
 }
 
 #[derive(Deserialize)]
@@ -472,7 +477,12 @@ impl RawConfig {
                 .collect(),
         )?;
         let checkpoint = self.checkpoint.validate(&region, &self.data_dir)?;
+        let lease = self
+            .lease
+            .map(|l| l.validate(Some(&region), max_clock_offset))
+            .transpose()?;
         Ok(Config {
+            lease,
             checkpoint,
             region,
             data_dir: self.data_dir,
@@ -554,7 +564,7 @@ impl RawCheckpoint {
     }
 }
 
-fn parse_addr(field: &'static str, text: &str) -> Result<SocketAddr, ConfigError> {
+pub(crate) fn parse_addr(field: &'static str, text: &str) -> Result<SocketAddr, ConfigError> {
     text.parse().map_err(|_| {
         invalid(
             field,

@@ -22,12 +22,34 @@ struct Cli {
     command: Command,
 }
 
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Role {
+    Region,
+    Witness,
+}
+
 #[derive(Subcommand)]
 enum Command {
-    /// Run one region node.
+    /// Run one region node, or (`--role witness`) the lease group's third member.
     Run {
         #[arg(long)]
         config: PathBuf,
+        #[arg(long, value_enum, default_value_t = Role::Region)]
+        role: Role,
+    },
+    /// List the ownership shards: holder, epoch, time to expiry.
+    Leases {
+        #[arg(long, default_value = "http://127.0.0.1:50051")]
+        addr: String,
+    },
+    /// Hand a shard this region holds to another region (planned handoff).
+    TransferLease {
+        #[arg(long, default_value = "http://127.0.0.1:50051")]
+        addr: String,
+        #[arg(long)]
+        shard: u32,
+        #[arg(long)]
+        to: String,
     },
     /// Read one key.
     Get {
@@ -97,7 +119,9 @@ fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+            // openraft narrates every election at info
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,openraft=warn".into()),
         )
         .with_writer(std::io::stderr)
         // colours only for a terminal: log files stay greppable
@@ -120,7 +144,47 @@ fn main() -> std::process::ExitCode {
 
 async fn dispatch(command: Command) -> anyhow::Result<()> {
     match command {
-        Command::Run { config } => {
+        Command::Run {
+            config,
+            role: Role::Witness,
+        } => {
+            let config = geostate::lease::config::WitnessConfig::load(&config)?;
+            geostate::lease::witness::run(config, shutdown_signal()).await?;
+        }
+        Command::Leases { addr } => {
+            let mut client = AdminClient::connect(addr).await?;
+            let r = client.leases(pb::LeasesRequest {}).await?.into_inner();
+            println!(
+                "region {} (lease group leader: member {})",
+                r.region, r.leader
+            );
+            println!(
+                "{:>5}  {:<12} {:<12} {:>6} {:>10}  {:<5} prefix",
+                "shard", "home", "holder", "epoch", "expires", "here"
+            );
+            for s in r.shards {
+                println!(
+                    "{:>5}  {:<12} {:<12} {:>6} {:>8}ms  {:<5} {}",
+                    s.shard, s.home, s.holder, s.epoch, s.expires_in_ms, s.held_here, s.prefix
+                );
+            }
+        }
+        Command::TransferLease { addr, shard, to } => {
+            let mut client = AdminClient::connect(addr).await?;
+            let r = client
+                .transfer_lease(pb::TransferLeaseRequest {
+                    shard,
+                    to_region: to,
+                })
+                .await?
+                .into_inner();
+            let l = r.lease.unwrap_or_default();
+            println!(
+                "shard {} now held by {} at epoch {}",
+                l.shard, l.holder, l.epoch
+            );
+        }
+        Command::Run { config, .. } => {
             let config = geostate::config::Config::load(&config)?;
             let listeners = geostate::node::Listeners::bind(&config)
                 .await

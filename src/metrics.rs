@@ -45,6 +45,17 @@ pub const CHECKPOINT_SECONDS: &str = "geostate_checkpoint_seconds";
 pub const CHECKPOINT_BYTES_UPLOADED: &str = "geostate_checkpoint_bytes_uploaded_total";
 /// When the newest checkpoint was written, Unix seconds (gauge).
 pub const CHECKPOINT_LAST: &str = "geostate_checkpoint_last_unix_seconds";
+/// Ownership shards this region holds a valid lease on (gauge).
+pub const LEASES_HELD: &str = "geostate_lease_shards_held";
+/// From sending a lease renewal (or acquisition) to its applied outcome (histogram).
+pub const LEASE_RENEW_SECONDS: &str = "geostate_lease_renew_seconds";
+/// Lease commands proposed, label `outcome` (granted, refused, failed) (counter).
+pub const LEASE_PROPOSALS: &str = "geostate_lease_proposals_total";
+/// Owned-key writes refused because this region holds no valid lease (counter).
+pub const OWNED_WRITES_REFUSED: &str = "geostate_owned_writes_refused_total";
+/// Owned-key events or deltas refused for an epoch below the shard's highest applied,
+/// label `path` (ingest, merge) (counter).
+pub const FENCED: &str = "geostate_fenced_total";
 
 /// Installs the process-wide recorder (once; later calls get `None`).
 pub fn install() -> Option<PrometheusHandle> {

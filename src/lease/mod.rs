@@ -18,11 +18,15 @@
 //! built yet: the group inside the region node and the witness process, renewals, owned
 //! writes at the node (refused with `FAILED_PRECONDITION` today) and delta fencing.
 
+pub mod config;
 pub mod holder;
 pub mod invariants;
+pub mod manager;
+pub mod member;
 pub mod network;
 pub mod raft_store;
 pub mod table;
+pub mod witness;
 
 #[cfg(test)]
 mod sim;

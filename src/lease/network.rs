@@ -4,10 +4,12 @@
 //! error comes back as data. A peer that cannot be reached is reported `Unreachable`, so
 //! openraft backs off instead of spinning.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use openraft::error::{
-    InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
+    ClientWriteError, InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError,
+    Unreachable,
 };
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
@@ -20,7 +22,8 @@ use serde::de::DeserializeOwned;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Request, Response, Status};
 
-use super::raft_store::LeaseRaft;
+use super::raft_store::{LeaseRaft, Reply};
+use super::table::{Command, Outcome};
 use crate::pb;
 use crate::pb::lease_raft_client::LeaseRaftClient;
 use crate::pb::lease_raft_server::LeaseRaftServer;
@@ -185,5 +188,101 @@ impl pb::lease_raft_server::LeaseRaft for Service {
         request: Request<pb::RaftMessage>,
     ) -> Result<Response<pb::RaftMessage>, Status> {
         encode(&self.raft.install_snapshot(decode(request)?).await)
+    }
+
+    async fn propose(
+        &self,
+        request: Request<pb::RaftMessage>,
+    ) -> Result<Response<pb::RaftMessage>, Status> {
+        let command: Command = decode(request)?;
+        let result: Result<Reply, String> = self
+            .raft
+            .client_write(command)
+            .await
+            .map(|r| r.data)
+            .map_err(|e| e.to_string());
+        encode(&result)
+    }
+}
+
+/// Why a lease command got no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum ProposeError {
+    #[error("no leader of the lease group is known")]
+    NoLeader,
+    #[error("lease group: {0}")]
+    Raft(String),
+    #[error("forwarding to the leader at {addr}: {reason}")]
+    Forward { addr: String, reason: String },
+}
+
+/// Proposes lease commands: to the local member if it leads, else to the leader over
+/// the `Propose` call (one lazily made connection per leader address).
+#[derive(Clone)]
+pub struct Proposer {
+    raft: Raft<LeaseRaft>,
+    clients: std::sync::Arc<std::sync::Mutex<BTreeMap<String, LeaseRaftClient<Channel>>>>,
+    timeout: Duration,
+}
+
+impl Proposer {
+    pub fn new(raft: Raft<LeaseRaft>, timeout: Duration) -> Self {
+        Self {
+            raft,
+            clients: Default::default(),
+            timeout,
+        }
+    }
+
+    pub fn raft(&self) -> &Raft<LeaseRaft> {
+        &self.raft
+    }
+
+    /// Proposes `command` and waits for the outcome the table applied.
+    pub async fn propose(&self, command: Command) -> Result<Outcome, ProposeError> {
+        let reply = match self.raft.client_write(command.clone()).await {
+            Ok(written) => written.data,
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(to))) => {
+                let node = to.leader_node.ok_or(ProposeError::NoLeader)?;
+                self.forward(&node.addr, &command).await?
+            }
+            Err(e) => return Err(ProposeError::Raft(e.to_string())),
+        };
+        reply
+            .0
+            .ok_or_else(|| ProposeError::Raft("the entry applied without an outcome".into()))
+    }
+
+    async fn forward(&self, addr: &str, command: &Command) -> Result<Reply, ProposeError> {
+        let failed = |reason: String| ProposeError::Forward {
+            addr: addr.to_owned(),
+            reason,
+        };
+        let mut client = {
+            let mut clients = self.clients.lock().unwrap_or_else(|p| p.into_inner());
+            match clients.get(addr) {
+                Some(client) => client.clone(),
+                None => {
+                    let channel = Endpoint::from_shared(format!("http://{addr}"))
+                        .map_err(|e| failed(e.to_string()))?
+                        .connect_timeout(CONNECT_TIMEOUT)
+                        .connect_lazy();
+                    let client = LeaseRaftClient::new(channel);
+                    clients.insert(addr.to_owned(), client.clone());
+                    client
+                }
+            }
+        };
+        let json = serde_json::to_vec(command).map_err(|e| failed(e.to_string()))?;
+        let mut request = Request::new(pb::RaftMessage { json });
+        request.set_timeout(self.timeout);
+        let reply = client
+            .propose(request)
+            .await
+            .map_err(|s| failed(s.message().to_owned()))?
+            .into_inner();
+        let result: Result<Reply, String> =
+            serde_json::from_slice(&reply.json).map_err(|e| failed(e.to_string()))?;
+        result.map_err(ProposeError::Raft)
     }
 }

@@ -66,6 +66,16 @@ impl TableView {
             .clone()
     }
 
+    /// One shard's row, without copying the table.
+    pub fn lease(&self, shard: super::table::ShardId) -> Option<super::table::Lease> {
+        self.0
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .table
+            .get(shard)
+            .cloned()
+    }
+
     pub fn last_applied(&self) -> Option<LogId<NodeId>> {
         self.0
             .read()

@@ -52,6 +52,12 @@ pub struct Lease {
     /// earlier was overtaken in the log by a later one (a renewal sent after a release,
     /// a release sent after a renewal) and is refused.
     pub last_ms: u64,
+    /// The region last refused this shard because it was held (a preferred home asking
+    /// for it back), and that region's clock then: the holder hands it over.
+    #[serde(default)]
+    pub wanted_by: Option<RegionId>,
+    #[serde(default)]
+    pub wanted_at_ms: u64,
 }
 
 /// A proposal to the lease group. `now_ms` is the proposer's wall clock when it sent it.
@@ -169,6 +175,11 @@ impl LeaseTable {
                     ..l.clone()
                 },
                 Some(l) if &l.holder != region && *now_ms < l.expires_at_ms => {
+                    // remembered (deterministically) so the holder can hand it over
+                    let mut wanted = l.clone();
+                    wanted.wanted_by = Some(region.clone());
+                    wanted.wanted_at_ms = *now_ms;
+                    self.shards.insert(shard, wanted);
                     return refuse(Refusal::HeldElsewhere);
                 }
                 _ => Lease {
@@ -176,6 +187,8 @@ impl LeaseTable {
                     epoch: current.as_ref().map_or(1, |l| l.epoch + 1),
                     expires_at_ms: now_ms + duration_ms,
                     last_ms: *now_ms,
+                    wanted_by: None,
+                    wanted_at_ms: 0,
                 },
             },
             Command::Renew {
@@ -230,6 +243,8 @@ impl LeaseTable {
                     expires_at_ms: l.expires_at_ms.max(now_ms + self.max_offset_ms),
                     // the new holder's clock starts counting from its first renewal
                     last_ms: 0,
+                    wanted_by: None,
+                    wanted_at_ms: 0,
                 },
                 Some(l) if &l.holder == from => return refuse(Refusal::StaleEpoch),
                 _ => return refuse(Refusal::NotHolder),

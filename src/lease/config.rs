@@ -1,0 +1,356 @@
+//! The `[lease]` section (region nodes and the witness): the Raft group's members and
+//! timings, the ownership shards and their preferred home regions. Validated once at
+//! start-up like the rest of the configuration.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::table::{ShardId, shard_of};
+use crate::config::{ConfigError, invalid, parse_addr, parse_duration};
+use crate::crdt::RegionId;
+
+/// One member of the lease group: a region's node, or the witness (no region).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Member {
+    pub id: u64,
+    pub addr: String,
+    pub region: Option<RegionId>,
+}
+
+/// A validated `[lease]` section.
+#[derive(Clone, Debug)]
+pub struct LeaseConfig {
+    /// This process's member id.
+    pub member_id: u64,
+    /// Where this process serves Raft traffic (and lease proposals forwarded to it).
+    pub listen: SocketAddr,
+    pub members: BTreeMap<u64, Member>,
+    /// Hash shards of the owned namespaces.
+    pub shards: u32,
+    /// Explicit prefixes with their home region; prefix `i` is shard `shards + i`.
+    pub homes: Vec<(String, RegionId)>,
+    /// How long a grant lasts.
+    pub duration: Duration,
+    /// How often a holder renews (and a region looks for shards to take).
+    pub renew_every: Duration,
+    pub heartbeat: Duration,
+    /// Raft election timeout (lower bound; the upper bound is twice it).
+    pub election_timeout: Duration,
+    /// A preferred home region takes its shards back once it is up again.
+    pub take_back: bool,
+}
+
+impl LeaseConfig {
+    /// The regions of the group, sorted (the witness has none).
+    pub fn regions(&self) -> Vec<RegionId> {
+        let mut regions: Vec<RegionId> = self
+            .members
+            .values()
+            .filter_map(|m| m.region.clone())
+            .collect();
+        regions.sort();
+        regions
+    }
+
+    /// Every shard id: the hash shards, then one per explicit prefix.
+    pub fn all_shards(&self) -> std::ops::Range<ShardId> {
+        0..self.shards + self.homes.len() as u32
+    }
+
+    /// The ownership shard of an owned key: its explicit prefix (the longest that
+    /// matches), or its hash.
+    pub fn shard_of_key(&self, key: &str) -> ShardId {
+        self.homes
+            .iter()
+            .enumerate()
+            .filter(|(_, (prefix, _))| key.starts_with(prefix.as_str()))
+            .max_by_key(|(_, (prefix, _))| prefix.len())
+            .map_or_else(
+                || shard_of(key, self.shards),
+                |(i, _)| self.shards + i as u32,
+            )
+    }
+
+    /// The region a shard prefers: its prefix's home, or the regions in turn.
+    pub fn home_of(&self, shard: ShardId) -> Option<RegionId> {
+        if shard >= self.shards {
+            return self
+                .homes
+                .get((shard - self.shards) as usize)
+                .map(|(_, r)| r.clone());
+        }
+        let regions = self.regions();
+        (!regions.is_empty()).then(|| regions[shard as usize % regions.len()].clone())
+    }
+
+    /// openraft's configuration from these timings.
+    pub fn raft_config(&self) -> Result<openraft::Config, ConfigError> {
+        openraft::Config {
+            cluster_name: "geostate-leases".into(),
+            heartbeat_interval: self.heartbeat.as_millis() as u64,
+            election_timeout_min: self.election_timeout.as_millis() as u64,
+            election_timeout_max: 2 * self.election_timeout.as_millis() as u64,
+            ..Default::default()
+        }
+        .validate()
+        .map_err(|e| invalid("lease.election-timeout", e.to_string()))
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub(crate) struct RawLease {
+    member_id: u64,
+    listen: String,
+    #[serde(default = "default_shards")]
+    shards: u32,
+    #[serde(default = "default_duration")]
+    duration: String,
+    #[serde(default = "default_renew_every")]
+    renew_every: String,
+    #[serde(default = "default_heartbeat")]
+    heartbeat: String,
+    #[serde(default = "default_election_timeout")]
+    election_timeout: String,
+    #[serde(default = "default_take_back")]
+    take_back: bool,
+    #[serde(default, rename = "member")]
+    members: Vec<RawMember>,
+    #[serde(default, rename = "home")]
+    homes: Vec<RawHome>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct RawMember {
+    id: u64,
+    addr: String,
+    region: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct RawHome {
+    prefix: String,
+    region: String,
+}
+
+fn default_shards() -> u32 {
+    8
+}
+fn default_duration() -> String {
+    "2s".into()
+}
+fn default_renew_every() -> String {
+    "400ms".into()
+}
+fn default_heartbeat() -> String {
+    "100ms".into()
+}
+fn default_election_timeout() -> String {
+    "500ms".into()
+}
+fn default_take_back() -> bool {
+    true
+}
+
+impl RawLease {
+    /// Validates the section; `region` is this process's region (`None` for the witness).
+    pub(crate) fn validate(
+        self,
+        region: Option<&RegionId>,
+        max_clock_offset: Duration,
+    ) -> Result<LeaseConfig, ConfigError> {
+        let mut members = BTreeMap::new();
+        for raw in self.members {
+            let region = raw
+                .region
+                .map(RegionId::new)
+                .transpose()
+                .map_err(|e| invalid("lease.member.region", e.to_string()))?;
+            if members
+                .values()
+                .any(|m: &Member| m.region.is_some() && m.region == region)
+            {
+                return Err(invalid(
+                    "lease.member.region",
+                    "a region has one member".to_string(),
+                ));
+            }
+            let member = Member {
+                id: raw.id,
+                addr: raw.addr,
+                region,
+            };
+            if members.insert(raw.id, member).is_some() {
+                return Err(invalid(
+                    "lease.member.id",
+                    format!("{} is listed twice", raw.id),
+                ));
+            }
+        }
+        let me = members.get(&self.member_id).ok_or_else(|| {
+            invalid(
+                "lease.member-id",
+                format!(
+                    "{} is not among the [[lease.member]] entries",
+                    self.member_id
+                ),
+            )
+        })?;
+        if me.region.as_ref() != region {
+            return Err(invalid(
+                "lease.member-id",
+                format!(
+                    "member {} is {:?} but this process is {:?}",
+                    self.member_id, me.region, region
+                ),
+            ));
+        }
+        if members.len() < 3 {
+            return Err(invalid(
+                "lease.member",
+                "at least three members (two regions and a witness) so one can fail",
+            ));
+        }
+        if self.shards == 0 {
+            return Err(invalid("lease.shards", "must be at least 1"));
+        }
+        let mut homes = Vec::new();
+        for raw in self.homes {
+            let home = RegionId::new(raw.region)
+                .map_err(|e| invalid("lease.home.region", e.to_string()))?;
+            if !members.values().any(|m| m.region.as_ref() == Some(&home)) {
+                return Err(invalid(
+                    "lease.home.region",
+                    format!("{home} has no member in the lease group"),
+                ));
+            }
+            homes.push((raw.prefix, home));
+        }
+        let duration = parse_duration("lease.duration", &self.duration)?;
+        let renew_every = parse_duration("lease.renew-every", &self.renew_every)?;
+        if duration < 2 * renew_every + 2 * max_clock_offset {
+            return Err(invalid(
+                "lease.duration",
+                format!(
+                    "{duration:?} is too short: at least twice renew-every plus twice \
+                     max-clock-offset ({:?}), or a holder's lease lapses between renewals",
+                    2 * renew_every + 2 * max_clock_offset
+                ),
+            ));
+        }
+        let config = LeaseConfig {
+            member_id: self.member_id,
+            listen: parse_addr("lease.listen", &self.listen)?,
+            members,
+            shards: self.shards,
+            homes,
+            duration,
+            renew_every,
+            heartbeat: parse_duration("lease.heartbeat", &self.heartbeat)?,
+            election_timeout: parse_duration("lease.election-timeout", &self.election_timeout)?,
+            take_back: self.take_back,
+        };
+        config.raft_config()?;
+        Ok(config)
+    }
+}
+
+/// The witness's configuration: a lease group member with no region, no Kafka, no state.
+#[derive(Clone, Debug)]
+pub struct WitnessConfig {
+    pub data_dir: PathBuf,
+    pub max_clock_offset: Duration,
+    pub lease: LeaseConfig,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct RawWitness {
+    data_dir: PathBuf,
+    #[serde(default = "default_max_clock_offset")]
+    max_clock_offset: String,
+    lease: RawLease,
+}
+
+fn default_max_clock_offset() -> String {
+    "500ms".into()
+}
+
+impl WitnessConfig {
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        let raw: RawWitness = toml::from_str(&text).map_err(|source| ConfigError::Parse {
+            path: path.to_owned(),
+            source: Box::new(source),
+        })?;
+        let max_clock_offset = parse_duration("max-clock-offset", &raw.max_clock_offset)?;
+        Ok(Self {
+            data_dir: raw.data_dir,
+            max_clock_offset,
+            lease: raw.lease.validate(None, max_clock_offset)?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lease(extra: &str) -> Result<LeaseConfig, ConfigError> {
+        let text = format!(
+            r#"
+            member-id = 1
+            listen = "127.0.0.1:7301"
+            {extra}
+            [[member]]
+            id = 1
+            addr = "127.0.0.1:7301"
+            region = "us-east-1"
+            [[member]]
+            id = 2
+            addr = "127.0.0.1:7302"
+            region = "eu-west-1"
+            [[member]]
+            id = 3
+            addr = "127.0.0.1:7303"
+            [[home]]
+            prefix = "surge/9q8"
+            region = "eu-west-1"
+            "#
+        );
+        let raw: RawLease = toml::from_str(&text).unwrap();
+        raw.validate(
+            Some(&RegionId::new("us-east-1").unwrap()),
+            Duration::from_millis(100),
+        )
+    }
+
+    #[test]
+    fn shards_and_homes() {
+        let c = lease("shards = 4").unwrap();
+        assert_eq!(c.all_shards(), 0..5);
+        assert_eq!(c.shard_of_key("surge/9q8yy"), 4);
+        assert_eq!(c.home_of(4).unwrap().as_str(), "eu-west-1");
+        // hash shards alternate between the sorted regions
+        assert_eq!(c.home_of(0).unwrap().as_str(), "eu-west-1");
+        assert_eq!(c.home_of(1).unwrap().as_str(), "us-east-1");
+        assert!(c.shard_of_key("surge/dr5ru") < 4);
+    }
+
+    #[test]
+    fn bad_sections_name_the_field() {
+        let err = |extra: &str| lease(extra).unwrap_err().to_string();
+        assert!(err("duration = \"300ms\"").contains("lease.duration"));
+        assert!(err("heartbeat = \"1s\"").contains("lease.election-timeout"));
+        assert!(err("shards = 0").contains("lease.shards"));
+    }
+}

@@ -1,0 +1,340 @@
+//! A region's side of the leases: every `renew-every` it renews what it holds, takes the
+//! shards whose lease has ended (its preferred home's first, any other after expiry), asks
+//! for its home shards back and hands a shard home when its home asks. The answers go into
+//! [`Holdings`], which owned writes consult: a write is accepted only while the holding
+//! is valid on this process's monotonic clock, and carries its epoch.
+//!
+//! ```text
+//!  tick ─► per shard: Renew (held) | Acquire (ended, or home) | Transfer (home wants it)
+//!        ─► Proposer (local leader or forwarded) ─► Outcome ─► Holdings::granted
+//!  Update(owned key) ─► Leases::epoch_for(key) ─► epoch | FAILED_PRECONDITION (holder)
+//! ```
+
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use tokio::sync::{Notify, watch};
+use tokio::task::JoinSet;
+
+use super::config::LeaseConfig;
+use super::holder::Holdings;
+use super::network::{ProposeError, Proposer};
+use super::raft_store::TableView;
+use super::table::{Command, Lease, Outcome, Refusal, ShardId};
+use crate::crdt::RegionId;
+use crate::metrics as m;
+use crate::shutdown::stopped;
+
+/// Why an owned write cannot be accepted here.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{key:?} is owned (shard {shard}); {}", match holder {
+    Some(h) => format!("its lease is held by {} at epoch {}", h.holder, h.epoch),
+    None => "no region holds its lease yet".to_string(),
+})]
+pub struct NotHolder {
+    pub key: String,
+    pub shard: ShardId,
+    pub holder: Option<Lease>,
+}
+
+/// Why a transfer was not done.
+#[derive(Debug, thiserror::Error)]
+pub enum TransferError {
+    #[error("shard {shard} does not exist (0..{shards})")]
+    NoShard { shard: ShardId, shards: ShardId },
+    #[error("{0} is not a region of the lease group")]
+    NoRegion(RegionId),
+    #[error("this region holds no valid lease on shard {0}")]
+    NotHeld(ShardId),
+    #[error("refused: {0:?}")]
+    Refused(Refusal),
+    #[error(transparent)]
+    Propose(#[from] ProposeError),
+}
+
+/// One shard as `Admin/Leases` shows it.
+#[derive(Debug, Clone)]
+pub struct ShardStatus {
+    pub shard: ShardId,
+    pub home: Option<RegionId>,
+    /// The explicit prefix of the shard, if it has one.
+    pub prefix: Option<String>,
+    pub lease: Option<Lease>,
+    /// Milliseconds until the table's expiry, on this region's wall clock (negative: ended).
+    pub expires_in_ms: i64,
+    /// This region's own valid holding's epoch.
+    pub held_here: Option<u64>,
+}
+
+pub struct Leases {
+    config: LeaseConfig,
+    region: RegionId,
+    view: TableView,
+    proposer: Proposer,
+    holdings: Mutex<Holdings>,
+    /// The origin of this process's monotonic milliseconds.
+    started: Instant,
+    wake: Notify,
+}
+
+fn wall_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or_default()
+}
+
+impl Leases {
+    pub fn new(
+        config: LeaseConfig,
+        region: RegionId,
+        max_clock_offset: Duration,
+        view: TableView,
+        proposer: Proposer,
+    ) -> Self {
+        Self {
+            holdings: Mutex::new(Holdings::new(
+                region.clone(),
+                max_clock_offset.as_millis() as u64,
+            )),
+            config,
+            region,
+            view,
+            proposer,
+            started: Instant::now(),
+            wake: Notify::new(),
+        }
+    }
+
+    pub fn config(&self) -> &LeaseConfig {
+        &self.config
+    }
+
+    fn mono_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+
+    fn holdings(&self) -> std::sync::MutexGuard<'_, Holdings> {
+        self.holdings.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The shard of an owned key and the epoch to stamp its write with, if this region
+    /// holds a valid lease on it now.
+    pub fn epoch_for(&self, key: &str) -> Result<(ShardId, u64), NotHolder> {
+        let shard = self.config.shard_of_key(key);
+        match self.holdings().valid(shard, self.mono_ms()) {
+            Some(epoch) => Ok((shard, epoch)),
+            None => Err(NotHolder {
+                key: key.to_owned(),
+                shard,
+                holder: self
+                    .view
+                    .lease(shard)
+                    .filter(|l| l.expires_at_ms > wall_ms()),
+            }),
+        }
+    }
+
+    /// The current row of `shard` in the table (as applied here).
+    pub fn lease(&self, shard: ShardId) -> Option<Lease> {
+        self.view.lease(shard)
+    }
+
+    /// Every shard, for `Admin/Leases`.
+    pub fn status(&self) -> Vec<ShardStatus> {
+        let now_wall = wall_ms() as i64;
+        let now = self.mono_ms();
+        let holdings = self.holdings();
+        self.config
+            .all_shards()
+            .map(|shard| {
+                let lease = self.view.lease(shard);
+                ShardStatus {
+                    shard,
+                    home: self.config.home_of(shard),
+                    prefix: shard
+                        .checked_sub(self.config.shards)
+                        .and_then(|i| self.config.homes.get(i as usize))
+                        .map(|(p, _)| p.clone()),
+                    expires_in_ms: lease
+                        .as_ref()
+                        .map_or(0, |l| l.expires_at_ms as i64 - now_wall),
+                    lease,
+                    held_here: holdings.valid(shard, now),
+                }
+            })
+            .collect()
+    }
+
+    /// Keeps this region's leases until `stop`.
+    pub async fn run(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
+        let first_round = Instant::now();
+        loop {
+            self.round(first_round.elapsed()).await;
+            let held = self
+                .config
+                .all_shards()
+                .filter(|&s| self.holdings().valid(s, self.mono_ms()).is_some())
+                .count();
+            metrics::gauge!(m::LEASES_HELD).set(held as f64);
+            tokio::select! {
+                () = stopped(&mut stop) => return,
+                () = tokio::time::sleep(self.config.renew_every) => {}
+                () = self.wake.notified() => {}
+            }
+        }
+    }
+
+    /// One round: a command per shard that needs one, all in flight together.
+    async fn round(self: &Arc<Self>, running_for: Duration) {
+        let now_wall = wall_ms();
+        let duration_ms = self.config.duration.as_millis() as u64;
+        let mut proposals = JoinSet::new();
+        for shard in self.config.all_shards() {
+            let home = self.config.home_of(shard);
+            let at_home = home.as_ref() == Some(&self.region);
+            let lease = self.view.lease(shard);
+            let command = match &lease {
+                Some(l) if l.holder == self.region => {
+                    let home_wants_it = self.config.take_back
+                        && !at_home
+                        && l.wanted_by.is_some()
+                        && l.wanted_by == home
+                        && now_wall < l.wanted_at_ms + 2 * duration_ms;
+                    match (&home, home_wants_it) {
+                        (Some(home), true) => {
+                            // stop writing first, then hand it over
+                            self.holdings().relinquish(shard, self.mono_ms());
+                            tracing::info!(shard, to = %home, epoch = l.epoch, "handing a shard back to its home region");
+                            Command::Transfer {
+                                shard,
+                                from: self.region.clone(),
+                                to: home.clone(),
+                                epoch: l.epoch,
+                                now_ms: now_wall,
+                            }
+                        }
+                        _ => Command::Renew {
+                            shard,
+                            region: self.region.clone(),
+                            epoch: l.epoch,
+                            now_ms: now_wall,
+                            duration_ms,
+                        },
+                    }
+                }
+                // held elsewhere and in force: only the home asks (which records that it
+                // wants it back)
+                Some(l) if now_wall < l.expires_at_ms => {
+                    if !(at_home && self.config.take_back) {
+                        continue;
+                    }
+                    self.acquire(shard, now_wall, duration_ms)
+                }
+                Some(_) => self.acquire(shard, now_wall, duration_ms),
+                // never granted: its home takes it; another region only once the home
+                // has had two lease durations to do so
+                None => {
+                    if !at_home && running_for < 2 * self.config.duration {
+                        continue;
+                    }
+                    self.acquire(shard, now_wall, duration_ms)
+                }
+            };
+            let this = self.clone();
+            proposals.spawn(async move { this.propose(command, duration_ms).await });
+        }
+        while proposals.join_next().await.is_some() {}
+    }
+
+    fn acquire(&self, shard: ShardId, now_ms: u64, duration_ms: u64) -> Command {
+        Command::Acquire {
+            shard,
+            region: self.region.clone(),
+            now_ms,
+            duration_ms,
+        }
+    }
+
+    /// Proposes one command and records the answer in the holdings.
+    async fn propose(&self, command: Command, duration_ms: u64) -> Option<Outcome> {
+        let shard = command.shard();
+        let sent = self.mono_ms();
+        let asked = Instant::now();
+        match self.proposer.propose(command).await {
+            Ok(outcome) => {
+                metrics::histogram!(m::LEASE_RENEW_SECONDS).record(asked.elapsed().as_secs_f64());
+                let lease = match &outcome {
+                    Outcome::Granted(lease) => {
+                        metrics::counter!(m::LEASE_PROPOSALS, "outcome" => "granted").increment(1);
+                        Some(lease)
+                    }
+                    Outcome::Refused { current, .. } => {
+                        metrics::counter!(m::LEASE_PROPOSALS, "outcome" => "refused").increment(1);
+                        current.as_ref()
+                    }
+                };
+                if let Some(lease) = lease {
+                    let mut holdings = self.holdings();
+                    let before = holdings.holding(shard).map(|h| h.epoch);
+                    holdings.granted(shard, lease, sent, duration_ms);
+                    let after = holdings.holding(shard).map(|h| h.epoch);
+                    if before != after {
+                        tracing::info!(shard, epoch = ?after, holder = %lease.holder, "lease changed");
+                    }
+                }
+                Some(outcome)
+            }
+            Err(e) => {
+                metrics::counter!(m::LEASE_PROPOSALS, "outcome" => "failed").increment(1);
+                tracing::debug!(shard, error = %e, "lease proposal failed");
+                None
+            }
+        }
+    }
+
+    /// Planned handoff: stops writing `shard` here, then transfers it to `to`, which
+    /// renews it (and starts writing) on its next round.
+    pub async fn transfer(&self, shard: ShardId, to: RegionId) -> Result<Lease, TransferError> {
+        let shards = self.config.all_shards().end;
+        if shard >= shards {
+            return Err(TransferError::NoShard { shard, shards });
+        }
+        if !self.config.regions().contains(&to) {
+            return Err(TransferError::NoRegion(to));
+        }
+        let epoch = {
+            let mut holdings = self.holdings();
+            let epoch = holdings
+                .valid(shard, self.mono_ms())
+                .ok_or(TransferError::NotHeld(shard))?;
+            holdings.relinquish(shard, self.mono_ms());
+            epoch
+        };
+        let outcome = self
+            .proposer
+            .propose(Command::Transfer {
+                shard,
+                from: self.region.clone(),
+                to,
+                epoch,
+                now_ms: wall_ms(),
+            })
+            .await?;
+        match outcome {
+            Outcome::Granted(lease) => Ok(lease),
+            Outcome::Refused { reason, .. } => Err(TransferError::Refused(reason)),
+        }
+    }
+
+    /// The lease group's leader, as this region's member knows it.
+    pub fn leader(&self) -> Option<u64> {
+        self.proposer.raft().metrics().borrow().current_leader
+    }
+
+    /// Runs a round now (after a transfer, so the receiver need not wait).
+    pub fn wake(&self) {
+        self.wake.notify_one();
+    }
+}

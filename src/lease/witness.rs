@@ -1,0 +1,31 @@
+//! The witness: a lease group member with no region (`geostate run --role witness`). It
+//! stores the Raft log and votes, so two regions and a witness at a third site form a
+//! majority that survives the loss of any one of them; it never holds a lease.
+
+use std::future::Future;
+
+use super::config::WitnessConfig;
+use super::member::{Member, MemberError};
+
+/// Runs the witness until `shutdown` completes.
+pub async fn run(
+    config: WitnessConfig,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), MemberError> {
+    let member = Member::start(
+        &config.lease,
+        &config.data_dir,
+        config.max_clock_offset.as_millis() as u64,
+    )
+    .await?;
+    tracing::info!(
+        member = config.lease.member_id,
+        listen = %config.lease.listen,
+        members = config.lease.members.len(),
+        "witness started"
+    );
+    shutdown.await;
+    tracing::info!("witness stopping");
+    member.stop().await;
+    Ok(())
+}
