@@ -18,6 +18,8 @@ use crate::clock::{Clock, Hlc, SystemClock};
 use crate::config::Config;
 use crate::crdt::Actor;
 use crate::ingest::pump::{IngestError, IngestShared, Ingestor};
+use crate::lease::manager::Leases;
+use crate::lease::member::{Member, MemberError};
 use crate::log::{self, LogError};
 use crate::metrics as m;
 use crate::replication::bootstrap::{self, BootstrapError};
@@ -70,6 +72,16 @@ pub enum NodeError {
     Grpc(#[from] tonic::transport::Error),
     #[error("task failed: {0}")]
     Join(#[from] tokio::task::JoinError),
+    #[error(transparent)]
+    Lease(#[from] MemberError),
+}
+
+/// Where the lease group member keeps its Raft log: beside the data dir, not in it (the
+/// data dir is RocksDB's, and restores replace it).
+pub fn raft_dir(data_dir: &std::path::Path) -> std::path::PathBuf {
+    let mut dir = data_dir.as_os_str().to_owned();
+    dir.push(".raft");
+    dir.into()
 }
 
 /// The incarnation a node with no incarnation of its own takes: seconds since the Unix
@@ -165,6 +177,28 @@ pub async fn run(
     tracing::info!(region = %config.region, incarnation, partitions = partitions.len(), "node starting");
 
     let (stop_tx, stop_rx) = watch::channel(false);
+    // The lease group member and this region's leases run from here on, bootstrap or not.
+    let (member, leases) = match &config.lease {
+        None => (None, None),
+        Some(lease) => {
+            let member = Member::start(
+                lease,
+                &raft_dir(&config.data_dir),
+                config.max_clock_offset.as_millis() as u64,
+            )
+            .await?;
+            let leases = Arc::new(Leases::new(
+                lease.clone(),
+                config.region.clone(),
+                config.max_clock_offset,
+                member.view.clone(),
+                member.proposer.clone(),
+            ));
+            tokio::spawn(leases.clone().run(stop_rx.clone()));
+            tracing::info!(member = lease.member_id, listen = %lease.listen, shards = lease.all_shards().end, "lease group member started");
+            (Some(member), Some(leases))
+        }
+    };
     let ingest = Ingestor {
         config: config.clone(),
         actor: actor.clone(),
@@ -243,6 +277,9 @@ pub async fn run(
                 let _ = stop_tx.send(true);
                 metrics_task.abort();
                 checkpoint_task.abort();
+                if let Some(member) = member {
+                    member.stop().await;
+                }
                 return stop(ingest_task, shipper_task, merger_tasks, None).await;
             }
         }
@@ -263,6 +300,7 @@ pub async fn run(
         checkpoints,
         checkpoint_status,
         objects,
+        leases,
     });
     let mut grpc_stop = stop_rx.clone();
     let mut grpc_task = tokio::spawn(api::serve(listeners.grpc, api, async move {
@@ -292,6 +330,9 @@ pub async fn run(
     lag_task.abort();
     // a checkpoint cut short is harmless: its manifest is never written
     checkpoint_task.abort();
+    if let Some(member) = member {
+        member.stop().await;
+    }
     let result = stop(ingest_task, shipper_task, merger_tasks, failed).await;
     grpc_result??;
     result

@@ -461,11 +461,65 @@ def build_node() -> None:
                    + (["--release"] if release() else []), check=True, cwd=REPO, env=env)
 
 
+LEASE_LOCAL_KEYS = ("member-id", "listen")
+
+
+def lease_members(cluster: dict) -> list[str]:
+    """The [[lease.member]] entries of this cluster: regions by name, then the witness."""
+    out = []
+    for i, (region, r) in enumerate(sorted(cluster["regions"].items()), start=1):
+        out += ["", "[[lease.member]]", f"id = {i}", f'addr = "{r["lease"]}"',
+                f'region = "{region}"']
+    out += ["", "[[lease.member]]", f"id = {len(cluster['regions']) + 1}",
+            f'addr = "{cluster["witness"]["lease"]}"']
+    return out
+
+
+def with_lease(template: str, member_id: int, listen: str, cluster: dict) -> list[str]:
+    """`template` up to its [lease] section, then that section's settings with this
+    cluster's member id, address and members (the template's own members are dropped)."""
+    head, _, lease = template.partition("\n[lease]\n")
+    settings = []
+    for line in lease.split("\n[[")[0].splitlines():
+        key = line.split("=", 1)[0].strip()
+        if "=" in line and not line.lstrip().startswith("#") and key not in LEASE_LOCAL_KEYS:
+            settings.append(line)
+    return (head.splitlines() + ["", "[lease]", f"member-id = {member_id}",
+                                 f'listen = "{listen}"'] + settings + lease_members(cluster))
+
+
+def witness_config(cluster: dict) -> Path:
+    w = cluster["witness"]
+    text = (REPO / "regions" / "witness.toml").read_text()
+    text = text.replace('data-dir = "data/witness"', f'data-dir = "{w["data_dir"]}"')
+    lines = with_lease(text, len(cluster["regions"]) + 1, w["lease"], cluster)
+    path = RUN / "nodes" / "witness.toml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def start_witness(cluster: dict) -> None:
+    w = cluster["witness"]
+    if w.get("pid") and pid_alive(w["pid"]):
+        stop_pid("witness", w["pid"])
+    config = witness_config(cluster)
+    w["pid"] = spawn("witness", [str(geostate_bin()), "run", "--role", "witness",
+                                 "--config", str(config)],
+                     env={"RUST_LOG": os.environ.get("RUST_LOG", "info,openraft=warn")})
+    w["grpc"] = w["lease"]
+    log(f"witness: pid {w['pid']}, raft {w['lease']}")
+
+
 def node_config(region: str, kafka: str, grpc: int, metrics: int, data_dir: Path,
-                s3: dict) -> Path:
+                s3: dict, cluster: dict) -> Path:
     """A copy of regions/<region>.toml with this cluster's addresses filled in, checkpointing
-    to the cluster's S3 server and restoring from it when the data dir is empty."""
-    text = (REPO / "regions" / f"{region}.toml").read_text()
+    to the cluster's S3 server and restoring from it when the data dir is empty, and a
+    member of the cluster's lease group."""
+    template = (REPO / "regions" / f"{region}.toml").read_text()
+    member_id = sorted(cluster["regions"]).index(region) + 1
+    text = "\n".join(with_lease(template, member_id, cluster["regions"][region]["lease"],
+                                cluster))
     replacements = {
         "data-dir": f'"{data_dir}"',
         "bootstrap": f'"{kafka}"',
@@ -474,9 +528,11 @@ def node_config(region: str, kafka: str, grpc: int, metrics: int, data_dir: Path
         "restore-on-empty": "true",
     }
     out = []
+    in_lease = False
     for line in text.splitlines():
         key = line.split("=", 1)[0].strip()
-        if "=" in line and not line.lstrip().startswith("#"):
+        in_lease = in_lease or line.startswith("[lease]")
+        if "=" in line and not line.lstrip().startswith("#") and not in_lease:
             if key == "local-dir":
                 continue  # the S3 section below replaces it
             if key in replacements:
@@ -502,16 +558,16 @@ def node_ready(grpc: str) -> bool:
     return out.returncode == 0
 
 
-def start_node(region: str, r: dict, s3: dict) -> None:
+def start_node(region: str, r: dict, s3: dict, cluster: dict) -> None:
     """Starts (or restarts) the node of `region`, keeping its data dir and ports."""
     if r.get("pid") and pid_alive(r["pid"]):
         stop_pid(f"node-{region}", r["pid"])
     grpc = int(r["grpc"].rsplit(":", 1)[1]) if r.get("grpc") else free_port()
     metrics = int(r["metrics"].rsplit(":", 1)[1]) if r.get("metrics") else free_port()
     data_dir = Path(r["data_dir"])
-    config = node_config(region, r["kafka"], grpc, metrics, data_dir, s3)
+    config = node_config(region, r["kafka"], grpc, metrics, data_dir, s3, cluster)
     pid = spawn(f"node-{region}", [str(geostate_bin()), "run", "--config", str(config)],
-                env={"RUST_LOG": os.environ.get("RUST_LOG", "info")})
+                env={"RUST_LOG": os.environ.get("RUST_LOG", "info,openraft=warn")})
     r.update({"grpc": f"127.0.0.1:{grpc}", "metrics": f"127.0.0.1:{metrics}", "pid": pid,
               "config": str(config)})
     log(f"node {region}: pid {pid}, grpc {r['grpc']}, metrics {r['metrics']}")
@@ -546,6 +602,8 @@ def health(cluster: dict) -> dict[str, bool]:
     out["s3"] = pid_alive(cluster["s3"]["pid"]) and s3_healthy(cluster["s3"]["endpoint"])
     for region, r in cluster["regions"].items():
         out[f"node {region}"] = bool(r.get("pid")) and pid_alive(r["pid"])
+    if "witness" in cluster:
+        out["witness"] = pid_alive(cluster["witness"].get("pid"))
     return out
 
 
@@ -559,13 +617,16 @@ def cmd_up(_args: argparse.Namespace) -> None:
         if not down:
             log(f"already up ({CLUSTER_JSON})")
             return
-        if all(k.startswith("node ") or k == "mirrormaker2" for k in down):
+        if all(k.startswith("node ") or k in ("mirrormaker2", "witness") for k in down):
             if "mirrormaker2" in down:
                 existing["mirrormaker2"]["pid"] = start_mm2(existing["regions"])
                 write_cluster(existing)
+            if "witness" in down:
+                start_witness(existing)
+                write_cluster(existing)
             for region, r in existing["regions"].items():
                 if f"node {region}" in down:
-                    start_node(region, r, existing["s3"])
+                    start_node(region, r, existing["s3"], existing)
                     write_cluster(existing)
                     wait_node(region, r)
             log(f"restarted {', '.join(down)}")
@@ -588,8 +649,11 @@ def cmd_up(_args: argparse.Namespace) -> None:
             cluster["regions"][region] = {
                 "kafka": r["kafka"], "kafka_pid": r["kafka_pid"],
                 "grpc": None, "metrics": None, "data_dir": str(RUN / "nodes" / region),
-                "pid": None}
+                "lease": f"127.0.0.1:{free_port()}", "pid": None}
         cluster["mirrormaker2"] = {"pid": None}
+        # the lease group's third member (two regions + a witness form a majority)
+        cluster["witness"] = {"grpc": None, "lease": f"127.0.0.1:{free_port()}",
+                              "data_dir": str(RUN / "nodes" / "witness"), "pid": None}
         write_cluster(cluster)  # so `down` finds whatever started, even if `up` fails now
         for region, r in regions.items():
             port = int(r["kafka"].rsplit(":", 1)[1])
@@ -601,8 +665,10 @@ def cmd_up(_args: argparse.Namespace) -> None:
         cluster["mirrormaker2"]["pid"] = start_mm2(regions)
         write_cluster(cluster)
         wait_for("mirrormaker 2 remote topics", lambda: mirrored_topics_present(regions), 120)
+        start_witness(cluster)
+        write_cluster(cluster)
         for region, r in cluster["regions"].items():
-            start_node(region, r, cluster["s3"])
+            start_node(region, r, cluster["s3"], cluster)
             write_cluster(cluster)
         for region, r in cluster["regions"].items():
             wait_node(region, r)
@@ -618,7 +684,7 @@ def cmd_up(_args: argparse.Namespace) -> None:
 def cmd_down(_args: argparse.Namespace) -> None:
     # stop every pid we ever recorded, clients first (mirrormaker), then brokers, then s3
     names = sorted(p.name for p in PIDS.glob("*")) if PIDS.exists() else []
-    order = sorted(names, key=lambda n: (0 if n.startswith("node") else
+    order = sorted(names, key=lambda n: (0 if n.startswith("node") or n == "witness" else
                                          1 if n == "mirrormaker2" else
                                          2 if n.startswith("kafka") else 3))
     for name in order:
@@ -654,6 +720,10 @@ def cmd_status(_args: argparse.Namespace) -> None:
         h[f"node {region}"] = ok
         print(f"node {region:<11} {'healthy' if ok else 'DOWN':<8} {r['grpc'] or '-':<22} "
               f"pid {r['pid']}  metrics {r['metrics']}  data {r['data_dir']}")
+    if "witness" in cluster:
+        w = cluster["witness"]
+        print(f"witness          {'healthy' if h['witness'] else 'DOWN':<8} {w['lease']:<22} "
+              f"pid {w['pid']}  (lease group member, no region)")
     s3 = cluster["s3"]
     print(f"s3               {'healthy' if h['s3'] else 'DOWN':<8} {s3['endpoint']:<22} "
           f"pid {s3['pid']}  bucket {s3['bucket']}")

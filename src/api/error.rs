@@ -3,6 +3,7 @@
 use tonic::{Code, Status};
 
 use crate::ingest::event::Rejection;
+use crate::lease::manager::NotHolder;
 use crate::log::LogError;
 use crate::store::StoreError;
 
@@ -10,6 +11,11 @@ use crate::store::StoreError;
 pub enum ApiError {
     #[error("{0}")]
     Refused(Rejection),
+    /// An owned write at a region without a valid lease on the key's shard.
+    #[error("{0}; write it at the holder region")]
+    NotHolder(NotHolder),
+    #[error("{0}")]
+    Precondition(String),
     #[error("{key:?} has no value: the register was never set")]
     NotFound { key: String },
     #[error("{0}")]
@@ -21,11 +27,14 @@ pub enum ApiError {
     /// The checkpoint store failed or the node is stopping.
     #[error("{0}")]
     NotNow(String),
-    #[error("appended at {partition}/{offset} but not applied within {seconds}s")]
+    #[error(
+        "appended at {partition}/{offset} but not applied within {seconds}s (applied up to {applied:?} on that partition)"
+    )]
     NotApplied {
         partition: i32,
         offset: i64,
         seconds: u64,
+        applied: Option<i64>,
     },
     #[error("storage failure: {0}")]
     Store(#[from] StoreError),
@@ -42,7 +51,9 @@ impl From<LogError> for ApiError {
 impl ApiError {
     pub fn code(&self) -> Code {
         match self {
-            ApiError::Refused(Rejection::OwnedWithoutLease { .. }) => Code::FailedPrecondition,
+            ApiError::Refused(Rejection::OwnedWithoutLease { .. } | Rejection::Fenced { .. })
+            | ApiError::NotHolder(_)
+            | ApiError::Precondition(_) => Code::FailedPrecondition,
             ApiError::Refused(Rejection::Overflow(_)) => Code::OutOfRange,
             ApiError::Refused(_) | ApiError::InvalidArgument(_) => Code::InvalidArgument,
             ApiError::NotFound { .. } => Code::NotFound,

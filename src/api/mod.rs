@@ -20,10 +20,11 @@ pub use error::ApiError;
 
 use crate::checkpoint;
 use crate::clock::Hlc;
-use crate::config::{Config, RecordFormat};
+use crate::config::{Config, Ownership, RecordFormat};
 use crate::crdt::CrdtType;
 use crate::ingest::event::{Op, Update};
 use crate::ingest::pump::IngestShared;
+use crate::lease::manager::{Leases, ShardStatus};
 use crate::metrics as m;
 use crate::pb;
 use crate::pb::admin_server::{Admin, AdminServer};
@@ -56,6 +57,8 @@ pub struct Api {
     pub checkpoint_status: Arc<checkpoint::CheckpointStatus>,
     /// The checkpoint store (savepoints go there too).
     pub objects: checkpoint::objects::Objects,
+    /// This region's leases on owned shards (`None`: no `[lease]` section).
+    pub leases: Option<Arc<Leases>>,
 }
 
 /// Serves the API on `listener` until `shutdown` completes.
@@ -157,7 +160,19 @@ impl Handler {
             id: (!req.id.is_empty()).then_some(req.id),
             event_time_ms: None,
             hlc: None,
+            epoch: None,
         };
+        // An owned key is written only here at the holder, stamped with its epoch.
+        if let Some(ns) = api.config.namespaces.lookup(&update.key)
+            && ns.ownership == Ownership::Owned
+            && let Some(leases) = &api.leases
+        {
+            let (_, epoch) = leases.epoch_for(&update.key).map_err(|e| {
+                metrics::counter!(m::OWNED_WRITES_REFUSED).increment(1);
+                ApiError::NotHolder(e)
+            })?;
+            update.epoch = Some(epoch);
+        }
         let ns = update
             .check(&api.config.namespaces, &api.config.ingest)
             .map_err(ApiError::Refused)?;
@@ -199,15 +214,18 @@ impl Handler {
                     partition,
                     offset,
                     seconds: APPLY_TIMEOUT.as_secs(),
+                    applied: api.shared.applied.borrow().get(&partition).copied(),
                 });
             }
         }
         if let Some(why) = api.shared.rejection(partition, offset) {
             return Err(ApiError::Refused(why));
         }
-        let stamp = update
-            .hlc
-            .map(|hlc| crate::crdt::OrderStamp::shared(hlc, api.config.region.clone()));
+        let stamp = update.hlc.map(|hlc| crate::crdt::OrderStamp {
+            epoch: update.epoch.unwrap_or(0),
+            hlc,
+            origin: api.config.region.clone(),
+        });
         Ok(pb::UpdateResponse {
             position: Some(pb::Position { partition, offset }),
             stamp: stamp.as_ref().map(convert::stamp),
@@ -335,6 +353,46 @@ impl Handler {
             bytes_uploaded: taken.bytes_uploaded,
             duration_ms: taken.duration.as_millis() as u64,
         })
+    }
+
+    fn leases(&self) -> Result<&Arc<Leases>, ApiError> {
+        self.0.leases.as_ref().ok_or_else(|| {
+            ApiError::Precondition("this node has no [lease] section: no owned shards".into())
+        })
+    }
+
+    async fn list_leases(&self) -> Result<pb::LeasesResponse, ApiError> {
+        let leases = self.leases()?;
+        Ok(pb::LeasesResponse {
+            region: self.0.config.region.to_string(),
+            shards: leases.status().iter().map(shard_lease).collect(),
+            leader: leases.leader().unwrap_or(0),
+        })
+    }
+
+    async fn transfer_lease(
+        &self,
+        req: pb::TransferLeaseRequest,
+    ) -> Result<pb::TransferLeaseResponse, ApiError> {
+        let leases = self.leases()?;
+        let to = crate::crdt::RegionId::new(req.to_region)
+            .map_err(|e| ApiError::InvalidArgument(format!("to_region: {e}")))?;
+        leases.transfer(req.shard, to).await.map_err(|e| match e {
+            crate::lease::manager::TransferError::Propose(e) => {
+                ApiError::Unavailable(e.to_string())
+            }
+            crate::lease::manager::TransferError::NotHeld(_)
+            | crate::lease::manager::TransferError::Refused(_) => {
+                ApiError::Precondition(e.to_string())
+            }
+            other => ApiError::InvalidArgument(other.to_string()),
+        })?;
+        let status = leases
+            .status()
+            .into_iter()
+            .find(|s| s.shard == req.shard)
+            .map(|s| shard_lease(&s));
+        Ok(pb::TransferLeaseResponse { lease: status })
     }
 
     async fn savepoint(&self) -> Result<pb::SavepointResponse, ApiError> {
@@ -489,5 +547,42 @@ impl Admin for Handler {
     ) -> Result<Response<pb::SavepointResponse>, Status> {
         let started = Instant::now();
         observe("savepoint", started, Handler::savepoint(self).await).map(Response::new)
+    }
+
+    async fn leases(
+        &self,
+        _req: Request<pb::LeasesRequest>,
+    ) -> Result<Response<pb::LeasesResponse>, Status> {
+        let started = Instant::now();
+        observe("leases", started, Handler::list_leases(self).await).map(Response::new)
+    }
+
+    async fn transfer_lease(
+        &self,
+        req: Request<pb::TransferLeaseRequest>,
+    ) -> Result<Response<pb::TransferLeaseResponse>, Status> {
+        let started = Instant::now();
+        observe(
+            "transfer_lease",
+            started,
+            Handler::transfer_lease(self, req.into_inner()).await,
+        )
+        .map(Response::new)
+    }
+}
+
+fn shard_lease(s: &ShardStatus) -> pb::ShardLease {
+    pb::ShardLease {
+        shard: s.shard,
+        home: s.home.as_ref().map(|r| r.to_string()).unwrap_or_default(),
+        prefix: s.prefix.clone().unwrap_or_default(),
+        holder: s
+            .lease
+            .as_ref()
+            .map(|l| l.holder.to_string())
+            .unwrap_or_default(),
+        epoch: s.lease.as_ref().map_or(0, |l| l.epoch),
+        expires_in_ms: s.expires_in_ms,
+        held_here: s.held_here.is_some(),
     }
 }

@@ -1,6 +1,7 @@
 //! The surge-pricing workload (`make demo`): riders' requests and available drivers per
 //! geohash are written in every region at once, with a skewed (Zipf 0.99) choice of
-//! geohash; each region publishes a multiplier for its hottest geohashes; probes measure
+//! geohash; each region publishes the surge multiplier (`surge/<geohash>`, an owned
+//! namespace) of the geohashes whose lease it holds, and is refused the others; probes measure
 //! how long a write in one region takes to be read in the other. Ends with a table and
 //! whether every region holds identical state. Uses only the public gRPC API.
 
@@ -52,6 +53,8 @@ struct Counts {
     sent: AtomicU64,
     ok: AtomicU64,
     failed: AtomicU64,
+    /// Multipliers refused because another region holds the geohash's lease.
+    not_holder: AtomicU64,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -120,10 +123,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
                             }),
                         ),
                         _ => {
-                            // publish a multiplier for this geohash from what this region sees
+                            // publish the multiplier: accepted only where the lease is held
                             let multiplier = 1.0 + (rng.next_u64() % 20) as f64 / 10.0;
                             (
-                                format!("zones/{gh}/multiplier"),
+                                format!("surge/{gh}"),
                                 pb::update_request::Op::Set(
                                     format!("{multiplier:.1}@{region}#{i}").into_bytes(),
                                 ),
@@ -143,6 +146,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
                     sends.push(tokio::spawn(async move {
                         match client.update(request).await {
                             Ok(_) => counts.ok.fetch_add(1, Ordering::Relaxed),
+                            Err(s) if s.code() == tonic::Code::FailedPrecondition => {
+                                counts.not_holder.fetch_add(1, Ordering::Relaxed)
+                            }
                             Err(_) => counts.failed.fetch_add(1, Ordering::Relaxed),
                         };
                         drop(permit);
@@ -227,17 +233,18 @@ async fn run(args: Args) -> anyhow::Result<()> {
 
     println!();
     println!(
-        "| region | updates sent | acknowledged | failed | events applied | keys | state digest |"
+        "| region | updates sent | acknowledged | not lease holder | failed | events applied | keys | state digest |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---|");
     for (r, c) in &counts {
         let mut admin = AdminClient::connect(format!("http://{}", cluster.regions[r].grpc)).await?;
         let status = admin.status(pb::StatusRequest {}).await?.into_inner();
         let (keys, d) = &digests[r];
         println!(
-            "| {r} | {} | {} | {} | {} | {keys} | {d:016x} |",
+            "| {r} | {} | {} | {} | {} | {} | {keys} | {d:016x} |",
             c.sent.load(Ordering::Relaxed),
             c.ok.load(Ordering::Relaxed),
+            c.not_holder.load(Ordering::Relaxed),
             c.failed.load(Ordering::Relaxed),
             status.events_applied
         );
@@ -276,7 +283,7 @@ async fn probe_value(client: &mut StateClient<Channel>, key: &str) -> anyhow::Re
 async fn digest(client: &mut StateClient<Channel>) -> anyhow::Result<(usize, u64)> {
     let mut hasher = DefaultHasher::new();
     let mut keys = 0;
-    for prefix in ["requests/", "drivers/", "zones/"] {
+    for prefix in ["requests/", "drivers/", "zones/", "surge/"] {
         let mut page_token = String::new();
         loop {
             let page = client

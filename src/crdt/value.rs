@@ -59,6 +59,14 @@ impl CrdtValue {
         Ok(())
     }
 
+    /// The fencing epoch of a register's winning write (0 for counters and shared keys).
+    pub fn epoch(&self) -> u64 {
+        match self {
+            CrdtValue::LwwRegister(r) => r.stamp().epoch,
+            _ => 0,
+        }
+    }
+
     /// `region`'s own-origin part of this state — every counter entry of any of the
     /// region's incarnations, or the register if `region` wrote it — or `None` if the
     /// region contributed nothing. This is the replication delta: merging it anywhere is

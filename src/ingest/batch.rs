@@ -11,10 +11,11 @@ use std::collections::{BTreeMap, VecDeque};
 
 use super::event::{Op, Rejection, Update};
 use crate::clock::HlcTimestamp;
-use crate::config::{IngestConfig, Namespaces, RecordFormat};
+use crate::config::{IngestConfig, LeaseConfig, Namespaces, Ownership, RecordFormat};
 use crate::crdt::{
     Actor, CrdtError, CrdtType, CrdtValue, Delta, GCounter, LwwRegister, OrderStamp, PnCounter,
 };
+use crate::lease::table::ShardId;
 pub use crate::log::Record;
 
 /// What a batch changes; written atomically by the store.
@@ -34,6 +35,8 @@ pub struct Applied {
     pub applied: usize,
     /// Records skipped because their idempotency id was already applied to the key.
     pub duplicates: usize,
+    /// The owned shards' fences after the batch.
+    pub fences: Fences,
 }
 
 /// The facts a batch is applied with.
@@ -44,6 +47,40 @@ pub struct BatchContext<'a> {
     pub limits: &'a IngestConfig,
     /// This region's HLC when the batch is applied; deltas carry it for lag measurement.
     pub origin_time: HlcTimestamp,
+    /// How owned keys map to lease shards (`None`: one shard).
+    pub lease: Option<&'a LeaseConfig>,
+}
+
+/// The ownership shard of an owned key.
+pub fn owned_shard(lease: Option<&LeaseConfig>, key: &str) -> ShardId {
+    lease.map_or(0, |l| l.shard_of_key(key))
+}
+
+/// The fence of owned keys: per shard, the highest lease epoch applied, read from the
+/// source on first use and raised by every admitted write or delta.
+#[derive(Debug, Default)]
+pub struct Fences(pub BTreeMap<ShardId, u64>);
+
+impl Fences {
+    /// Admits a write or delta of `shard` at `epoch` (raising the fence), or answers the
+    /// higher epoch already applied.
+    pub fn admit<S: StateSource>(
+        &mut self,
+        source: &S,
+        shard: ShardId,
+        epoch: u64,
+    ) -> Result<Result<(), u64>, S::Error> {
+        let highest = match self.0.get(&shard) {
+            Some(&h) => h,
+            None => source.fence(shard)?,
+        };
+        if epoch < highest {
+            self.0.insert(shard, highest);
+            return Ok(Err(highest));
+        }
+        self.0.insert(shard, epoch);
+        Ok(Ok(()))
+    }
 }
 
 /// The order stamp of a register write: fixed by the writer when it entered the log, or,
@@ -58,7 +95,11 @@ pub fn register_stamp(update: &Update, record: &Record, ctx: &BatchContext<'_>) 
             u32::try_from(record.partition).unwrap_or(0),
         )
     });
-    OrderStamp::shared(hlc, ctx.actor.region.clone())
+    OrderStamp {
+        epoch: update.epoch.unwrap_or(0),
+        hlc,
+        origin: ctx.actor.region.clone(),
+    }
 }
 
 /// Where a batch reads the current state of the keys it touches: the store, or a map in
@@ -68,6 +109,10 @@ pub trait StateSource {
     fn state(&self, key: &str) -> Result<Option<CrdtValue>, Self::Error>;
     /// The idempotency ids most recently applied to `key`, oldest first.
     fn recent_ids(&self, key: &str) -> Result<VecDeque<String>, Self::Error>;
+    /// The highest lease epoch applied for an owned shard (0: none).
+    fn fence(&self, _shard: ShardId) -> Result<u64, Self::Error> {
+        Ok(0)
+    }
 }
 
 /// An in-memory source for tests of pure batch logic: the stored states, no id windows.
@@ -109,9 +154,11 @@ pub fn apply_batch<S: StateSource>(
             None => Err(Rejection::Malformed("record has no value".into())),
             Some(bytes) => Update::decode(ctx.format, bytes),
         };
-        let checked =
-            update.and_then(|u| u.check(ctx.namespaces, ctx.limits).map(|ns| (u, ns.crdt)));
-        let (update, crdt) = match checked {
+        let checked = update.and_then(|u| {
+            u.check(ctx.namespaces, ctx.limits)
+                .map(|ns| (u, ns.crdt, ns.ownership))
+        });
+        let (update, crdt, ownership) = match checked {
             Ok(ok) => ok,
             Err(why) => {
                 out.rejected.push((record, why));
@@ -131,6 +178,21 @@ pub fn apply_batch<S: StateSource>(
         let Some(entry) = work.get_mut(&update.key) else {
             continue;
         };
+        if let (Ownership::Owned, Some(epoch)) = (ownership, update.epoch) {
+            let shard = owned_shard(ctx.lease, &update.key);
+            if let Err(highest) = out.fences.admit(source, shard, epoch)? {
+                let key = update.key.clone();
+                out.rejected.push((
+                    record,
+                    Rejection::Fenced {
+                        key,
+                        epoch,
+                        highest,
+                    },
+                ));
+                continue;
+            }
+        }
         if let Some(id) = &update.id {
             if entry.recent_ids.is_none() {
                 entry.recent_ids = Some(source.recent_ids(&update.key)?);
@@ -182,9 +244,9 @@ pub fn apply_batch<S: StateSource>(
                 out.outbox.push(Delta {
                     key: key.clone(),
                     origin: region.clone(),
-                    state: own,
                     origin_time: ctx.origin_time,
-                    epoch: 0,
+                    epoch: own.epoch(),
+                    state: own,
                 });
             }
             out.states.insert(key, state);
@@ -276,8 +338,66 @@ mod tests {
             namespaces: &c.namespaces,
             limits: &c.ingest,
             origin_time: HlcTimestamp::new(5, 0),
+            lease: c.lease.as_ref(),
         };
         apply_batch(records, stored, &ctx).unwrap()
+    }
+
+    /// A source whose owned shards already applied epoch 5.
+    struct Fenced(BTreeMap<String, CrdtValue>);
+    impl StateSource for Fenced {
+        type Error = std::convert::Infallible;
+        fn state(&self, key: &str) -> Result<Option<CrdtValue>, Self::Error> {
+            Ok(self.0.get(key).cloned())
+        }
+        fn recent_ids(&self, _key: &str) -> Result<VecDeque<String>, Self::Error> {
+            Ok(VecDeque::new())
+        }
+        fn fence(&self, _shard: ShardId) -> Result<u64, Self::Error> {
+            Ok(5)
+        }
+    }
+
+    #[test]
+    fn owned_writes_below_the_shards_fence_are_refused_and_the_epoch_leads_the_order() {
+        let c = config();
+        let actor = Actor::new(RegionId::new("us-east-1").unwrap(), 1);
+        let ctx = BatchContext {
+            actor: &actor,
+            format: RecordFormat::Json,
+            namespaces: &c.namespaces,
+            limits: &c.ingest,
+            origin_time: HlcTimestamp::new(5, 0),
+            lease: c.lease.as_ref(),
+        };
+        let out = apply_batch(
+            vec![
+                // an old holder's write, appended late: fenced
+                record(0, 1, r#"{"key":"surge/a","set":"9.9","epoch":4,"hlc":{"wall_nanos":90,"logical":0}}"#),
+                record(0, 2, r#"{"key":"surge/a","set":"1.2","epoch":6,"hlc":{"wall_nanos":10,"logical":0}}"#),
+                // within epoch 6 a later clock wins; an earlier one does not
+                record(0, 3, r#"{"key":"surge/a","set":"1.4","epoch":6,"hlc":{"wall_nanos":20,"logical":0}}"#),
+                // no epoch at all: not through the holder's API
+                record(0, 4, r#"{"key":"surge/b","set":"2.0"}"#),
+            ],
+            &Fenced(BTreeMap::new()),
+            &ctx,
+        )
+        .unwrap();
+        let codes: Vec<_> = out
+            .rejected
+            .iter()
+            .map(|(r, why)| (r.offset, why.code()))
+            .collect();
+        assert_eq!(codes, [(1, "fenced"), (4, "owned_without_lease")]);
+        let CrdtValue::LwwRegister(reg) = &out.states["surge/a"] else {
+            panic!("surge/a is a register")
+        };
+        assert_eq!((reg.value(), reg.stamp().epoch), (&b"1.4"[..], 6));
+        // the delta carries the epoch; the fence of the shard rose to it
+        assert_eq!(out.outbox[0].epoch, 6);
+        let shard = owned_shard(c.lease.as_ref(), "surge/a");
+        assert_eq!(out.fences.0[&shard], 6);
     }
 
     #[test]

@@ -21,6 +21,8 @@ pub struct Update {
     /// The register write's clock when the write entered the log (gRPC path); `None` for
     /// external producers, whose stamp derives from the Kafka record.
     pub hlc: Option<HlcTimestamp>,
+    /// Owned namespaces: the fencing epoch of the writer's lease on the key's shard.
+    pub epoch: Option<u64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -59,9 +61,17 @@ pub enum Rejection {
     #[error("value is {len} bytes, more than the {max} allowed")]
     ValueTooLarge { len: usize, max: usize },
     #[error(
-        "{key:?} is in an owned namespace; owned writes need a lease, which this node does not grant yet"
+        "{key:?} is in an owned namespace: owned writes carry their lease epoch, so they go through the gRPC API of the region holding the key's lease"
     )]
     OwnedWithoutLease { key: String },
+    #[error(
+        "{key:?} was written at epoch {epoch}, below epoch {highest} already applied for its shard: a newer lease holder owns it"
+    )]
+    Fenced {
+        key: String,
+        epoch: u64,
+        highest: u64,
+    },
     #[error("counter would overflow: {0}")]
     Overflow(String),
 }
@@ -76,6 +86,7 @@ impl Rejection {
             Rejection::KeyTooLong { .. } => "key_too_long",
             Rejection::ValueTooLarge { .. } => "value_too_large",
             Rejection::OwnedWithoutLease { .. } => "owned_without_lease",
+            Rejection::Fenced { .. } => "fenced",
             Rejection::Overflow(_) => "overflow",
         }
     }
@@ -95,6 +106,8 @@ struct JsonUpdate {
     event_time: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     hlc: Option<HlcTimestamp>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    epoch: Option<u64>,
 }
 
 impl Update {
@@ -130,6 +143,7 @@ impl Update {
             id: raw.id,
             event_time_ms: raw.event_time,
             hlc: raw.hlc,
+            epoch: raw.epoch,
         })
     }
 
@@ -146,6 +160,7 @@ impl Update {
             id: self.id.clone(),
             event_time: self.event_time_ms,
             hlc: self.hlc,
+            epoch: self.epoch,
         };
         serde_json::to_vec(&raw).unwrap_or_default()
     }
@@ -167,6 +182,7 @@ impl Update {
             id: (!raw.id.is_empty()).then_some(raw.id),
             event_time_ms: (raw.event_time_ms != 0).then_some(raw.event_time_ms),
             hlc: raw.hlc.map(|h| HlcTimestamp::new(h.wall_nanos, h.logical)),
+            epoch: (raw.epoch != 0).then_some(raw.epoch),
         })
     }
 
@@ -183,6 +199,7 @@ impl Update {
                 wall_nanos: h.wall_nanos,
                 logical: h.logical,
             }),
+            epoch: self.epoch.unwrap_or_default(),
         }
         .encode_to_vec()
     }
@@ -226,7 +243,7 @@ impl Update {
                 });
             }
         }
-        if ns.ownership == Ownership::Owned {
+        if ns.ownership == Ownership::Owned && self.epoch.is_none() {
             return Err(Rejection::OwnedWithoutLease {
                 key: self.key.clone(),
             });
@@ -302,6 +319,7 @@ mod tests {
             id: Some("w-1".into()),
             event_time_ms: Some(42),
             hlc: Some(HlcTimestamp::new(7, 1)),
+            epoch: Some(3),
         };
         for format in [RecordFormat::Json, RecordFormat::Protobuf] {
             assert_eq!(Update::decode(format, &u.encode(format)).unwrap(), u);

@@ -155,6 +155,7 @@ impl Ingestor {
                 namespaces: &config.namespaces,
                 limits: &config.ingest,
                 origin_time,
+                lease: config.lease.as_ref(),
             };
             apply_batch(records, store.as_ref(), &ctx)
         })
@@ -174,6 +175,7 @@ impl Ingestor {
                     recent_ids: &applied.recent_ids,
                     hlc_high_water: origin_time,
                     remote_applied: None,
+                    fences: &applied.fences.0,
                 })
                 .map(|()| applied)
         })
@@ -243,5 +245,8 @@ impl StateSource for Store {
     }
     fn recent_ids(&self, key: &str) -> Result<VecDeque<String>, StoreError> {
         Store::recent_ids(self, key)
+    }
+    fn fence(&self, shard: u32) -> Result<u64, StoreError> {
+        Store::fence(self, shard)
     }
 }

@@ -169,6 +169,7 @@ pub async fn recover_own_past(
                 recent_ids: &BTreeMap::<String, VecDeque<String>>::new(),
                 hlc_high_water: hlc.now(),
                 remote_applied: None,
+                fences: &BTreeMap::new(),
             })
         })
         .await

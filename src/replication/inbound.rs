@@ -25,9 +25,9 @@ use tokio::sync::watch;
 
 use super::{Freshness, RemoteProgress};
 use crate::clock::{ClockError, Hlc, HlcTimestamp};
-use crate::config::{Config, Namespaces, RemoteConfig};
+use crate::config::{Config, LeaseConfig, Namespaces, Ownership, RemoteConfig};
 use crate::crdt::{CrdtError, CrdtValue, DecodeError, Delta, RESUME_KEY, RegionId, ResumePoint};
-use crate::ingest::batch::StateSource;
+use crate::ingest::batch::{Fences, StateSource, owned_shard};
 use crate::ingest::pump::{Change, IngestShared};
 use crate::log;
 use crate::log::Record;
@@ -51,6 +51,14 @@ pub enum Refusal {
     NoNamespace { key: String },
     #[error("key {key:?}: {source}")]
     Type { key: String, source: CrdtError },
+    #[error(
+        "owned key {key:?} at epoch {epoch}, below epoch {highest} already applied for its shard"
+    )]
+    Fenced {
+        key: String,
+        epoch: u64,
+        highest: u64,
+    },
 }
 
 impl Refusal {
@@ -61,6 +69,7 @@ impl Refusal {
             Refusal::ClockAhead(_) => "clock_ahead",
             Refusal::NoNamespace { .. } => "no_namespace",
             Refusal::Type { .. } => "type_mismatch",
+            Refusal::Fenced { .. } => "fenced",
         }
     }
 }
@@ -76,6 +85,8 @@ pub struct Merged {
     pub merged: usize,
     /// The last resume point among the records (not a delta: never merged).
     pub resume: Option<ResumePoint>,
+    /// The owned shards' fences after the batch.
+    pub fences: Fences,
 }
 
 /// Merges `records` (deltas of `remote`) on top of what `source` holds.
@@ -84,6 +95,7 @@ pub fn merge_batch<S: StateSource>(
     source: &S,
     remote: &RegionId,
     namespaces: &Namespaces,
+    lease: Option<&LeaseConfig>,
     hlc: &Hlc,
 ) -> Result<Merged, S::Error> {
     let mut out = Merged::default();
@@ -103,13 +115,30 @@ pub fn merge_batch<S: StateSource>(
             }
             continue;
         }
-        let delta = match check(record, remote, namespaces, hlc) {
-            Ok(delta) => delta,
+        let (delta, ownership) = match check(record, remote, namespaces, hlc) {
+            Ok(checked) => checked,
             Err(why) => {
                 out.refused.push((record.partition, record.offset, why));
                 continue;
             }
         };
+        if ownership == Ownership::Owned {
+            // the register's own stamp, not the envelope, is what would win the merge
+            let epoch = delta.state.epoch();
+            let shard = owned_shard(lease, &delta.key);
+            if let Err(highest) = out.fences.admit(source, shard, epoch)? {
+                out.refused.push((
+                    record.partition,
+                    record.offset,
+                    Refusal::Fenced {
+                        key: delta.key,
+                        epoch,
+                        highest,
+                    },
+                ));
+                continue;
+            }
+        }
         if !loaded.contains_key(&delta.key) {
             let current = source.state(&delta.key)?;
             loaded.insert(delta.key.clone(), current);
@@ -150,7 +179,7 @@ fn check(
     remote: &RegionId,
     namespaces: &Namespaces,
     hlc: &Hlc,
-) -> Result<Delta, Refusal> {
+) -> Result<(Delta, Ownership), Refusal> {
     let delta =
         Delta::decode(record.payload.as_deref().unwrap_or_default()).map_err(Refusal::Malformed)?;
     if &delta.origin != remote {
@@ -175,7 +204,7 @@ fn check(
     }
     hlc.observe(delta.origin_time)
         .map_err(Refusal::ClockAhead)?;
-    Ok(delta)
+    Ok((delta, ns.ownership))
 }
 
 /// Merges `records` (deltas of `origin`) into `store` and commits the merged states in
@@ -191,7 +220,14 @@ pub async fn merge_and_commit(
     positions: Option<String>,
 ) -> Result<Merged, StoreError> {
     tokio::task::spawn_blocking(move || {
-        let merged = merge_batch(&records, store.as_ref(), &origin, &config.namespaces, &hlc)?;
+        let merged = merge_batch(
+            &records,
+            store.as_ref(),
+            &origin,
+            &config.namespaces,
+            config.lease.as_ref(),
+            &hlc,
+        )?;
         let no_offsets = BTreeMap::new();
         store.commit(&Commit {
             topic: positions.as_deref().unwrap_or_default(),
@@ -209,6 +245,7 @@ pub async fn merge_and_commit(
                 .then_some(merged.newest)
                 .flatten()
                 .map(|newest| (&origin, newest)),
+            fences: &merged.fences.0,
         })?;
         Ok(merged)
     })
@@ -443,14 +480,76 @@ mod tests {
             in_order[0].clone(),
             in_order[1].clone(),
         ];
-        let a = merge_batch(&in_order, &stored, &remote, &namespaces(), &hlc).unwrap();
-        let b = merge_batch(&shuffled, &stored, &remote, &namespaces(), &hlc).unwrap();
+        let a = merge_batch(&in_order, &stored, &remote, &namespaces(), None, &hlc).unwrap();
+        let b = merge_batch(&shuffled, &stored, &remote, &namespaces(), None, &hlc).unwrap();
         assert_eq!(a.states, b.states);
         match &a.states["requests/a"] {
             CrdtValue::GCounter(c) => assert_eq!(c.value(), 9, "local 4 + remote 5"),
             other => panic!("{other:?}"),
         }
         assert_eq!(a.newest, Some(HlcTimestamp::new(2, 0)));
+    }
+
+    fn owned(epoch: u64, value: &str, at: u64) -> Record {
+        let origin = RegionId::new("eu-west-1").unwrap();
+        let reg = crate::crdt::LwwRegister::new(
+            value.as_bytes().to_vec(),
+            crate::crdt::OrderStamp {
+                epoch,
+                hlc: HlcTimestamp::new(at, 0),
+                origin: origin.clone(),
+            },
+        );
+        let d = Delta {
+            key: "surge/9q8yy".into(),
+            origin,
+            state: CrdtValue::LwwRegister(reg),
+            origin_time: HlcTimestamp::new(at, 0),
+            epoch,
+        };
+        Record {
+            partition: 0,
+            offset: at as i64,
+            timestamp_ms: None,
+            key: None,
+            payload: Some(d.encode()),
+        }
+    }
+
+    #[test]
+    fn an_owned_delta_below_the_shards_highest_epoch_is_refused() {
+        let hlc = Hlc::new(
+            Arc::new(ManualClock::new(100 * SEC)),
+            Duration::from_millis(500),
+        );
+        let remote = RegionId::new("eu-west-1").unwrap();
+        // epoch 3 applied, then a replay of epoch 2 (a later clock does not help it),
+        // then epoch 3 again (equal is fine)
+        let records = [
+            owned(3, "1.5", 10),
+            owned(2, "9.9", 20),
+            owned(3, "1.6", 30),
+        ];
+        let out = merge_batch(
+            &records,
+            &BTreeMap::new(),
+            &remote,
+            &namespaces(),
+            None,
+            &hlc,
+        )
+        .unwrap();
+        let refused: Vec<_> = out
+            .refused
+            .iter()
+            .map(|(_, o, why)| (*o, why.code()))
+            .collect();
+        assert_eq!(refused, [(20, "fenced")]);
+        let CrdtValue::LwwRegister(reg) = &out.states["surge/9q8yy"] else {
+            panic!("a register")
+        };
+        assert_eq!(reg.value(), b"1.6");
+        assert_eq!(out.fences.0[&0], 3);
     }
 
     #[test]
@@ -470,7 +569,15 @@ mod tests {
             delta("eu-west-1", "requests/a", 1, 100 * SEC + 600_000_000),
             delta("eu-west-1", "requests/a", 1, 100 * SEC + 400_000_000),
         ];
-        let out = merge_batch(&records, &BTreeMap::new(), &remote, &namespaces(), &hlc).unwrap();
+        let out = merge_batch(
+            &records,
+            &BTreeMap::new(),
+            &remote,
+            &namespaces(),
+            None,
+            &hlc,
+        )
+        .unwrap();
         let codes: Vec<&str> = out.refused.iter().map(|(_, _, why)| why.code()).collect();
         assert_eq!(
             codes,

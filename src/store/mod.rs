@@ -42,6 +42,8 @@ const BOOTSTRAP_OFFSETS: &str = "bootstrap/";
 const META_HLC: &[u8] = b"hlc";
 /// `remote/<region>`: the newest origin time merged from that region.
 const META_REMOTE: &str = "remote/";
+/// `fence/<shard u32 BE>` → the highest lease epoch applied for an owned shard (u64 BE).
+const META_FENCE: &str = "fence/";
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -71,6 +73,8 @@ pub struct Commit<'a> {
     /// For a batch of merged remote deltas: the remote region and the newest origin time
     /// applied from it.
     pub remote_applied: Option<(&'a RegionId, HlcTimestamp)>,
+    /// Owned shards' fences (highest lease epoch applied), written with the states.
+    pub fences: &'a BTreeMap<u32, u64>,
 }
 
 /// In-memory mirror of the outbox column family.
@@ -334,6 +338,18 @@ impl Store {
     }
 
     /// The idempotency ids most recently applied to `key`, oldest first.
+    /// The highest lease epoch applied for an owned shard (0: none yet).
+    pub fn fence(&self, shard: u32) -> Result<u64, StoreError> {
+        match self.db.get_cf(self.cf(CF_META), fence_key(shard))? {
+            None => Ok(0),
+            Some(v) => Ok(u64::from_be_bytes(
+                v.as_slice()
+                    .try_into()
+                    .map_err(|_| StoreError::BadLength { what: "fence" })?,
+            )),
+        }
+    }
+
     pub fn recent_ids(&self, key: &str) -> Result<VecDeque<String>, StoreError> {
         let mut ids = VecDeque::new();
         let Some(bytes) = self.db.get_pinned_cf(self.cf(CF_DEDUP), key.as_bytes())? else {
@@ -514,6 +530,9 @@ impl Store {
             META_HLC,
             encode_hlc(commit.hlc_high_water),
         );
+        for (shard, epoch) in commit.fences {
+            batch.put_cf(self.cf(CF_META), fence_key(*shard), epoch.to_be_bytes());
+        }
         if let Some((region, newest)) = commit.remote_applied {
             let key = format!("{META_REMOTE}{region}");
             batch.put_cf(self.cf(CF_META), key.as_bytes(), encode_hlc(newest));
@@ -527,6 +546,12 @@ impl Store {
         }
         Ok(())
     }
+}
+
+fn fence_key(shard: u32) -> Vec<u8> {
+    let mut k = META_FENCE.as_bytes().to_vec();
+    k.extend_from_slice(&shard.to_be_bytes());
+    k
 }
 
 fn encode_hlc(ts: HlcTimestamp) -> Vec<u8> {
@@ -596,11 +621,13 @@ mod tests {
                         &RegionId::new("eu-west-1").unwrap(),
                         HlcTimestamp::new(7, 0),
                     )),
+                    fences: &BTreeMap::from([(5, 3)]),
                 })
                 .unwrap();
         }
         let store = Store::open(dir.path()).unwrap();
         assert_eq!(store.incarnation().unwrap(), Some(7));
+        assert_eq!((store.fence(5).unwrap(), store.fence(6).unwrap()), (3, 0));
         assert_eq!(store.get("requests/a").unwrap(), Some(counter(3)));
         assert_eq!(store.get("requests/zzz").unwrap(), None);
         assert_eq!(

@@ -3,6 +3,8 @@
 
 #![allow(dead_code)] // each test binary uses a different part
 
+pub mod failover;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -24,6 +26,14 @@ pub struct Cluster {
     pub s3: S3Endpoint,
     pub regions: BTreeMap<String, RegionEndpoints>,
     pub tools: Tools,
+    /// The lease group's third member (`make up` starts one).
+    pub witness: Option<WitnessEndpoint>,
+}
+
+#[derive(Deserialize)]
+pub struct WitnessEndpoint {
+    pub grpc: Option<String>,
+    pub pid: Option<u32>,
 }
 
 #[derive(Deserialize)]
@@ -46,6 +56,10 @@ pub struct RegionEndpoints {
     pub kafka: String,
     pub kafka_pid: u32,
     pub grpc: Option<String>,
+    pub metrics: Option<String>,
+    /// The node's process and its configuration file.
+    pub pid: Option<u32>,
+    pub config: Option<PathBuf>,
 }
 
 pub fn cluster() -> anyhow::Result<Cluster> {

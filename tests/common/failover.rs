@@ -1,0 +1,167 @@
+//! Owned-key failover on the cluster's region nodes, shared by `tests/partition.rs` and
+//! `benches/failover.rs`: find a key whose lease a region holds, freeze that region's
+//! node (SIGSTOP: its Raft, Kafka and gRPC traffic all stop), and write the key at the
+//! other region until it is accepted.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use geostate::config::{Config, LeaseConfig};
+use geostate::pb;
+use geostate::pb::admin_client::AdminClient;
+use geostate::pb::state_client::StateClient;
+use tonic::Code;
+use tonic::transport::Channel;
+
+use super::Cluster;
+
+pub struct Region {
+    pub name: String,
+    pub state: StateClient<Channel>,
+    pub admin: AdminClient<Channel>,
+    pub pid: u32,
+    pub metrics: String,
+}
+
+/// The cluster's regions (sorted by name) and their lease configuration.
+pub async fn regions(cluster: &Cluster) -> anyhow::Result<(Vec<Region>, LeaseConfig)> {
+    let mut out = Vec::new();
+    let mut lease = None;
+    for (name, r) in &cluster.regions {
+        let grpc = r
+            .grpc
+            .clone()
+            .context("the cluster runs a node per region")?;
+        let config = Config::load(r.config.as_ref().context("node config")?)?;
+        lease = config.lease.or(lease);
+        out.push(Region {
+            name: name.clone(),
+            state: StateClient::connect(format!("http://{grpc}")).await?,
+            admin: AdminClient::connect(format!("http://{grpc}")).await?,
+            pid: r.pid.context("node pid")?,
+            metrics: r.metrics.clone().context("metrics address")?,
+        });
+    }
+    Ok((
+        out,
+        lease.context("the cluster's nodes have a [lease] section")?,
+    ))
+}
+
+/// A register write.
+pub fn set(key: &str, value: &str) -> pb::UpdateRequest {
+    pb::UpdateRequest {
+        key: key.into(),
+        op: Some(pb::update_request::Op::Set(value.as_bytes().to_vec())),
+        id: String::new(),
+    }
+}
+
+/// The epoch an accepted owned write was stamped with.
+pub fn epoch_of(r: &pb::UpdateResponse) -> u64 {
+    r.stamp.as_ref().map_or(0, |s| s.epoch)
+}
+
+/// Waits until `region` holds a valid lease on `shard`.
+pub async fn wait_held(region: &mut Region, shard: u32, within: Duration) -> anyhow::Result<u64> {
+    let deadline = Instant::now() + within;
+    loop {
+        let leases = region
+            .admin
+            .leases(pb::LeasesRequest {})
+            .await?
+            .into_inner();
+        if let Some(s) = leases
+            .shards
+            .iter()
+            .find(|s| s.shard == shard && s.held_here)
+        {
+            return Ok(s.epoch);
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "{} did not hold shard {shard} within {within:?}: {:?}",
+                region.name,
+                leases.shards
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A fresh owned key whose shard prefers `home` (so its home holds it when all is well).
+pub fn key_homed_at(lease: &LeaseConfig, home: &str, label: &str) -> (String, u32) {
+    (0..)
+        .map(|i| format!("surge/{label}-{i}"))
+        .map(|k| {
+            let shard = lease.shard_of_key(&k);
+            (k, shard)
+        })
+        .find(|(_, shard)| lease.home_of(*shard).is_some_and(|h| h.as_str() == home))
+        .expect("every region is some shard's home")
+}
+
+/// SIGSTOPs a process; SIGCONTs it when dropped (however the test ends).
+pub struct Frozen(u32);
+
+impl Frozen {
+    pub fn new(pid: u32) -> anyhow::Result<Self> {
+        signal("-STOP", pid)?;
+        Ok(Self(pid))
+    }
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        let _ = signal("-CONT", self.0);
+    }
+}
+
+fn signal(sig: &str, pid: u32) -> anyhow::Result<()> {
+    let status = Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()?;
+    anyhow::ensure!(status.success(), "kill {sig} {pid} failed");
+    Ok(())
+}
+
+/// Writes `key` at `region` every 20 ms until it is accepted; `FAILED_PRECONDITION` (not
+/// the holder yet) is expected meanwhile, anything else is an error.
+pub async fn write_until_accepted(
+    region: &mut Region,
+    key: &str,
+    value: &str,
+    within: Duration,
+) -> anyhow::Result<(Duration, pb::UpdateResponse)> {
+    let started = Instant::now();
+    loop {
+        match region.state.update(set(key, value)).await {
+            Ok(r) => return Ok((started.elapsed(), r.into_inner())),
+            Err(s) if s.code() == Code::FailedPrecondition => {}
+            Err(s) => bail!("{} answered {s}", region.name),
+        }
+        if started.elapsed() > within {
+            bail!(
+                "{} accepted no write of {key} within {within:?}",
+                region.name
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// One failover: `holder` (holding `key`'s lease) is frozen, `other` writes until it is
+/// accepted. Returns the time from the freeze to the accepted write and the two epochs;
+/// the holder stays frozen until the returned guard drops.
+pub async fn cut_off(
+    holder: &mut Region,
+    other: &mut Region,
+    key: &str,
+    value: &str,
+) -> anyhow::Result<(Duration, u64, u64, Frozen)> {
+    let before = epoch_of(&holder.state.update(set(key, "before")).await?.into_inner());
+    let frozen = Frozen::new(holder.pid)?;
+    let (took, accepted) = write_until_accepted(other, key, value, Duration::from_secs(60)).await?;
+    Ok((took, before, epoch_of(&accepted), frozen))
+}

@@ -1,0 +1,229 @@
+//! The holder region cut off (its node frozen with SIGSTOP past the lease: its Raft, Kafka
+//! and gRPC traffic all stop) while both regions write one owned key:
+//!
+//! - the other region takes the shard within lease + election time, at a higher epoch;
+//! - the old holder's stale delta (its epoch, replayed onto its deltas topic) is refused
+//!   by the other region as `fenced`;
+//! - once resumed, the old holder refuses owned writes (its lease is gone) until its home
+//!   shard comes back to it at a yet higher epoch;
+//! - every accepted write's epoch belongs to one region only (no overlapping epochs),
+//!   epochs rise in the order writes were accepted, and both regions converge to the
+//!   newest owner's value.
+//!
+//! The frozen node is chosen as the lease group leader's region when a region leads, so
+//! the remaining majority (the other region and the witness) must elect a new leader to
+//! grant. Its own test binary: it freezes a cluster node the other tests use.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail, ensure};
+use common::failover::{
+    cut_off, epoch_of, key_homed_at, regions, set, wait_held, write_until_accepted,
+};
+use common::{cluster, http_get, unique};
+use geostate::crdt::{CrdtValue, Delta, LwwRegister, OrderStamp, RegionId};
+use geostate::pb;
+use rdkafka::producer::FutureRecord;
+use tonic::Code;
+
+fn fenced_count(metrics: &str, from: &str) -> anyhow::Result<u64> {
+    let text = http_get(metrics, "/metrics")?;
+    Ok(text
+        .lines()
+        .filter(|l| {
+            l.starts_with("geostate_deltas_refused_total")
+                && l.contains("reason=\"fenced\"")
+                && l.contains(&format!("region=\"{from}\""))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64)
+}
+
+fn now_nanos() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_off_holder_loses_its_shard_and_epochs_never_overlap() -> anyhow::Result<()> {
+    let cluster = cluster()?;
+    let (mut regions, lease) = regions(&cluster).await?;
+    ensure!(regions.len() == 2, "the partition test needs two regions");
+
+    // the victim: the leader's region if a region leads (member ids follow the sorted
+    // region names), else the first region
+    let leader = regions[0]
+        .admin
+        .leases(pb::LeasesRequest {})
+        .await?
+        .into_inner()
+        .leader;
+    let victim = match leader as usize {
+        1 | 2 => leader as usize - 1,
+        _ => 0,
+    };
+    let (mut holder, mut other) = {
+        let mut it = regions.drain(..);
+        let (a, b) = (it.next().context("region")?, it.next().context("region")?);
+        if victim == 0 { (a, b) } else { (b, a) }
+    };
+    println!(
+        "freezing {} (lease group leader: member {leader})",
+        holder.name
+    );
+    let (key, shard) = key_homed_at(&lease, &holder.name, &unique("partition"));
+    // a key of the same shard that only the replayed stale delta will try to write
+    let stale_key = (0..)
+        .map(|i| format!("surge/{}-{i}", unique("stale")))
+        .find(|k| lease.shard_of_key(k) == shard)
+        .context("a key in the shard")?;
+    wait_held(&mut holder, shard, Duration::from_secs(30)).await?;
+
+    // every accepted write: (epoch, region), in the order accepted
+    let mut accepted: Vec<(u64, String)> = Vec::new();
+
+    // only the holder writes it
+    let refused = other
+        .state
+        .update(set(&key, "from-other"))
+        .await
+        .expect_err("a non-holder must refuse an owned write");
+    ensure!(
+        refused.code() == Code::FailedPrecondition && refused.message().contains(&holder.name),
+        "the refusal names the holder: {refused}"
+    );
+
+    // cut the holder off; the other region writes until it is accepted
+    let fenced_before = fenced_count(&other.metrics, &holder.name)?;
+    let (took, old_epoch, new_epoch, frozen) =
+        cut_off(&mut holder, &mut other, &key, "after").await?;
+    accepted.push((old_epoch, holder.name.clone()));
+    accepted.push((new_epoch, other.name.clone()));
+    println!(
+        "{} took shard {shard} {:.0} ms after {} was frozen (epoch {old_epoch} -> {new_epoch}; lease {:?}, renew every {:?}, election timeout {:?})",
+        other.name,
+        took.as_secs_f64() * 1e3,
+        holder.name,
+        lease.duration,
+        lease.renew_every,
+        lease.election_timeout
+    );
+    ensure!(
+        new_epoch > old_epoch,
+        "the new holder's epoch must be higher"
+    );
+    ensure!(
+        took < lease.duration + 3 * lease.renew_every + 4 * lease.election_timeout,
+        "failover took {took:?}, more than lease + election time"
+    );
+
+    // the old holder's stale delta, replayed on its deltas topic (its Kafka runs on)
+    let region = RegionId::new(&holder.name)?;
+    let stamp = OrderStamp {
+        epoch: old_epoch,
+        hlc: geostate::clock::HlcTimestamp::new(now_nanos(), 0),
+        origin: region.clone(),
+    };
+    let stale = Delta {
+        key: stale_key.clone(),
+        origin: region,
+        state: CrdtValue::LwwRegister(LwwRegister::new(b"stale".to_vec(), stamp.clone())),
+        origin_time: stamp.hlc,
+        epoch: old_epoch,
+    };
+    let producer = common::producer(&cluster.regions[&holder.name].kafka)?;
+    producer
+        .send(
+            FutureRecord::to("geostate.deltas")
+                .key(&stale_key)
+                .payload(&stale.encode()),
+            Duration::from_secs(10),
+        )
+        .await
+        .map_err(|(e, _)| e)?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while fenced_count(&other.metrics, &holder.name)? <= fenced_before {
+        ensure!(
+            Instant::now() < deadline,
+            "{} did not refuse the replayed epoch-{old_epoch} delta within 60 s",
+            other.name
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let never_set = other
+        .state
+        .get(pb::GetRequest {
+            key: stale_key.clone(),
+        })
+        .await;
+    ensure!(
+        never_set
+            .as_ref()
+            .is_err_and(|s| s.code() == Code::NotFound),
+        "the fenced delta must not be merged: {never_set:?}"
+    );
+
+    // resume the old holder: its lease is gone, so its first owned write is refused (or,
+    // if its home shard already came back, stamped with a newer epoch)
+    drop(frozen);
+    match holder.state.update(set(&key, "from-old-holder")).await {
+        Err(s) if s.code() == Code::FailedPrecondition => {}
+        Ok(r) => {
+            let e = epoch_of(&r.into_inner());
+            ensure!(e > new_epoch, "the resumed old holder wrote at epoch {e}");
+            accepted.push((e, holder.name.clone()));
+        }
+        Err(s) => bail!("the resumed old holder answered {s}"),
+    }
+
+    // healing: the home region takes its shard back at a higher epoch and writes last
+    let (_, last) =
+        write_until_accepted(&mut holder, &key, "final", Duration::from_secs(60)).await?;
+    let final_epoch = epoch_of(&last);
+    accepted.push((final_epoch, holder.name.clone()));
+    ensure!(final_epoch > new_epoch, "take-back must raise the epoch");
+
+    // no epoch accepted in two regions; epochs rise in acceptance order
+    let mut owners: BTreeMap<u64, &str> = BTreeMap::new();
+    for (epoch, region) in &accepted {
+        let owner = owners.entry(*epoch).or_insert(region);
+        ensure!(
+            owner == region,
+            "epoch {epoch} accepted in {owner} and {region}"
+        );
+    }
+    ensure!(
+        accepted.windows(2).all(|w| w[0].0 <= w[1].0),
+        "epochs went back: {accepted:?}"
+    );
+
+    // both regions converge to the newest owner's value
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for region in [&mut holder, &mut other] {
+        loop {
+            let v = region
+                .state
+                .get(pb::GetRequest { key: key.clone() })
+                .await?
+                .into_inner();
+            let epoch = v.stamp.as_ref().map_or(0, |s| s.epoch);
+            if v.value == Some(pb::value::Value::Register(b"final".to_vec())) {
+                ensure!(epoch == final_epoch, "read carries epoch {epoch}");
+                break;
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "{} did not converge to the final value: {v:?}",
+                region.name
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    println!("accepted writes (epoch, region): {accepted:?}");
+    Ok(())
+}
