@@ -49,6 +49,9 @@ pub const CHECKPOINT_LAST: &str = "geostate_checkpoint_last_unix_seconds";
 pub const LEASES_HELD: &str = "geostate_lease_shards_held";
 /// From sending a lease renewal (or acquisition) to its applied outcome (histogram).
 pub const LEASE_RENEW_SECONDS: &str = "geostate_lease_renew_seconds";
+/// Raft log entries this region proposed for its leases: one per round, holding every
+/// command of the round (counter).
+pub const LEASE_ENTRIES: &str = "geostate_lease_log_entries_total";
 /// Lease commands proposed, label `outcome` (granted, refused, failed) (counter).
 pub const LEASE_PROPOSALS: &str = "geostate_lease_proposals_total";
 /// Owned-key writes refused because this region holds no valid lease (counter).

@@ -301,6 +301,7 @@ pub async fn run(
         checkpoint_status,
         objects,
         leases,
+        peers: Default::default(),
     });
     let mut grpc_stop = stop_rx.clone();
     let mut grpc_task = tokio::spawn(api::serve(listeners.grpc, api, async move {

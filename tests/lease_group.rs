@@ -4,63 +4,48 @@
 //! elects a new leader and keeps granting (a new holder, a higher epoch); the stopped
 //! member restarts from its own disk and catches up.
 
+mod common;
+
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
 use geostate::crdt::RegionId;
-use geostate::lease::network::{Network, Service};
-use geostate::lease::raft_store::{self, LeaseRaft, Reply, TableView};
+use geostate::lease::config::{LeaseConfig, Member as MemberConfig};
+use geostate::lease::member::Member;
+use geostate::lease::raft_store::{Proposal, Reply};
 use geostate::lease::table::{Command, Outcome};
-use openraft::{BasicNode, Raft};
-use tokio::net::TcpListener;
-use tokio::sync::oneshot;
-use tokio_stream::wrappers::TcpListenerStream;
 
-struct Member {
-    raft: Raft<LeaseRaft>,
-    view: TableView,
-    stop: Option<oneshot::Sender<()>>,
-    server: tokio::task::JoinHandle<()>,
-}
-
-impl Member {
-    async fn start(id: u64, dir: &std::path::Path, listener: TcpListener) -> anyhow::Result<Self> {
-        let config = openraft::Config {
-            heartbeat_interval: 100,
-            election_timeout_min: 400,
-            election_timeout_max: 800,
-            ..Default::default()
-        }
-        .validate()?;
-        let (log, machine, view) = raft_store::open(dir, 100)?;
-        let raft = Raft::new(id, Arc::new(config), Network, log, machine).await?;
-        let (stop, stopped) = oneshot::channel::<()>();
-        let service = Service::server(raft.clone());
-        let server = tokio::spawn(async move {
-            let _ = tonic::transport::Server::builder()
-                .add_service(service)
-                .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
-                    let _ = stopped.await;
-                })
-                .await;
-        });
-        Ok(Self {
-            raft,
-            view,
-            stop: Some(stop),
-            server,
+/// Member `id` of a three-member group on `ports`, with fast Raft timings.
+fn config(id: u64, ports: &[u16]) -> LeaseConfig {
+    let members = ports
+        .iter()
+        .enumerate()
+        .map(|(i, port)| {
+            let id = i as u64 + 1;
+            let member = MemberConfig {
+                id,
+                addr: format!("127.0.0.1:{port}"),
+                region: None,
+                api: None,
+            };
+            (id, member)
         })
-    }
-
-    async fn stop(mut self) -> anyhow::Result<()> {
-        self.raft.shutdown().await.ok();
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        self.server.abort();
-        Ok(())
+        .collect();
+    LeaseConfig {
+        member_id: id,
+        listen: format!("127.0.0.1:{}", ports[id as usize - 1])
+            .parse()
+            .expect("an address"),
+        members,
+        shards: 8,
+        homes: Vec::new(),
+        duration: Duration::from_millis(500),
+        renew_every: Duration::from_millis(100),
+        heartbeat: Duration::from_millis(100),
+        election_timeout: Duration::from_millis(400),
+        take_back: false,
+        forward_writes: false,
     }
 }
 
@@ -92,15 +77,15 @@ async fn acquire(
     let leader = leader(members).await?;
     let reply: Reply = members[&leader]
         .raft
-        .client_write(Command::Acquire {
+        .client_write(Proposal(vec![Command::Acquire {
             shard: 7,
             region: RegionId::new(region)?,
             now_ms: now_ms(),
             duration_ms,
-        })
+        }]))
         .await?
         .data;
-    reply.0.context("no outcome")
+    reply.0.into_iter().next().context("no outcome")
 }
 
 async fn applied_everywhere(members: &BTreeMap<u64, Member>, epoch: u64) -> anyhow::Result<()> {
@@ -123,15 +108,16 @@ async fn leases_are_granted_by_the_majority_after_the_leader_stops() -> anyhow::
     let dirs: Vec<tempfile::TempDir> = (0..3)
         .map(|_| tempfile::tempdir())
         .collect::<Result<_, _>>()?;
-    let mut nodes = BTreeMap::new();
+    let ports: Vec<u16> = (0..3).map(|_| common::free_port()).collect();
     let mut members = BTreeMap::new();
+    // every member forms the group with the same first membership on its first start
     for (i, dir) in dirs.iter().enumerate() {
         let id = i as u64 + 1;
-        let listener = TcpListener::bind("127.0.0.1:0").await?;
-        nodes.insert(id, BasicNode::new(listener.local_addr()?.to_string()));
-        members.insert(id, Member::start(id, dir.path(), listener).await?);
+        members.insert(
+            id,
+            Member::start(&config(id, &ports), dir.path(), 100).await?,
+        );
     }
-    members[&1].raft.initialize(nodes.clone()).await?;
 
     // a grant through the leader reaches every member's table
     let Outcome::Granted(first) = acquire(&members, "us-east-1", 500).await? else {
@@ -148,11 +134,7 @@ async fn leases_are_granted_by_the_majority_after_the_leader_stops() -> anyhow::
     // the leader's member stops; the other two elect a leader and keep granting
     let old_leader = leader(&members).await?;
     let stopped_at = std::time::Instant::now();
-    members
-        .remove(&old_leader)
-        .context("leader")?
-        .stop()
-        .await?;
+    members.remove(&old_leader).context("leader")?.stop().await;
     // the first lease ends at its recorded expiry (the proposer's wall clock is ours)
     tokio::time::sleep(Duration::from_millis(
         first.expires_at_ms.saturating_sub(now_ms()),
@@ -169,12 +151,16 @@ async fn leases_are_granted_by_the_majority_after_the_leader_stops() -> anyhow::
     applied_everywhere(&members, 2).await?;
 
     // the stopped member comes back from its own disk and catches up
-    let listener = TcpListener::bind(&nodes[&old_leader].addr).await?;
-    let back = Member::start(old_leader, dirs[old_leader as usize - 1].path(), listener).await?;
+    let back = Member::start(
+        &config(old_leader, &ports),
+        dirs[old_leader as usize - 1].path(),
+        100,
+    )
+    .await?;
     members.insert(old_leader, back);
     applied_everywhere(&members, 2).await?;
     for (_, m) in members {
-        m.stop().await?;
+        m.stop().await;
     }
     Ok(())
 }

@@ -464,12 +464,34 @@ def build_node() -> None:
 LEASE_LOCAL_KEYS = ("member-id", "listen")
 
 
+def overrides() -> dict[str, str]:
+    """GEOSTATE_LEASE="duration=600ms,renew-every=150ms,max-clock-offset=100ms" overrides
+    the templates' lease timings (and max-clock-offset) in every generated config: how
+    the failover benchmark tries other settings (`cluster.py restart-nodes`)."""
+    out = {}
+    for item in filter(None, os.environ.get("GEOSTATE_LEASE", "").split(",")):
+        key, _, value = item.partition("=")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def apply_overrides(lines: list[str]) -> list[str]:
+    extra = overrides()
+    out = []
+    for line in lines:
+        key = line.split("=", 1)[0].strip()
+        if "=" in line and not line.lstrip().startswith("#") and key in extra:
+            line = f'{key} = "{extra[key]}"'
+        out.append(line)
+    return out
+
+
 def lease_members(cluster: dict) -> list[str]:
     """The [[lease.member]] entries of this cluster: regions by name, then the witness."""
     out = []
     for i, (region, r) in enumerate(sorted(cluster["regions"].items()), start=1):
         out += ["", "[[lease.member]]", f"id = {i}", f'addr = "{r["lease"]}"',
-                f'region = "{region}"']
+                f'region = "{region}"', f'api = "{r["grpc"]}"']
     out += ["", "[[lease.member]]", f"id = {len(cluster['regions']) + 1}",
             f'addr = "{cluster["witness"]["lease"]}"']
     return out
@@ -484,8 +506,9 @@ def with_lease(template: str, member_id: int, listen: str, cluster: dict) -> lis
         key = line.split("=", 1)[0].strip()
         if "=" in line and not line.lstrip().startswith("#") and key not in LEASE_LOCAL_KEYS:
             settings.append(line)
-    return (head.splitlines() + ["", "[lease]", f"member-id = {member_id}",
-                                 f'listen = "{listen}"'] + settings + lease_members(cluster))
+    return apply_overrides(head.splitlines() + ["", "[lease]", f"member-id = {member_id}",
+                                                f'listen = "{listen}"'] + settings
+                           + lease_members(cluster))
 
 
 def witness_config(cluster: dict) -> Path:
@@ -648,7 +671,9 @@ def cmd_up(_args: argparse.Namespace) -> None:
         for region, r in regions.items():
             cluster["regions"][region] = {
                 "kafka": r["kafka"], "kafka_pid": r["kafka_pid"],
-                "grpc": None, "metrics": None, "data_dir": str(RUN / "nodes" / region),
+                # ports fixed up front: every node's config names the others' addresses
+                "grpc": f"127.0.0.1:{free_port()}", "metrics": None,
+                "data_dir": str(RUN / "nodes" / region),
                 "lease": f"127.0.0.1:{free_port()}", "pid": None}
         cluster["mirrormaker2"] = {"pid": None}
         # the lease group's third member (two regions + a witness form a majority)
@@ -733,6 +758,25 @@ def cmd_status(_args: argparse.Namespace) -> None:
         sys.exit(1)
 
 
+def cmd_restart_nodes(_args: argparse.Namespace) -> None:
+    """Restart the witness and every node with freshly generated configs (data kept): how
+    new lease settings (GEOSTATE_LEASE) take effect."""
+    cluster = read_cluster()
+    if cluster is None:
+        sys.exit("cluster: down (no cluster.json)")
+    for region, r in cluster["regions"].items():
+        if r.get("pid") and pid_alive(r["pid"]):
+            stop_pid(f"node-{region}", r["pid"])
+    start_witness(cluster)
+    write_cluster(cluster)
+    for region, r in cluster["regions"].items():
+        start_node(region, r, cluster["s3"], cluster)
+        write_cluster(cluster)
+    for region, r in cluster["regions"].items():
+        wait_node(region, r)
+    log(f"restarted the witness and nodes ({os.environ.get('GEOSTATE_LEASE') or 'template settings'})")
+
+
 def cmd_mirror(args: argparse.Namespace) -> None:
     """Stop or start MirrorMaker 2 alone (chaos drills, tests): the regions keep running."""
     cluster = read_cluster()
@@ -757,7 +801,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
     for name, fn in [("install", cmd_install), ("up", cmd_up), ("down", cmd_down),
-                     ("status", cmd_status)]:
+                     ("status", cmd_status), ("restart-nodes", cmd_restart_nodes)]:
         sub.add_parser(name).set_defaults(fn=fn)
     mirror = sub.add_parser("mirror", help="stop or start MirrorMaker 2 alone")
     mirror.add_argument("action", choices=["stop", "start"])

@@ -16,6 +16,9 @@ pub enum ApiError {
     NotHolder(NotHolder),
     #[error("{0}")]
     Precondition(String),
+    /// The holder region's answer to a forwarded owned write.
+    #[error("forwarded to the lease holder: {}", .0.message())]
+    Forwarded(tonic::Status),
     #[error("{key:?} has no value: the register was never set")]
     NotFound { key: String },
     #[error("{0}")]
@@ -61,6 +64,7 @@ impl ApiError {
             ApiError::Unavailable(_) | ApiError::NotNow(_) => Code::Unavailable,
             ApiError::NotApplied { .. } => Code::DeadlineExceeded,
             ApiError::Store(_) | ApiError::Internal(_) => Code::Internal,
+            ApiError::Forwarded(s) => s.code(),
         }
     }
 }

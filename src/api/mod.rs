@@ -24,13 +24,16 @@ use crate::config::{Config, Ownership, RecordFormat};
 use crate::crdt::CrdtType;
 use crate::ingest::event::{Op, Update};
 use crate::ingest::pump::IngestShared;
-use crate::lease::manager::{Leases, ShardStatus};
+use crate::lease::manager::{Leases, NotHolder, ShardStatus, TransferError};
 use crate::metrics as m;
 use crate::pb;
 use crate::pb::admin_server::{Admin, AdminServer};
 use crate::pb::state_server::{State, StateServer};
 use crate::shutdown::stopped;
 use crate::store::Store;
+
+/// Marks an `Update` forwarded by a non-holder region: it is never forwarded again.
+const FORWARDED: &str = "x-geostate-forwarded-by";
 
 /// How long `Update` waits for its record to be applied.
 const APPLY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -59,6 +62,10 @@ pub struct Api {
     pub objects: checkpoint::objects::Objects,
     /// This region's leases on owned shards (`None`: no `[lease]` section).
     pub leases: Option<Arc<Leases>>,
+    /// Clients of other regions' APIs, for forwarded owned writes (made on first use).
+    pub peers: std::sync::Mutex<
+        BTreeMap<String, pb::state_client::StateClient<tonic::transport::Channel>>,
+    >,
 }
 
 /// Serves the API on `listener` until `shutdown` completes.
@@ -143,8 +150,57 @@ impl Handler {
         }
     }
 
-    async fn update(&self, req: pb::UpdateRequest) -> Result<pb::UpdateResponse, ApiError> {
+    /// An owned write this region may not make, sent to the holder's API when
+    /// `lease.forward-writes` is on (once: a forwarded write is never forwarded again).
+    async fn forward(
+        &self,
+        req: pb::UpdateRequest,
+        refusal: NotHolder,
+        forwarded: bool,
+    ) -> Result<pb::UpdateResponse, ApiError> {
         let api = &self.0;
+        let target = api
+            .leases
+            .as_ref()
+            .filter(|l| l.config().forward_writes && !forwarded)
+            .zip(refusal.holder.as_ref())
+            .and_then(|(l, holder)| l.config().api_of(&holder.holder).map(str::to_owned));
+        let Some(addr) = target else {
+            metrics::counter!(m::OWNED_WRITES_REFUSED).increment(1);
+            return Err(ApiError::NotHolder(refusal));
+        };
+        let mut client = {
+            let mut peers = api.peers.lock().unwrap_or_else(|p| p.into_inner());
+            match peers.get(&addr) {
+                Some(c) => c.clone(),
+                None => {
+                    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+                        .map_err(|e| ApiError::Internal(e.to_string()))?
+                        .connect_timeout(Duration::from_secs(1))
+                        .connect_lazy();
+                    let client = pb::state_client::StateClient::new(channel);
+                    peers.insert(addr.clone(), client.clone());
+                    client
+                }
+            }
+        };
+        let mut request = Request::new(req);
+        if let Ok(region) = api.config.region.as_str().parse() {
+            request.metadata_mut().insert(FORWARDED, region);
+        }
+        match client.update(request).await {
+            Ok(r) => Ok(r.into_inner()),
+            Err(s) => Err(ApiError::Forwarded(s)),
+        }
+    }
+
+    async fn update(
+        &self,
+        req: pb::UpdateRequest,
+        forwarded: bool,
+    ) -> Result<pb::UpdateResponse, ApiError> {
+        let api = &self.0;
+        let original = req.clone();
         let op = match req.op {
             Some(pb::update_request::Op::Add(n)) => Op::Add(n),
             Some(pb::update_request::Op::Set(v)) => Op::Set(v),
@@ -167,11 +223,10 @@ impl Handler {
             && ns.ownership == Ownership::Owned
             && let Some(leases) = &api.leases
         {
-            let (_, epoch) = leases.epoch_for(&update.key).map_err(|e| {
-                metrics::counter!(m::OWNED_WRITES_REFUSED).increment(1);
-                ApiError::NotHolder(e)
-            })?;
-            update.epoch = Some(epoch);
+            match leases.epoch_for(&update.key) {
+                Ok((_, epoch)) => update.epoch = Some(epoch),
+                Err(refusal) => return self.forward(original, refusal, forwarded).await,
+            }
         }
         let ns = update
             .check(&api.config.namespaces, &api.config.ingest)
@@ -378,14 +433,14 @@ impl Handler {
         let to = crate::crdt::RegionId::new(req.to_region)
             .map_err(|e| ApiError::InvalidArgument(format!("to_region: {e}")))?;
         leases.transfer(req.shard, to).await.map_err(|e| match e {
-            crate::lease::manager::TransferError::Propose(e) => {
-                ApiError::Unavailable(e.to_string())
-            }
-            crate::lease::manager::TransferError::NotHeld(_)
-            | crate::lease::manager::TransferError::Refused(_) => {
+            TransferError::Propose(e) => ApiError::Unavailable(e.to_string()),
+            TransferError::NotHeld(_) | TransferError::Refused(_) => {
                 ApiError::Precondition(e.to_string())
             }
-            other => ApiError::InvalidArgument(other.to_string()),
+            TransferError::NoShard { .. } | TransferError::NoRegion(_) => {
+                ApiError::InvalidArgument(e.to_string())
+            }
+            TransferError::NoOutcome => ApiError::Internal(e.to_string()),
         })?;
         let status = leases
             .status()
@@ -442,10 +497,11 @@ impl State for Handler {
         req: Request<pb::UpdateRequest>,
     ) -> Result<Response<pb::UpdateResponse>, Status> {
         let started = Instant::now();
+        let forwarded = req.metadata().contains_key(FORWARDED);
         observe(
             "update",
             started,
-            Handler::update(self, req.into_inner()).await,
+            Handler::update(self, req.into_inner(), forwarded).await,
         )
         .map(Response::new)
     }

@@ -19,6 +19,8 @@ pub struct Member {
     pub id: u64,
     pub addr: String,
     pub region: Option<RegionId>,
+    /// The region's gRPC API address (where forwarded owned writes go).
+    pub api: Option<String>,
 }
 
 /// A validated `[lease]` section.
@@ -42,6 +44,9 @@ pub struct LeaseConfig {
     pub election_timeout: Duration,
     /// A preferred home region takes its shards back once it is up again.
     pub take_back: bool,
+    /// An owned write at a region without the lease is forwarded to the holder's API
+    /// instead of being refused.
+    pub forward_writes: bool,
 }
 
 impl LeaseConfig {
@@ -73,6 +78,14 @@ impl LeaseConfig {
                 || shard_of(key, self.shards),
                 |(i, _)| self.shards + i as u32,
             )
+    }
+
+    /// The gRPC API address of `region`, if configured.
+    pub fn api_of(&self, region: &RegionId) -> Option<&str> {
+        self.members
+            .values()
+            .find(|m| m.region.as_ref() == Some(region))
+            .and_then(|m| m.api.as_deref())
     }
 
     /// The region a shard prefers: its prefix's home, or the regions in turn.
@@ -118,6 +131,8 @@ pub(crate) struct RawLease {
     election_timeout: String,
     #[serde(default = "default_take_back")]
     take_back: bool,
+    #[serde(default)]
+    forward_writes: bool,
     #[serde(default, rename = "member")]
     members: Vec<RawMember>,
     #[serde(default, rename = "home")]
@@ -130,6 +145,7 @@ struct RawMember {
     id: u64,
     addr: String,
     region: Option<String>,
+    api: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -181,10 +197,20 @@ impl RawLease {
                     "a region has one member".to_string(),
                 ));
             }
+            if self.forward_writes && region.is_some() && raw.api.is_none() {
+                return Err(invalid(
+                    "lease.member.api",
+                    format!(
+                        "forward-writes needs every region member's api address (member {})",
+                        raw.id
+                    ),
+                ));
+            }
             let member = Member {
                 id: raw.id,
                 addr: raw.addr,
                 region,
+                api: raw.api,
             };
             if members.insert(raw.id, member).is_some() {
                 return Err(invalid(
@@ -255,6 +281,7 @@ impl RawLease {
             heartbeat: parse_duration("lease.heartbeat", &self.heartbeat)?,
             election_timeout: parse_duration("lease.election-timeout", &self.election_timeout)?,
             take_back: self.take_back,
+            forward_writes: self.forward_writes,
         };
         config.raft_config()?;
         Ok(config)
@@ -352,5 +379,6 @@ mod tests {
         assert!(err("duration = \"300ms\"").contains("lease.duration"));
         assert!(err("heartbeat = \"1s\"").contains("lease.election-timeout"));
         assert!(err("shards = 0").contains("lease.shards"));
+        assert!(err("forward-writes = true").contains("lease.member.api"));
     }
 }

@@ -6,7 +6,8 @@
 //!
 //! ```text
 //!  tick ─► per shard: Renew (held) | Acquire (ended, or home) | Transfer (home wants it)
-//!        ─► Proposer (local leader or forwarded) ─► Outcome ─► Holdings::granted
+//!        ─► one Proposal (one Raft entry) ─► Proposer (local leader, or forwarded)
+//!        ─► an Outcome per command ─► Holdings::granted
 //!  Update(owned key) ─► Leases::epoch_for(key) ─► epoch | FAILED_PRECONDITION (holder)
 //! ```
 
@@ -15,7 +16,6 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::{Notify, watch};
-use tokio::task::JoinSet;
 
 use super::config::LeaseConfig;
 use super::holder::Holdings;
@@ -51,6 +51,8 @@ pub enum TransferError {
     Refused(Refusal),
     #[error(transparent)]
     Propose(#[from] ProposeError),
+    #[error("the lease group applied the transfer without an outcome")]
+    NoOutcome,
 }
 
 /// One shard as `Admin/Leases` shows it.
@@ -76,6 +78,9 @@ pub struct Leases {
     /// The origin of this process's monotonic milliseconds.
     started: Instant,
     wake: Notify,
+    /// Home shards this region handed away on purpose (`transfer`): not asked back until
+    /// they return.
+    handed_off: Mutex<std::collections::BTreeSet<ShardId>>,
 }
 
 fn wall_ms() -> u64 {
@@ -104,6 +109,7 @@ impl Leases {
             proposer,
             started: Instant::now(),
             wake: Notify::new(),
+            handed_off: Mutex::default(),
         }
     }
 
@@ -186,11 +192,11 @@ impl Leases {
         }
     }
 
-    /// One round: a command per shard that needs one, all in flight together.
+    /// One round: a command per shard that needs one, all in one log entry.
     async fn round(self: &Arc<Self>, running_for: Duration) {
         let now_wall = wall_ms();
         let duration_ms = self.config.duration.as_millis() as u64;
-        let mut proposals = JoinSet::new();
+        let mut commands = Vec::new();
         for shard in self.config.all_shards() {
             let home = self.config.home_of(shard);
             let at_home = home.as_ref() == Some(&self.region);
@@ -227,7 +233,12 @@ impl Leases {
                 // held elsewhere and in force: only the home asks (which records that it
                 // wants it back)
                 Some(l) if now_wall < l.expires_at_ms => {
-                    if !(at_home && self.config.take_back) {
+                    let handed_off = self
+                        .handed_off
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .contains(&shard);
+                    if !(at_home && self.config.take_back) || handed_off {
                         continue;
                     }
                     self.acquire(shard, now_wall, duration_ms)
@@ -242,10 +253,11 @@ impl Leases {
                     self.acquire(shard, now_wall, duration_ms)
                 }
             };
-            let this = self.clone();
-            proposals.spawn(async move { this.propose(command, duration_ms).await });
+            commands.push(command);
         }
-        while proposals.join_next().await.is_some() {}
+        if !commands.is_empty() {
+            self.propose(commands, duration_ms).await;
+        }
     }
 
     fn acquire(&self, shard: ShardId, now_ms: u64, duration_ms: u64) -> Command {
@@ -257,45 +269,59 @@ impl Leases {
         }
     }
 
-    /// Proposes one command and records the answer in the holdings.
-    async fn propose(&self, command: Command, duration_ms: u64) -> Option<Outcome> {
-        let shard = command.shard();
+    /// Proposes one round's commands as one log entry and records the answers in the
+    /// holdings.
+    async fn propose(&self, commands: Vec<Command>, duration_ms: u64) {
+        let shards: Vec<ShardId> = commands.iter().map(Command::shard).collect();
         let sent = self.mono_ms();
         let asked = Instant::now();
-        match self.proposer.propose(command).await {
-            Ok(outcome) => {
+        metrics::counter!(m::LEASE_ENTRIES).increment(1);
+        match self.proposer.propose(commands).await {
+            Ok(outcomes) => {
                 metrics::histogram!(m::LEASE_RENEW_SECONDS).record(asked.elapsed().as_secs_f64());
-                let lease = match &outcome {
-                    Outcome::Granted(lease) => {
-                        metrics::counter!(m::LEASE_PROPOSALS, "outcome" => "granted").increment(1);
-                        Some(lease)
-                    }
-                    Outcome::Refused { current, .. } => {
-                        metrics::counter!(m::LEASE_PROPOSALS, "outcome" => "refused").increment(1);
-                        current.as_ref()
-                    }
-                };
-                if let Some(lease) = lease {
-                    let mut holdings = self.holdings();
-                    let before = holdings.holding(shard).map(|h| h.epoch);
-                    holdings.granted(shard, lease, sent, duration_ms);
-                    let after = holdings.holding(shard).map(|h| h.epoch);
-                    if before != after {
-                        tracing::info!(shard, epoch = ?after, holder = %lease.holder, "lease changed");
-                    }
+                for (shard, outcome) in shards.into_iter().zip(&outcomes) {
+                    self.record(shard, outcome, sent, duration_ms);
                 }
-                Some(outcome)
             }
             Err(e) => {
-                metrics::counter!(m::LEASE_PROPOSALS, "outcome" => "failed").increment(1);
-                tracing::debug!(shard, error = %e, "lease proposal failed");
-                None
+                metrics::counter!(m::LEASE_PROPOSALS, "outcome" => "failed")
+                    .increment(shards.len() as u64);
+                tracing::debug!(error = %e, "lease proposal failed");
             }
         }
     }
 
+    /// Records one command's outcome (asked at `sent`) in the holdings.
+    fn record(&self, shard: ShardId, outcome: &Outcome, sent: u64, duration_ms: u64) {
+        let lease = match outcome {
+            Outcome::Granted(lease) => {
+                metrics::counter!(m::LEASE_PROPOSALS, "outcome" => "granted").increment(1);
+                lease
+            }
+            Outcome::Refused { current, .. } => {
+                metrics::counter!(m::LEASE_PROPOSALS, "outcome" => "refused").increment(1);
+                let Some(current) = current else { return };
+                current
+            }
+        };
+        if lease.holder == self.region {
+            self.handed_off
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&shard);
+        }
+        let mut holdings = self.holdings();
+        let before = holdings.holding(shard).map(|h| h.epoch);
+        holdings.granted(shard, lease, sent, duration_ms);
+        let after = holdings.holding(shard).map(|h| h.epoch);
+        if before != after {
+            tracing::info!(shard, epoch = ?after, holder = %lease.holder, "lease changed");
+        }
+    }
+
     /// Planned handoff: stops writing `shard` here, then transfers it to `to`, which
-    /// renews it (and starts writing) on its next round.
+    /// renews it (and starts writing) on its next round. A home region does not ask for a
+    /// shard it handed off back until it has held it again (or restarted).
     pub async fn transfer(&self, shard: ShardId, to: RegionId) -> Result<Lease, TransferError> {
         let shards = self.config.all_shards().end;
         if shard >= shards {
@@ -312,17 +338,25 @@ impl Leases {
             holdings.relinquish(shard, self.mono_ms());
             epoch
         };
-        let outcome = self
+        self.handed_off
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(shard);
+        let outcomes = self
             .proposer
-            .propose(Command::Transfer {
+            .propose(vec![Command::Transfer {
                 shard,
                 from: self.region.clone(),
                 to,
                 epoch,
                 now_ms: wall_ms(),
-            })
+            }])
             .await?;
-        match outcome {
+        match outcomes
+            .into_iter()
+            .next()
+            .ok_or(TransferError::NoOutcome)?
+        {
             Outcome::Granted(lease) => Ok(lease),
             Outcome::Refused { reason, .. } => Err(TransferError::Refused(reason)),
         }

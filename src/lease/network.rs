@@ -22,8 +22,9 @@ use serde::de::DeserializeOwned;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Request, Response, Status};
 
-use super::raft_store::{LeaseRaft, Reply};
+use super::raft_store::{LeaseRaft, Proposal, Reply};
 use super::table::{Command, Outcome};
+
 use crate::pb;
 use crate::pb::lease_raft_client::LeaseRaftClient;
 use crate::pb::lease_raft_server::LeaseRaftServer;
@@ -194,10 +195,10 @@ impl pb::lease_raft_server::LeaseRaft for Service {
         &self,
         request: Request<pb::RaftMessage>,
     ) -> Result<Response<pb::RaftMessage>, Status> {
-        let command: Command = decode(request)?;
+        let proposal: Proposal = decode(request)?;
         let result: Result<Reply, String> = self
             .raft
-            .client_write(command)
+            .client_write(proposal)
             .await
             .map(|r| r.data)
             .map_err(|e| e.to_string());
@@ -238,22 +239,29 @@ impl Proposer {
         &self.raft
     }
 
-    /// Proposes `command` and waits for the outcome the table applied.
-    pub async fn propose(&self, command: Command) -> Result<Outcome, ProposeError> {
-        let reply = match self.raft.client_write(command.clone()).await {
+    /// Proposes `commands` as one log entry and waits for the outcomes the table applied,
+    /// in order.
+    pub async fn propose(&self, commands: Vec<Command>) -> Result<Vec<Outcome>, ProposeError> {
+        let count = commands.len();
+        let proposal = Proposal(commands);
+        let reply = match self.raft.client_write(proposal.clone()).await {
             Ok(written) => written.data,
             Err(RaftError::APIError(ClientWriteError::ForwardToLeader(to))) => {
                 let node = to.leader_node.ok_or(ProposeError::NoLeader)?;
-                self.forward(&node.addr, &command).await?
+                self.forward(&node.addr, &proposal).await?
             }
             Err(e) => return Err(ProposeError::Raft(e.to_string())),
         };
-        reply
-            .0
-            .ok_or_else(|| ProposeError::Raft("the entry applied without an outcome".into()))
+        if reply.0.len() != count {
+            return Err(ProposeError::Raft(format!(
+                "{count} commands, {} outcomes",
+                reply.0.len()
+            )));
+        }
+        Ok(reply.0)
     }
 
-    async fn forward(&self, addr: &str, command: &Command) -> Result<Reply, ProposeError> {
+    async fn forward(&self, addr: &str, proposal: &Proposal) -> Result<Reply, ProposeError> {
         let failed = |reason: String| ProposeError::Forward {
             addr: addr.to_owned(),
             reason,
@@ -273,7 +281,7 @@ impl Proposer {
                 }
             }
         };
-        let json = serde_json::to_vec(command).map_err(|e| failed(e.to_string()))?;
+        let json = serde_json::to_vec(proposal).map_err(|e| failed(e.to_string()))?;
         let mut request = Request::new(pb::RaftMessage { json });
         request.set_timeout(self.timeout);
         let reply = client

@@ -34,17 +34,23 @@ use serde::{Deserialize, Serialize};
 use super::table::{Command, LeaseTable, Outcome};
 
 openraft::declare_raft_types!(
-    /// The lease group's Raft types: commands are lease commands, replies their outcome.
+    /// The lease group's Raft types: an entry is a batch of lease commands (a region's
+    /// whole renewal round is one entry), its reply their outcomes in order.
     pub LeaseRaft:
-        D = Command,
+        D = Proposal,
         R = Reply,
         NodeId = u64,
         Node = BasicNode,
 );
 
-/// The answer to one applied log entry (`None` for blank and membership entries).
+/// One log entry's lease commands, applied in order.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Reply(pub Option<Outcome>);
+pub struct Proposal(pub Vec<Command>);
+
+/// The outcomes of one applied entry's commands, in order (empty for blank and
+/// membership entries).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reply(pub Vec<Outcome>);
 
 type NodeId = u64;
 type Error = StorageError<NodeId>;
@@ -369,11 +375,17 @@ impl RaftStateMachine<LeaseRaft> for StateMachine {
             for entry in entries {
                 machine.last_applied = Some(entry.log_id);
                 replies.push(match entry.payload {
-                    EntryPayload::Blank => Reply(None),
-                    EntryPayload::Normal(command) => Reply(Some(machine.table.apply(&command))),
+                    EntryPayload::Blank => Reply::default(),
+                    EntryPayload::Normal(proposal) => Reply(
+                        proposal
+                            .0
+                            .iter()
+                            .map(|command| machine.table.apply(command))
+                            .collect(),
+                    ),
                     EntryPayload::Membership(membership) => {
                         machine.membership = StoredMembership::new(Some(entry.log_id), membership);
-                        Reply(None)
+                        Reply::default()
                     }
                 });
             }

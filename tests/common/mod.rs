@@ -147,6 +147,11 @@ pub fn http_get(addr: &str, path: &str) -> anyhow::Result<String> {
 
 /// Runs `regions/local/cluster.py <args>` against the cluster the tests use.
 pub fn cluster_script(args: &[&str]) -> anyhow::Result<()> {
+    cluster_script_env(args, &[])
+}
+
+/// [`cluster_script`] with extra environment variables.
+pub fn cluster_script_env(args: &[&str], env: &[(&str, &str)]) -> anyhow::Result<()> {
     let cluster_json = std::env::var_os("GEOSTATE_CLUSTER")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
@@ -159,6 +164,7 @@ pub fn cluster_script(args: &[&str]) -> anyhow::Result<()> {
         .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("regions/local/cluster.py"))
         .args(args)
         .env("GEOSTATE_RUN_DIR", run_dir)
+        .envs(env.iter().copied())
         .output()?;
     if !out.status.success() {
         bail!(

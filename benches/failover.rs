@@ -1,0 +1,190 @@
+//! Owned-key failover benchmark (`make bench`): prints figures, asserts nothing.
+//!
+//! For each lease setting (the templates' as `make up` runs them, then a fast one): the
+//! cluster's witness and nodes restart with it; a calm window measures what the leases
+//! cost (lease commands per second, each one Raft log entry replicated to a majority) and
+//! counts false failovers (epochs that moved with nothing cut); then, in each of the
+//! trials, the holder of a fresh owned key is frozen (SIGSTOP) and the other region
+//! writes the key every 20 ms: the time from the freeze to the first accepted write is
+//! the failover. The frozen region resumes and its home shard comes back to it (take-back).
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use anyhow::bail;
+use common::failover::{Region, cut_off, key_homed_at, regions, wait_held, write_until_accepted};
+use common::{cluster, cluster_script_env, http_get, ms, percentile, unique};
+use geostate::config::LeaseConfig;
+use geostate::pb;
+
+/// Trials per setting (`GEOSTATE_FAILOVER_TRIALS` overrides).
+const TRIALS: usize = 20;
+const CALM: Duration = Duration::from_secs(10);
+
+const PROFILES: [(&str, &str); 2] = [
+    ("template (make up)", ""),
+    (
+        "fast",
+        "duration=700ms,renew-every=150ms,heartbeat=50ms,election-timeout=250ms,max-clock-offset=100ms",
+    ),
+];
+
+fn main() -> anyhow::Result<()> {
+    common::block_on(run())
+}
+
+fn trials() -> usize {
+    std::env::var("GEOSTATE_FAILOVER_TRIALS")
+        .ok()
+        .and_then(|t| t.parse().ok())
+        .unwrap_or(TRIALS)
+}
+
+async fn run() -> anyhow::Result<()> {
+    println!("# geostate owned-key failover benchmark");
+    println!();
+    println!(
+        "machine: 2 cores; two regions + a witness on loopback, release-build nodes; {} trials per setting; the holder is frozen with SIGSTOP (its Raft, Kafka and gRPC traffic stop), the other region writes every 20 ms",
+        trials()
+    );
+    let mut rows = Vec::new();
+    for (name, spec) in PROFILES {
+        cluster_script_env(&["restart-nodes"], &[("GEOSTATE_LEASE", spec)])?;
+        rows.push(profile(name).await?);
+    }
+    // leave the cluster as `make up` configures it
+    cluster_script_env(&["restart-nodes"], &[("GEOSTATE_LEASE", "")])?;
+
+    println!();
+    println!(
+        "| setting | lease / renew / election / max-clock-offset | failover p50 | p99 | max | leader frozen | take-back p50 | lease commands/s in Raft entries/s | false failovers in {}s |",
+        CALM.as_secs()
+    );
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|");
+    for r in rows {
+        println!("{r}");
+    }
+    Ok(())
+}
+
+/// The sum of a counter's series on a region's metrics endpoint.
+fn counter(region: &Region, name: &str) -> anyhow::Result<f64> {
+    Ok(http_get(&region.metrics, "/metrics")?
+        .lines()
+        .filter(|l| l.starts_with(name))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum())
+}
+
+async fn epochs(region: &mut Region) -> anyhow::Result<BTreeMap<u32, (String, u64)>> {
+    Ok(region
+        .admin
+        .leases(pb::LeasesRequest {})
+        .await?
+        .into_inner()
+        .shards
+        .into_iter()
+        .map(|s| (s.shard, (s.holder, s.epoch)))
+        .collect())
+}
+
+/// Waits until every shard is held by its home region.
+async fn settled(regions: &mut [Region], lease: &LeaseConfig) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let table = epochs(&mut regions[0]).await?;
+        let home = lease.all_shards().all(|s| {
+            table.get(&s).map(|(h, _)| h.as_str()) == lease.home_of(s).as_ref().map(|r| r.as_str())
+        });
+        if home {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("shards not at home within 60 s: {table:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn profile(name: &str) -> anyhow::Result<String> {
+    let cluster = cluster()?;
+    let (mut regions, lease) = regions(&cluster).await?;
+    settled(&mut regions, &lease).await?;
+
+    // the cost of holding leases, and whether they move with nothing cut
+    let totals = |regions: &[Region]| -> anyhow::Result<(f64, f64)> {
+        let mut sum = (0.0, 0.0);
+        for r in regions {
+            sum.0 += counter(r, "geostate_lease_proposals_total")?;
+            sum.1 += counter(r, "geostate_lease_log_entries_total")?;
+        }
+        Ok(sum)
+    };
+    let before = totals(&regions)?;
+    let epochs_before = epochs(&mut regions[0]).await?;
+    tokio::time::sleep(CALM).await;
+    let after = totals(&regions)?;
+    let epochs_after = epochs(&mut regions[0]).await?;
+    let false_failovers = epochs_before
+        .iter()
+        .filter(|(s, (_, e))| epochs_after.get(s).is_some_and(|(_, e2)| e2 != e))
+        .count();
+    let commands_per_second = (after.0 - before.0) / CALM.as_secs_f64();
+    let entries_per_second = (after.1 - before.1) / CALM.as_secs_f64();
+
+    let mut failovers = Vec::new();
+    let mut take_backs = Vec::new();
+    let mut leader_frozen = 0;
+    let trials = trials();
+    for t in 0..trials {
+        let (victim, other) = (t % 2, 1 - t % 2);
+        let (key, shard) = key_homed_at(&lease, &regions[victim].name, &unique("failover"));
+        wait_held(&mut regions[victim], shard, Duration::from_secs(30)).await?;
+        let leader = regions[other]
+            .admin
+            .leases(pb::LeasesRequest {})
+            .await?
+            .into_inner()
+            .leader;
+        if leader as usize == victim + 1 {
+            leader_frozen += 1;
+        }
+        let (a, b) = if victim == 0 {
+            let (a, b) = regions.split_at_mut(1);
+            (&mut a[0], &mut b[0])
+        } else {
+            let (a, b) = regions.split_at_mut(1);
+            (&mut b[0], &mut a[0])
+        };
+        let (took, _, _, frozen) = cut_off(a, b, &key, "after").await?;
+        failovers.push(took);
+        drop(frozen);
+        let (back, _) = write_until_accepted(a, &key, "back", Duration::from_secs(60)).await?;
+        take_backs.push(back);
+    }
+    failovers.sort();
+    take_backs.sort();
+    Ok(format!(
+        "| {name} | {:?} / {:?} / {:?} / {:?} | {} | {} | {} | {leader_frozen}/{trials} | {} | {commands_per_second:.1} in {entries_per_second:.1} | {false_failovers} |",
+        lease.duration,
+        lease.renew_every,
+        lease.election_timeout,
+        max_clock_offset(&cluster)?,
+        ms(percentile(&failovers, 0.5)),
+        ms(percentile(&failovers, 0.99)),
+        ms(*failovers.last().unwrap_or(&Duration::ZERO)),
+        ms(percentile(&take_backs, 0.5)),
+    ))
+}
+
+fn max_clock_offset(cluster: &common::Cluster) -> anyhow::Result<Duration> {
+    let r = cluster.regions.values().next();
+    let path = r.and_then(|r| r.config.clone());
+    let Some(path) = path else {
+        bail!("no node config");
+    };
+    Ok(geostate::config::Config::load(&path)?.max_clock_offset)
+}

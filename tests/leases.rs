@@ -1,0 +1,187 @@
+//! Leases on a private two-region group with its own witness (real processes, real Kafka):
+//! owned writes forwarded to the holder when `forward-writes` is on, and a planned handoff
+//! with `Admin/TransferLease` that sticks (the home region does not pull it back).
+
+mod common;
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, ensure};
+use common::failover::{epoch_of, set};
+use common::{Node, Topics, cluster, free_port};
+use geostate::config::Config;
+use geostate::pb;
+use geostate::pb::admin_client::AdminClient;
+use tonic::Code;
+use tonic::transport::Channel;
+
+/// The `[lease]` section of member `id` of the group (us-east-1 = 1, eu-west-1 = 2,
+/// witness = 3).
+fn lease_section(id: u64, raft: &[u16; 3], apis: &[String; 2]) -> String {
+    let mut s = format!(
+        "[lease]\nmember-id = {id}\nlisten = \"127.0.0.1:{}\"\nshards = 4\nforward-writes = true\n",
+        raft[id as usize - 1]
+    );
+    for (i, region) in ["us-east-1", "eu-west-1"].iter().enumerate() {
+        s += &format!(
+            "[[lease.member]]\nid = {}\naddr = \"127.0.0.1:{}\"\nregion = \"{region}\"\napi = \"{}\"\n",
+            i + 1,
+            raft[i],
+            apis[i].trim_start_matches("http://")
+        );
+    }
+    s += &format!(
+        "[[lease.member]]\nid = 3\naddr = \"127.0.0.1:{}\"\n",
+        raft[2]
+    );
+    s
+}
+
+struct Witness(Child);
+
+impl Drop for Witness {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+async fn holder_of(admin: &mut AdminClient<Channel>, shard: u32) -> anyhow::Result<pb::ShardLease> {
+    admin
+        .leases(pb::LeasesRequest {})
+        .await?
+        .into_inner()
+        .shards
+        .into_iter()
+        .find(|s| s.shard == shard)
+        .context("no such shard")
+}
+
+async fn wait_held_at(
+    admin: &mut AdminClient<Channel>,
+    shard: u32,
+    within: Duration,
+) -> anyhow::Result<pb::ShardLease> {
+    let deadline = Instant::now() + within;
+    loop {
+        let s = holder_of(admin, shard).await?;
+        if s.held_here {
+            return Ok(s);
+        }
+        ensure!(Instant::now() < deadline, "shard {shard} not held: {s:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn owned_writes_forward_to_the_holder_and_a_transfer_sticks() -> anyhow::Result<()> {
+    let cluster = cluster()?;
+    let kafka = cluster.regions["us-east-1"].kafka.clone();
+    let (ta, tb) = (
+        Topics::create(&kafka, "lease-a", 2).await?,
+        Topics::create(&kafka, "lease-b", 2).await?,
+    );
+    let dirs: Vec<tempfile::TempDir> = (0..3)
+        .map(|_| tempfile::tempdir())
+        .collect::<Result<_, _>>()?;
+    let (mut a, mut b) = Node::pair(&kafka, (&ta, &tb), (dirs[0].path(), dirs[1].path()))?;
+    let raft = [free_port(), free_port(), free_port()];
+    let apis = [a.grpc.clone(), b.grpc.clone()];
+    a.append(&lease_section(1, &raft, &apis))?;
+    b.append(&lease_section(2, &raft, &apis))?;
+    let witness_config = dirs[2].path().join("witness.toml");
+    std::fs::write(
+        &witness_config,
+        format!(
+            "data-dir = {:?}\n{}",
+            dirs[2].path().join("raft"),
+            lease_section(3, &raft, &apis)
+        ),
+    )?;
+    let _witness = Witness(
+        Command::new(env!("CARGO_BIN_EXE_geostate"))
+            .args(["run", "--role", "witness", "--config"])
+            .arg(&witness_config)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dirs[2].path().join("witness.log"))?)
+            .spawn()?,
+    );
+    a.start().await?;
+    b.start().await?;
+    let lease = Config::load(&a.config)?.lease.context("[lease]")?;
+    let (mut admin_a, mut admin_b) = (
+        AdminClient::connect(a.grpc.clone()).await?,
+        AdminClient::connect(b.grpc.clone()).await?,
+    );
+    let (mut state_a, mut state_b) = (a.state().await?, b.state().await?);
+
+    // a key of a shard us-east-1 (a) is home to
+    let key = (0..)
+        .map(|i| format!("surge/fwd-{i}"))
+        .find(|k| {
+            lease
+                .home_of(lease.shard_of_key(k))
+                .is_some_and(|h| h.as_str() == "us-east-1")
+        })
+        .context("a key homed at us-east-1")?;
+    let shard = lease.shard_of_key(&key);
+    let held = wait_held_at(&mut admin_a, shard, Duration::from_secs(30)).await?;
+
+    // written at the non-holder: forwarded, applied at the holder with its epoch
+    let r = state_b.update(set(&key, "1.7")).await?.into_inner();
+    let stamp = r.stamp.context("a register write has a stamp")?;
+    ensure!(
+        stamp.origin == "us-east-1" && stamp.epoch == held.epoch,
+        "the forwarded write is the holder's: {stamp:?}"
+    );
+
+    // planned handoff to eu-west-1: it writes at a higher epoch, us-east-1 forwards to it
+    let moved = admin_a
+        .transfer_lease(pb::TransferLeaseRequest {
+            shard,
+            to_region: "eu-west-1".into(),
+        })
+        .await?
+        .into_inner()
+        .lease
+        .context("the transferred lease")?;
+    ensure!(
+        moved.holder == "eu-west-1" && moved.epoch > held.epoch,
+        "{moved:?}"
+    );
+    let at_b = wait_held_at(&mut admin_b, shard, Duration::from_secs(10)).await?;
+    let r = state_b.update(set(&key, "1.9")).await?.into_inner();
+    ensure!(
+        epoch_of(&r) == at_b.epoch,
+        "written at the new epoch: {r:?}"
+    );
+    let r = state_a.update(set(&key, "2.1")).await?.into_inner();
+    let stamp = r.stamp.context("stamp")?;
+    ensure!(
+        stamp.origin == "eu-west-1",
+        "forwarded to the new holder: {stamp:?}"
+    );
+
+    // a transfer asked of a region that does not hold the shard is refused
+    let refused = admin_a
+        .transfer_lease(pb::TransferLeaseRequest {
+            shard,
+            to_region: "eu-west-1".into(),
+        })
+        .await
+        .expect_err("only the holder transfers");
+    ensure!(refused.code() == Code::FailedPrecondition, "{refused}");
+
+    // the handoff sticks: several lease durations later eu-west-1 still holds it
+    tokio::time::sleep(lease.duration * 3).await;
+    let still = holder_of(&mut admin_b, shard).await?;
+    ensure!(
+        still.held_here && still.epoch == at_b.epoch,
+        "the home region pulled the shard back: {still:?}"
+    );
+    a.terminate(Duration::from_secs(20)).await?;
+    b.terminate(Duration::from_secs(20)).await?;
+    Ok(())
+}
