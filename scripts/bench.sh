@@ -27,5 +27,7 @@ report=bench/results/latest.md
   cargo bench --locked --bench replication "$@"
   echo
   cargo bench --locked --bench checkpoint "$@"
+  echo
+  cargo bench --locked --bench failover "$@"
 } | tee "$report"
 echo "report: $report"

@@ -13,7 +13,21 @@ export GEOSTATE_CLUSTER="$GEOSTATE_RUN_DIR/cluster.json"
 python3 regions/local/cluster.py install
 cargo build --workspace --all-targets --locked
 
-trap 'python3 regions/local/cluster.py down' EXIT
+# On a failure, the tail of every cluster process's log goes to the output before the
+# cluster (and its logs) are stopped: CI keeps only what was printed.
+on_exit() {
+  local rc=$?
+  if [ "$rc" -ne 0 ] && [ -d "$GEOSTATE_RUN_DIR/logs" ]; then
+    for log in "$GEOSTATE_RUN_DIR"/logs/node-*.log "$GEOSTATE_RUN_DIR"/logs/witness.log; do
+      [ -f "$log" ] || continue
+      echo "---- last lines of $(basename "$log") (PartitionEOF notices left out)"
+      grep -v PartitionEOF "$log" | tail -n 40
+    done
+  fi
+  python3 regions/local/cluster.py down
+  exit "$rc"
+}
+trap on_exit EXIT
 python3 regions/local/cluster.py up >/dev/null
 
 cargo test --workspace --locked "$@"

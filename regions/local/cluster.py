@@ -690,14 +690,7 @@ def cmd_up(_args: argparse.Namespace) -> None:
         cluster["mirrormaker2"]["pid"] = start_mm2(regions)
         write_cluster(cluster)
         wait_for("mirrormaker 2 remote topics", lambda: mirrored_topics_present(regions), 120)
-        start_witness(cluster)
-        write_cluster(cluster)
-        for region, r in cluster["regions"].items():
-            start_node(region, r, cluster["s3"], cluster)
-            write_cluster(cluster)
-        for region, r in cluster["regions"].items():
-            wait_node(region, r)
-        write_cluster(cluster)
+        start_lease_group(cluster)
     except BaseException:
         log("start failed; stopping what was started")
         cmd_down(_args)
@@ -758,6 +751,18 @@ def cmd_status(_args: argparse.Namespace) -> None:
         sys.exit(1)
 
 
+def start_lease_group(cluster: dict) -> None:
+    """(Re)start the witness and every node, then wait until the nodes serve."""
+    start_witness(cluster)
+    write_cluster(cluster)
+    for region, r in cluster["regions"].items():
+        start_node(region, r, cluster["s3"], cluster)
+        write_cluster(cluster)
+    for region, r in cluster["regions"].items():
+        wait_node(region, r)
+    write_cluster(cluster)
+
+
 def cmd_restart_nodes(_args: argparse.Namespace) -> None:
     """Restart the witness and every node with freshly generated configs (data kept): how
     new lease settings (GEOSTATE_LEASE) take effect."""
@@ -767,13 +772,7 @@ def cmd_restart_nodes(_args: argparse.Namespace) -> None:
     for region, r in cluster["regions"].items():
         if r.get("pid") and pid_alive(r["pid"]):
             stop_pid(f"node-{region}", r["pid"])
-    start_witness(cluster)
-    write_cluster(cluster)
-    for region, r in cluster["regions"].items():
-        start_node(region, r, cluster["s3"], cluster)
-        write_cluster(cluster)
-    for region, r in cluster["regions"].items():
-        wait_node(region, r)
+    start_lease_group(cluster)
     log(f"restarted the witness and nodes ({os.environ.get('GEOSTATE_LEASE') or 'template settings'})")
 
 

@@ -329,7 +329,10 @@ mod tests {
         }
     }
 
-    fn run(records: Vec<Record>, stored: &BTreeMap<String, CrdtValue>) -> Applied {
+    fn run<S: StateSource>(records: Vec<Record>, stored: &S) -> Applied
+    where
+        S::Error: std::fmt::Debug,
+    {
         let c = config();
         let actor = Actor::new(RegionId::new("us-east-1").unwrap(), 1);
         let ctx = BatchContext {
@@ -361,29 +364,30 @@ mod tests {
     #[test]
     fn owned_writes_below_the_shards_fence_are_refused_and_the_epoch_leads_the_order() {
         let c = config();
-        let actor = Actor::new(RegionId::new("us-east-1").unwrap(), 1);
-        let ctx = BatchContext {
-            actor: &actor,
-            format: RecordFormat::Json,
-            namespaces: &c.namespaces,
-            limits: &c.ingest,
-            origin_time: HlcTimestamp::new(5, 0),
-            lease: c.lease.as_ref(),
-        };
-        let out = apply_batch(
+        let out = run(
             vec![
                 // an old holder's write, appended late: fenced
-                record(0, 1, r#"{"key":"surge/a","set":"9.9","epoch":4,"hlc":{"wall_nanos":90,"logical":0}}"#),
-                record(0, 2, r#"{"key":"surge/a","set":"1.2","epoch":6,"hlc":{"wall_nanos":10,"logical":0}}"#),
-                // within epoch 6 a later clock wins; an earlier one does not
-                record(0, 3, r#"{"key":"surge/a","set":"1.4","epoch":6,"hlc":{"wall_nanos":20,"logical":0}}"#),
+                record(
+                    0,
+                    1,
+                    r#"{"key":"surge/a","set":"9.9","epoch":4,"hlc":{"wall_nanos":90,"logical":0}}"#,
+                ),
+                record(
+                    0,
+                    2,
+                    r#"{"key":"surge/a","set":"1.2","epoch":6,"hlc":{"wall_nanos":10,"logical":0}}"#,
+                ),
+                // within epoch 6 the later clock wins
+                record(
+                    0,
+                    3,
+                    r#"{"key":"surge/a","set":"1.4","epoch":6,"hlc":{"wall_nanos":20,"logical":0}}"#,
+                ),
                 // no epoch at all: not through the holder's API
                 record(0, 4, r#"{"key":"surge/b","set":"2.0"}"#),
             ],
             &Fenced(BTreeMap::new()),
-            &ctx,
-        )
-        .unwrap();
+        );
         let codes: Vec<_> = out
             .rejected
             .iter()
