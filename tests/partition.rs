@@ -87,16 +87,25 @@ async fn a_cut_off_holder_loses_its_shard_and_epochs_never_overlap() -> anyhow::
     // every accepted write: (epoch, region), in the order accepted
     let mut accepted: Vec<(u64, String)> = Vec::new();
 
-    // only the holder writes it
-    let refused = other
-        .state
-        .update(set(&key, "from-other"))
-        .await
-        .expect_err("a non-holder must refuse an owned write");
-    ensure!(
-        refused.code() == Code::FailedPrecondition && refused.message().contains(&holder.name),
-        "the refusal names the holder: {refused}"
-    );
+    // only the holder writes it; the refusal names the holder (once the other region's
+    // copy of the table shows it)
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let refused = other
+            .state
+            .update(set(&key, "from-other"))
+            .await
+            .expect_err("a non-holder must refuse an owned write");
+        ensure!(refused.code() == Code::FailedPrecondition, "{refused}");
+        if refused.message().contains(&holder.name) {
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "the refusal does not name the holder: {refused}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 
     // cut the holder off; the other region writes until it is accepted
     let fenced_before = fenced_count(&other.metrics, &holder.name)?;

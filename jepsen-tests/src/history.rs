@@ -23,6 +23,8 @@ pub enum EventType {
 pub enum Function {
     Add,
     Read,
+    /// A register write (owned or shared).
+    Write,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -36,6 +38,53 @@ pub struct Event {
     pub value: Option<i64>,
     pub region: String,
     pub time_ns: u64,
+    /// Owned keys: the ownership shard.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard: Option<u32>,
+    /// Owned keys: the lease epoch the server stamped an accepted write (or a read's
+    /// value) with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epoch: Option<u64>,
+}
+
+/// One operation: its invocation and how it ended (`None` while it never completed,
+/// which counts as indeterminate).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Operation<'a> {
+    pub invoke: &'a Event,
+    pub completion: Option<&'a Event>,
+}
+
+impl Operation<'_> {
+    pub fn kind(&self) -> EventType {
+        self.completion.map_or(EventType::Info, |c| c.kind)
+    }
+
+    /// When it ended, or never (an indeterminate operation may take effect any time later).
+    pub fn end_ns(&self) -> u64 {
+        match self.completion {
+            Some(c) if c.kind != EventType::Info => c.time_ns,
+            _ => u64::MAX,
+        }
+    }
+}
+
+/// Pairs every invocation with its process's next completion.
+pub fn operations(history: &[Event]) -> Vec<Operation<'_>> {
+    let mut open: std::collections::BTreeMap<u64, usize> = std::collections::BTreeMap::new();
+    let mut ops: Vec<Operation<'_>> = Vec::new();
+    for e in history {
+        if e.kind == EventType::Invoke {
+            open.insert(e.process, ops.len());
+            ops.push(Operation {
+                invoke: e,
+                completion: None,
+            });
+        } else if let Some(i) = open.remove(&e.process) {
+            ops[i].completion = Some(e);
+        }
+    }
+    ops
 }
 
 #[derive(Debug, PartialEq, Eq)]

@@ -4,4 +4,6 @@
 //! they know.
 
 pub mod counter;
+pub mod fencing;
 pub mod history;
+pub mod register;

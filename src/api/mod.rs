@@ -163,7 +163,13 @@ impl Handler {
             .leases
             .as_ref()
             .filter(|l| l.config().forward_writes && !forwarded)
-            .zip(refusal.holder.as_ref())
+            // this member's table may lag the leader's for a moment: never to itself
+            .zip(
+                refusal
+                    .holder
+                    .as_ref()
+                    .filter(|h| h.holder != api.config.region),
+            )
             .and_then(|(l, holder)| l.config().api_of(&holder.holder).map(str::to_owned));
         let Some(addr) = target else {
             metrics::counter!(m::OWNED_WRITES_REFUSED).increment(1);
@@ -432,7 +438,7 @@ impl Handler {
         let leases = self.leases()?;
         let to = crate::crdt::RegionId::new(req.to_region)
             .map_err(|e| ApiError::InvalidArgument(format!("to_region: {e}")))?;
-        leases.transfer(req.shard, to).await.map_err(|e| match e {
+        let moved = leases.transfer(req.shard, to).await.map_err(|e| match e {
             TransferError::Propose(e) => ApiError::Unavailable(e.to_string()),
             TransferError::NotHeld(_) | TransferError::Refused(_) => {
                 ApiError::Precondition(e.to_string())
@@ -442,12 +448,9 @@ impl Handler {
             }
             TransferError::NoOutcome => ApiError::Internal(e.to_string()),
         })?;
-        let status = leases
-            .status()
-            .into_iter()
-            .find(|s| s.shard == req.shard)
-            .map(|s| shard_lease(&s));
-        Ok(pb::TransferLeaseResponse { lease: status })
+        Ok(pb::TransferLeaseResponse {
+            lease: Some(shard_lease(&moved)),
+        })
     }
 
     async fn savepoint(&self) -> Result<pb::SavepointResponse, ApiError> {

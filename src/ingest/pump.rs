@@ -231,6 +231,9 @@ impl Ingestor {
                 }
             }
             metrics::counter!(m::EVENTS_DEAD_LETTERED, "reason" => why.code()).increment(1);
+            if matches!(why, Rejection::Fenced { .. }) {
+                metrics::counter!(m::FENCED, "path" => "ingest").increment(1);
+            }
             self.shared
                 .events_dead_lettered
                 .fetch_add(1, Ordering::Relaxed);

@@ -149,28 +149,35 @@ impl Leases {
 
     /// Every shard, for `Admin/Leases`.
     pub fn status(&self) -> Vec<ShardStatus> {
-        let now_wall = wall_ms() as i64;
         let now = self.mono_ms();
         let holdings = self.holdings();
         self.config
             .all_shards()
             .map(|shard| {
-                let lease = self.view.lease(shard);
-                ShardStatus {
-                    shard,
-                    home: self.config.home_of(shard),
-                    prefix: shard
-                        .checked_sub(self.config.shards)
-                        .and_then(|i| self.config.homes.get(i as usize))
-                        .map(|(p, _)| p.clone()),
-                    expires_in_ms: lease
-                        .as_ref()
-                        .map_or(0, |l| l.expires_at_ms as i64 - now_wall),
-                    lease,
-                    held_here: holdings.valid(shard, now),
-                }
+                self.shard_status(shard, self.view.lease(shard), holdings.valid(shard, now))
             })
             .collect()
+    }
+
+    fn shard_status(
+        &self,
+        shard: ShardId,
+        lease: Option<Lease>,
+        held_here: Option<u64>,
+    ) -> ShardStatus {
+        ShardStatus {
+            shard,
+            home: self.config.home_of(shard),
+            prefix: shard
+                .checked_sub(self.config.shards)
+                .and_then(|i| self.config.homes.get(i as usize))
+                .map(|(p, _)| p.clone()),
+            expires_in_ms: lease
+                .as_ref()
+                .map_or(0, |l| l.expires_at_ms as i64 - wall_ms() as i64),
+            lease,
+            held_here,
+        }
     }
 
     /// Keeps this region's leases until `stop`.
@@ -322,7 +329,11 @@ impl Leases {
     /// Planned handoff: stops writing `shard` here, then transfers it to `to`, which
     /// renews it (and starts writing) on its next round. A home region does not ask for a
     /// shard it handed off back until it has held it again (or restarted).
-    pub async fn transfer(&self, shard: ShardId, to: RegionId) -> Result<Lease, TransferError> {
+    pub async fn transfer(
+        &self,
+        shard: ShardId,
+        to: RegionId,
+    ) -> Result<ShardStatus, TransferError> {
         let shards = self.config.all_shards().end;
         if shard >= shards {
             return Err(TransferError::NoShard { shard, shards });
@@ -357,7 +368,8 @@ impl Leases {
             .next()
             .ok_or(TransferError::NoOutcome)?
         {
-            Outcome::Granted(lease) => Ok(lease),
+            // the leader's outcome: this member's own table may apply it a moment later
+            Outcome::Granted(lease) => Ok(self.shard_status(shard, Some(lease), None)),
             Outcome::Refused { reason, .. } => Err(TransferError::Refused(reason)),
         }
     }

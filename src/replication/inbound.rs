@@ -408,6 +408,9 @@ impl Merger {
             metrics::counter!(m::DELTAS_REFUSED, "region" => region.clone(), "reason" => why.code())
                 .increment(1);
             tracing::warn!(remote = %region, partition, offset, reason = %why, "delta refused");
+            if matches!(why, Refusal::Fenced { .. }) {
+                metrics::counter!(m::FENCED, "path" => "merge").increment(1);
+            }
         }
         if let Some(newest) = merged.newest {
             let lag = self.freshness.record(
