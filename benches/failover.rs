@@ -6,7 +6,9 @@
 //! counts false failovers (epochs that moved with nothing cut); then, in each of the
 //! trials, the holder of a fresh owned key is frozen (SIGSTOP) and the other region
 //! writes the key every 20 ms: the time from the freeze to the first accepted write is
-//! the failover. The frozen region resumes and its home shard comes back to it (take-back).
+//! the failover. Trials alternate between a holder whose node follows the lease group's
+//! leader and one whose node leads it (then the failover includes an election). The
+//! frozen region resumes and its home shard comes back to it (take-back).
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -14,13 +16,15 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use anyhow::bail;
-use common::failover::{Region, cut_off, key_homed_at, regions, wait_held, write_until_accepted};
+use anyhow::{Context, bail};
+use common::failover::{
+    Region, cut_off, key_homed_at, make_a_region_lead, regions, wait_held, write_until_accepted,
+};
 use common::{cluster, cluster_script_env, http_get, ms, percentile, unique};
 use geostate::config::LeaseConfig;
 use geostate::pb;
 
-/// Trials per setting (`GEOSTATE_FAILOVER_TRIALS` overrides).
+/// Trials per setting and kind (`GEOSTATE_FAILOVER_TRIALS` overrides).
 const TRIALS: usize = 20;
 const CALM: Duration = Duration::from_secs(10);
 
@@ -47,7 +51,8 @@ async fn run() -> anyhow::Result<()> {
     println!("# geostate owned-key failover benchmark");
     println!();
     println!(
-        "machine: 2 cores; two regions + a witness on loopback, release-build nodes; {} trials per setting; the holder is frozen with SIGSTOP (its Raft, Kafka and gRPC traffic stop), the other region writes every 20 ms",
+        "machine: 2 cores; two regions + a witness on loopback, release-build nodes; per setting {} trials where the holder's node follows the lease group's leader and {} where it leads; the holder is frozen with SIGSTOP (its Raft, Kafka and gRPC traffic stop), the other region writes every 20 ms",
+        trials(),
         trials()
     );
     let mut rows = Vec::new();
@@ -60,10 +65,11 @@ async fn run() -> anyhow::Result<()> {
 
     println!();
     println!(
-        "| setting | lease / renew / election / max-clock-offset | failover p50 | p99 | max | leader frozen | take-back p50 | lease commands/s in Raft entries/s | false failovers in {}s |",
-        CALM.as_secs()
+        "| setting | lease / renew / election / max-clock-offset | failover p50 / p99 / max, holder's node follows ({t} trials) | the same, holder's node leads the group ({t} trials) | take-back p50 | lease commands/s in Raft entries/s | false failovers in {}s |",
+        CALM.as_secs(),
+        t = trials()
     );
-    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---|---:|---:|---:|---:|---:|");
     for r in rows {
         println!("{r}");
     }
@@ -135,47 +141,65 @@ async fn profile(name: &str) -> anyhow::Result<String> {
     let commands_per_second = (after.0 - before.0) / CALM.as_secs_f64();
     let entries_per_second = (after.1 - before.1) / CALM.as_secs_f64();
 
-    let mut failovers = Vec::new();
+    // trials in pairs: the holder's node follows the group's leader, then leads it (the
+    // witness paused until a region is elected), so the failover includes an election
+    let witness = cluster
+        .witness
+        .as_ref()
+        .and_then(|w| w.pid)
+        .context("the cluster has a witness")?;
+    let mut failovers: [Vec<Duration>; 2] = Default::default();
     let mut take_backs = Vec::new();
-    let mut leader_frozen = 0;
     let trials = trials();
-    for t in 0..trials {
-        let (victim, other) = (t % 2, 1 - t % 2);
+    for t in 0..2 * trials {
+        let leading = t % 2 == 1;
+        let victim = if leading {
+            make_a_region_lead(&mut regions, witness).await?
+        } else {
+            let leader = regions[0]
+                .admin
+                .leases(pb::LeasesRequest {})
+                .await?
+                .into_inner()
+                .leader as usize;
+            // a region that does not lead (both do not: the witness leads)
+            (0..regions.len())
+                .find(|&i| i + 1 != leader)
+                .context("a region that does not lead")?
+        };
         let (key, shard) = key_homed_at(&lease, &regions[victim].name, &unique("failover"));
         wait_held(&mut regions[victim], shard, Duration::from_secs(30)).await?;
-        let leader = regions[other]
-            .admin
-            .leases(pb::LeasesRequest {})
-            .await?
-            .into_inner()
-            .leader;
-        if leader as usize == victim + 1 {
-            leader_frozen += 1;
-        }
+        let (first, second) = regions.split_at_mut(1);
         let (a, b) = if victim == 0 {
-            let (a, b) = regions.split_at_mut(1);
-            (&mut a[0], &mut b[0])
+            (&mut first[0], &mut second[0])
         } else {
-            let (a, b) = regions.split_at_mut(1);
-            (&mut b[0], &mut a[0])
+            (&mut second[0], &mut first[0])
         };
         let (took, _, _, frozen) = cut_off(a, b, &key, "after").await?;
-        failovers.push(took);
+        failovers[usize::from(leading)].push(took);
         drop(frozen);
         let (back, _) = write_until_accepted(a, &key, "back", Duration::from_secs(60)).await?;
         take_backs.push(back);
     }
-    failovers.sort();
     take_backs.sort();
+    let spread = |d: &mut Vec<Duration>| {
+        d.sort();
+        format!(
+            "{} / {} / {}",
+            ms(percentile(d, 0.5)),
+            ms(percentile(d, 0.99)),
+            ms(*d.last().unwrap_or(&Duration::ZERO))
+        )
+    };
+    let [follower, leader] = &mut failovers;
     Ok(format!(
-        "| {name} | {:?} / {:?} / {:?} / {:?} | {} | {} | {} | {leader_frozen}/{trials} | {} | {commands_per_second:.1} in {entries_per_second:.1} | {false_failovers} |",
+        "| {name} | {:?} / {:?} / {:?} / {:?} | {} | {} | {} | {commands_per_second:.1} in {entries_per_second:.1} | {false_failovers} |",
         lease.duration,
         lease.renew_every,
         lease.election_timeout,
         max_clock_offset(&cluster)?,
-        ms(percentile(&failovers, 0.5)),
-        ms(percentile(&failovers, 0.99)),
-        ms(*failovers.last().unwrap_or(&Duration::ZERO)),
+        spread(follower),
+        spread(leader),
         ms(percentile(&take_backs, 0.5)),
     ))
 }

@@ -10,9 +10,10 @@
 //!   epochs rise in the order writes were accepted, and both regions converge to the
 //!   newest owner's value.
 //!
-//! The frozen node is chosen as the lease group leader's region when a region leads, so
-//! the remaining majority (the other region and the witness) must elect a new leader to
-//! grant. Its own test binary: it freezes a cluster node the other tests use.
+//! The frozen node is the lease group leader's region (if the witness leads, it is paused
+//! until a region is elected), so the remaining majority (the other region and the
+//! witness) must elect a new leader before it can grant. Its own test binary: it freezes
+//! a cluster node the other tests use.
 
 mod common;
 
@@ -21,7 +22,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
 use common::failover::{
-    cut_off, epoch_of, key_homed_at, regions, set, wait_held, write_until_accepted,
+    cut_off, epoch_of, key_homed_at, make_a_region_lead, regions, set, wait_held,
+    write_until_accepted,
 };
 use common::{cluster, http_get, unique};
 use geostate::crdt::{CrdtValue, Delta, LwwRegister, OrderStamp, RegionId};
@@ -55,27 +57,20 @@ async fn a_cut_off_holder_loses_its_shard_and_epochs_never_overlap() -> anyhow::
     let (mut regions, lease) = regions(&cluster).await?;
     ensure!(regions.len() == 2, "the partition test needs two regions");
 
-    // the victim: the leader's region if a region leads (member ids follow the sorted
-    // region names), else the first region
-    let leader = regions[0]
-        .admin
-        .leases(pb::LeasesRequest {})
-        .await?
-        .into_inner()
-        .leader;
-    let victim = match leader as usize {
-        1 | 2 => leader as usize - 1,
-        _ => 0,
-    };
+    // the victim: the lease group leader's region (if the witness leads, it is paused
+    // until a region is elected), so the remaining majority must elect a leader to grant
+    let witness = cluster
+        .witness
+        .as_ref()
+        .and_then(|w| w.pid)
+        .context("make test starts a witness")?;
+    let victim = make_a_region_lead(&mut regions, witness).await?;
     let (mut holder, mut other) = {
         let mut it = regions.drain(..);
         let (a, b) = (it.next().context("region")?, it.next().context("region")?);
         if victim == 0 { (a, b) } else { (b, a) }
     };
-    println!(
-        "freezing {} (lease group leader: member {leader})",
-        holder.name
-    );
+    println!("freezing {}, the lease group leader's region", holder.name);
     let (key, shard) = key_homed_at(&lease, &holder.name, &unique("partition"));
     // a key of the same shard that only the replayed stale delta will try to write
     let stale_key = (0..)

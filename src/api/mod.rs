@@ -206,7 +206,6 @@ impl Handler {
         forwarded: bool,
     ) -> Result<pb::UpdateResponse, ApiError> {
         let api = &self.0;
-        let original = req.clone();
         let op = match req.op {
             Some(pb::update_request::Op::Add(n)) => Op::Add(n),
             Some(pb::update_request::Op::Set(v)) => Op::Set(v),
@@ -231,7 +230,17 @@ impl Handler {
         {
             match leases.epoch_for(&update.key) {
                 Ok((_, epoch)) => update.epoch = Some(epoch),
-                Err(refusal) => return self.forward(original, refusal, forwarded).await,
+                Err(refusal) => {
+                    let request = pb::UpdateRequest {
+                        key: update.key,
+                        op: Some(match update.op {
+                            Op::Add(n) => pb::update_request::Op::Add(n),
+                            Op::Set(v) => pb::update_request::Op::Set(v),
+                        }),
+                        id: update.id.unwrap_or_default(),
+                    };
+                    return self.forward(request, refusal, forwarded).await;
+                }
             }
         }
         let ns = update

@@ -165,3 +165,31 @@ pub async fn cut_off(
     let (took, accepted) = write_until_accepted(other, key, value, Duration::from_secs(60)).await?;
     Ok((took, before, epoch_of(&accepted), frozen))
 }
+
+/// Makes one of the regions the lease group's leader, if the witness leads: the witness is
+/// frozen until the regions elect one of themselves, then resumed (it rejoins as a
+/// follower). Returns the leading region's index in `regions` (member ids follow the
+/// sorted region names).
+pub async fn make_a_region_lead(regions: &mut [Region], witness_pid: u32) -> anyhow::Result<usize> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut frozen = None;
+    loop {
+        let leader = regions[0]
+            .admin
+            .leases(pb::LeasesRequest {})
+            .await?
+            .into_inner()
+            .leader as usize;
+        if (1..=regions.len()).contains(&leader) {
+            drop(frozen);
+            return Ok(leader - 1);
+        }
+        if frozen.is_none() {
+            frozen = Some(Frozen::new(witness_pid)?);
+        }
+        if Instant::now() > deadline {
+            bail!("no region became the lease group leader within 30 s (leader: member {leader})");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
