@@ -81,6 +81,21 @@ impl Fences {
         self.0.insert(shard, epoch);
         Ok(Ok(()))
     }
+
+    /// Raises the fence of `shard` to `epoch` if it is higher.
+    pub fn raise<S: StateSource>(
+        &mut self,
+        source: &S,
+        shard: ShardId,
+        epoch: u64,
+    ) -> Result<(), S::Error> {
+        let highest = match self.0.get(&shard) {
+            Some(&h) => h,
+            None => source.fence(shard)?,
+        };
+        self.0.insert(shard, highest.max(epoch));
+        Ok(())
+    }
 }
 
 /// The order stamp of a register write: fixed by the writer when it entered the log, or,

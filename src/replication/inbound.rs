@@ -51,9 +51,7 @@ pub enum Refusal {
     NoNamespace { key: String },
     #[error("key {key:?}: {source}")]
     Type { key: String, source: CrdtError },
-    #[error(
-        "owned key {key:?} at epoch {epoch}, below epoch {highest} already applied for its shard"
-    )]
+    #[error("owned key {key:?} at epoch {epoch}, below epoch {highest} of its current value")]
     Fenced {
         key: String,
         epoch: u64,
@@ -122,23 +120,6 @@ pub fn merge_batch<S: StateSource>(
                 continue;
             }
         };
-        if ownership == Ownership::Owned {
-            // the register's own stamp, not the envelope, is what would win the merge
-            let epoch = delta.state.epoch();
-            let shard = owned_shard(lease, &delta.key);
-            if let Err(highest) = out.fences.admit(source, shard, epoch)? {
-                out.refused.push((
-                    record.partition,
-                    record.offset,
-                    Refusal::Fenced {
-                        key: delta.key,
-                        epoch,
-                        highest,
-                    },
-                ));
-                continue;
-            }
-        }
         if !loaded.contains_key(&delta.key) {
             let current = source.state(&delta.key)?;
             loaded.insert(delta.key.clone(), current);
@@ -146,6 +127,30 @@ pub fn merge_batch<S: StateSource>(
         let Some(slot) = loaded.get_mut(&delta.key) else {
             continue;
         };
+        if ownership == Ownership::Owned {
+            // The register's own stamp, not the envelope, is what would win the merge. A
+            // delta below the key's epoch is a stale holder's value: refused and counted.
+            // One below the shard's highest epoch but not the key's is a write its holder
+            // accepted under a valid lease that arrives late (the holder was cut off after
+            // accepting it): it merges, as it does in every other region, so all converge.
+            let epoch = delta.state.epoch();
+            let key_epoch = slot.as_ref().map_or(0, CrdtValue::epoch);
+            if epoch < key_epoch {
+                out.refused.push((
+                    record.partition,
+                    record.offset,
+                    Refusal::Fenced {
+                        key: delta.key,
+                        epoch,
+                        highest: key_epoch,
+                    },
+                ));
+                continue;
+            }
+            // the shard's fence rises, so a late local write of an older holder is refused
+            let shard = owned_shard(lease, &delta.key);
+            out.fences.raise(source, shard, epoch)?;
+        }
         let merged = match slot.take() {
             None => Ok(delta.state.clone()),
             Some(mut current) => current.merge(&delta.state).map(|()| current),
@@ -520,18 +525,24 @@ mod tests {
     }
 
     #[test]
-    fn an_owned_delta_below_the_shards_highest_epoch_is_refused() {
+    fn an_owned_delta_below_its_keys_epoch_is_refused_and_a_late_one_for_another_key_merges() {
         let hlc = Hlc::new(
             Arc::new(ManualClock::new(100 * SEC)),
             Duration::from_millis(500),
         );
         let remote = RegionId::new("eu-west-1").unwrap();
         // epoch 3 applied, then a replay of epoch 2 (a later clock does not help it),
-        // then epoch 3 again (equal is fine)
+        // then epoch 3 again (equal is fine); an epoch-1 write to another key of the shard,
+        // accepted by its holder before it was cut off, arrives late: it merges
+        let mut late = owned(1, "1.1", 40);
+        let mut d = Delta::decode(late.payload.as_deref().unwrap_or_default()).unwrap();
+        d.key = "surge/9q8yz".into();
+        late.payload = Some(d.encode());
         let records = [
             owned(3, "1.5", 10),
             owned(2, "9.9", 20),
             owned(3, "1.6", 30),
+            late,
         ];
         let out = merge_batch(
             &records,
@@ -552,6 +563,12 @@ mod tests {
             panic!("a register")
         };
         assert_eq!(reg.value(), b"1.6");
+        assert!(
+            out.states.contains_key("surge/9q8yz"),
+            "the late write merges"
+        );
+        // the shard's fence rose with the merges: a late local write of an old holder is
+        // refused at ingest
         assert_eq!(out.fences.0[&0], 3);
     }
 
