@@ -194,9 +194,9 @@ pub async fn run(
                 member.view.clone(),
                 member.proposer.clone(),
             ));
-            tokio::spawn(leases.clone().run(stop_rx.clone()));
+            let task = tokio::spawn(leases.clone().run(stop_rx.clone()));
             tracing::info!(member = lease.member_id, listen = %lease.listen, shards = lease.all_shards().end, "lease group member started");
-            (Some(member), Some(leases))
+            (Some((member, task)), Some(leases))
         }
     };
     let ingest = Ingestor {
@@ -277,9 +277,7 @@ pub async fn run(
                 let _ = stop_tx.send(true);
                 metrics_task.abort();
                 checkpoint_task.abort();
-                if let Some(member) = member {
-                    member.stop().await;
-                }
+                stop_leases(member).await;
                 return stop(ingest_task, shipper_task, merger_tasks, None).await;
             }
         }
@@ -331,12 +329,19 @@ pub async fn run(
     lag_task.abort();
     // a checkpoint cut short is harmless: its manifest is never written
     checkpoint_task.abort();
-    if let Some(member) = member {
-        member.stop().await;
-    }
+    stop_leases(member).await;
     let result = stop(ingest_task, shipper_task, merger_tasks, failed).await;
     grpc_result??;
     result
+}
+
+/// Waits for the lease manager (told to stop, it releases what it holds through the
+/// group), then stops the member.
+async fn stop_leases(lease: Option<(Member, JoinHandle<()>)>) {
+    if let Some((member, task)) = lease {
+        let _ = task.await;
+        member.stop().await;
+    }
 }
 
 /// A task that ended before shutdown was asked for.

@@ -1,6 +1,7 @@
 //! Leases on a private two-region group with its own witness (real processes, real Kafka):
 //! owned writes forwarded to the holder when `forward-writes` is on, and a planned handoff
-//! with `Admin/TransferLease` that sticks (the home region does not pull it back).
+//! with `Admin/TransferLease` that sticks (the home region does not pull it back), and a
+//! graceful stop that releases the stopping region's shards.
 
 mod common;
 
@@ -20,7 +21,7 @@ use tonic::transport::Channel;
 /// witness = 3).
 fn lease_section(id: u64, raft: &[u16; 3], apis: &[String; 2]) -> String {
     let mut s = format!(
-        "[lease]\nmember-id = {id}\nlisten = \"127.0.0.1:{}\"\nshards = 4\nforward-writes = true\n",
+        "[lease]\nmember-id = {id}\nlisten = \"127.0.0.1:{}\"\nshards = 4\nduration = \"4s\"\nforward-writes = true\n",
         raft[id as usize - 1]
     );
     for (i, region) in ["us-east-1", "eu-west-1"].iter().enumerate() {
@@ -108,7 +109,7 @@ async fn owned_writes_forward_to_the_holder_and_a_transfer_sticks() -> anyhow::R
             .stderr(std::fs::File::create(dirs[2].path().join("witness.log"))?)
             .spawn()?,
     );
-    a.start().await?;
+    let pid_a = a.start().await?;
     b.start().await?;
     let lease = Config::load(&a.config)?.lease.context("[lease]")?;
     let (mut admin_a, mut admin_b) = (
@@ -184,12 +185,31 @@ async fn owned_writes_forward_to_the_holder_and_a_transfer_sticks() -> anyhow::R
         .expect_err("only the holder transfers");
     ensure!(refused.code() == Code::FailedPrecondition, "{refused}");
 
-    // the handoff sticks: several lease durations later eu-west-1 still holds it
-    tokio::time::sleep(lease.duration * 3).await;
+    // the handoff sticks: two lease durations later eu-west-1 still holds it
+    tokio::time::sleep(lease.duration * 2).await;
     let still = holder_of(&mut admin_b, shard).await?;
     ensure!(
         still.held_here && still.epoch == at_b.epoch,
         "the home region pulled the shard back: {still:?}"
+    );
+
+    // a node stopping gracefully releases its shards: the other region takes them a
+    // clock offset later, not at the lease's expiry (at least duration − renew-every)
+    let home_a = lease
+        .all_shards()
+        .find(|&s| s != shard && lease.home_of(s).is_some_and(|h| h.as_str() == "us-east-1"))
+        .context("another shard homed at us-east-1")?;
+    wait_held_at(&mut admin_a, home_a, Duration::from_secs(10)).await?;
+    let stopping = Instant::now();
+    Command::new("kill")
+        .args(["-TERM", &pid_a.to_string()])
+        .status()?;
+    wait_held_at(&mut admin_b, home_a, lease.duration * 2).await?;
+    let took = stopping.elapsed();
+    println!("eu-west-1 held us-east-1's shard {home_a} {took:?} after SIGTERM");
+    ensure!(
+        took < lease.duration - lease.renew_every - Duration::from_millis(500),
+        "taken {took:?} after the stop: the shard was not released"
     );
     a.terminate(Duration::from_secs(20)).await?;
     b.terminate(Duration::from_secs(20)).await?;

@@ -192,10 +192,42 @@ impl Leases {
                 .count();
             metrics::gauge!(m::LEASES_HELD).set(held as f64);
             tokio::select! {
-                () = stopped(&mut stop) => return,
+                () = stopped(&mut stop) => break,
                 () = tokio::time::sleep(self.config.renew_every) => {}
                 () = self.wake.notified() => {}
             }
+        }
+        self.release_all().await;
+    }
+
+    /// On shutdown: stops writing every shard held here, then releases them in one
+    /// entry, so other regions take them a clock offset later instead of at expiry.
+    async fn release_all(&self) {
+        let now = self.mono_ms();
+        let releases: Vec<Command> = {
+            let mut holdings = self.holdings();
+            self.config
+                .all_shards()
+                .filter_map(|shard| {
+                    let epoch = holdings.valid(shard, now)?;
+                    holdings.relinquish(shard, now);
+                    Some(Command::Release {
+                        shard,
+                        region: self.region.clone(),
+                        epoch,
+                        now_ms: wall_ms(),
+                    })
+                })
+                .collect()
+        };
+        if releases.is_empty() {
+            return;
+        }
+        let count = releases.len();
+        match tokio::time::timeout(self.config.duration, self.proposer.propose(releases)).await {
+            Ok(Ok(_)) => tracing::info!(shards = count, "released the leases held here"),
+            Ok(Err(e)) => tracing::warn!(error = %e, "releasing leases failed; they end at expiry"),
+            Err(_) => tracing::warn!("releasing leases timed out; they end at expiry"),
         }
     }
 
