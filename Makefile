@@ -3,7 +3,7 @@
 export CARGO_TARGET_DIR ?= $(HOME)/.cache/geostate/target
 CLUSTER := python3 regions/local/cluster.py
 
-.PHONY: demo test install build up down status lint fmt bench
+.PHONY: demo test install build up down status lint fmt bench jepsen
 
 ## The main job: start the local regions, run the surge-pricing workload for a minute,
 ## print the table (events per region, replication lag, identical state or not)
@@ -31,6 +31,17 @@ down:
 
 status:
 	$(CLUSTER) status
+
+## A longer Jepsen-style run against the `make up` cluster (the smoke runs in `make test`)
+WORKLOAD ?= counter
+DURATION ?= 300
+SEED ?= 1
+NEMESIS ?= pause-holder,kill,mirror
+jepsen: up
+	cargo build --locked -p geostate-jepsen
+	$(CARGO_TARGET_DIR)/debug/jepsen --cluster $(or $(GEOSTATE_RUN_DIR),regions/local/run)/cluster.json \
+		--workload $(WORKLOAD) --seconds $(DURATION) --seed $(SEED) --nemesis $(NEMESIS) \
+		--out jepsen-tests/results/$(WORKLOAD)-seed$(SEED)
 
 ## Benchmarks (release build) on a private local cluster; prints Markdown tables and
 ## writes them to bench/results/latest.md

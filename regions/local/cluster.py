@@ -631,8 +631,11 @@ def health(cluster: dict) -> dict[str, bool]:
 
 
 def cmd_up(_args: argparse.Namespace) -> None:
-    cmd_install(_args)
-    build_node()
+    # --no-build: a process restarted during `cargo test` (the Jepsen nemesis) must not
+    # wait for the cargo lock the running tests hold
+    if not getattr(_args, "no_build", False):
+        cmd_install(_args)
+        build_node()
     existing = read_cluster()
     if existing is not None:
         h = health(existing)
@@ -801,7 +804,11 @@ def main() -> None:
     sub = parser.add_subparsers(dest="cmd", required=True)
     for name, fn in [("install", cmd_install), ("up", cmd_up), ("down", cmd_down),
                      ("status", cmd_status), ("restart-nodes", cmd_restart_nodes)]:
-        sub.add_parser(name).set_defaults(fn=fn)
+        command = sub.add_parser(name)
+        command.set_defaults(fn=fn)
+        if name == "up":
+            command.add_argument("--no-build", action="store_true",
+                                 help="use the binaries already built (restarts only)")
     mirror = sub.add_parser("mirror", help="stop or start MirrorMaker 2 alone")
     mirror.add_argument("action", choices=["stop", "start"])
     mirror.set_defaults(fn=cmd_mirror)
