@@ -18,7 +18,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use common::failover::{
-    Region, cut_off, key_homed_at, make_a_region_lead, regions, wait_held, write_until_accepted,
+    Region, cut_off, key_homed_at, leader, make_a_region_lead, regions, wait_held,
+    write_until_accepted,
 };
 use common::{cluster, cluster_script_env, http_get, ms, percentile, unique};
 use geostate::config::LeaseConfig;
@@ -156,12 +157,7 @@ async fn profile(name: &str) -> anyhow::Result<String> {
         let victim = if leading {
             make_a_region_lead(&mut regions, witness).await?
         } else {
-            let leader = regions[0]
-                .admin
-                .leases(pb::LeasesRequest {})
-                .await?
-                .into_inner()
-                .leader as usize;
+            let leader = leader(&mut regions[0]).await?;
             // a region that does not lead (both do not: the witness leads)
             (0..regions.len())
                 .find(|&i| i + 1 != leader)

@@ -166,6 +166,16 @@ pub async fn cut_off(
     Ok((took, before, epoch_of(&accepted), frozen))
 }
 
+/// The lease group leader's member id, as `region` knows it (0: none).
+pub async fn leader(region: &mut Region) -> anyhow::Result<usize> {
+    Ok(region
+        .admin
+        .leases(pb::LeasesRequest {})
+        .await?
+        .into_inner()
+        .leader as usize)
+}
+
 /// Makes one of the regions the lease group's leader, if the witness leads: the witness is
 /// frozen until the regions elect one of themselves, then resumed (it rejoins as a
 /// follower). Returns the leading region's index in `regions` (member ids follow the
@@ -174,12 +184,7 @@ pub async fn make_a_region_lead(regions: &mut [Region], witness_pid: u32) -> any
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut frozen = None;
     loop {
-        let leader = regions[0]
-            .admin
-            .leases(pb::LeasesRequest {})
-            .await?
-            .into_inner()
-            .leader as usize;
+        let leader = leader(&mut regions[0]).await?;
         if (1..=regions.len()).contains(&leader) {
             drop(frozen);
             return Ok(leader - 1);
