@@ -7,22 +7,11 @@
 
 mod common;
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
+use common::failover::Frozen;
 use common::{Node, Topics, cluster, counter};
 use geostate::pb;
-
-/// Resumes the broker however the test ends.
-struct Resume(u32);
-
-impl Drop for Resume {
-    fn drop(&mut self) {
-        let _ = Command::new("kill")
-            .args(["-CONT", &self.0.to_string()])
-            .status();
-    }
-}
 
 fn add(key: &str, n: i64) -> pb::UpdateRequest {
     pb::UpdateRequest {
@@ -44,11 +33,8 @@ async fn a_frozen_broker_gives_unavailable_and_the_node_recovers() -> anyhow::Re
     let mut state = node.state().await?;
     state.update(add("requests/frozen", 1)).await?;
 
-    let pid = region.kafka_pid;
-    let resume = Resume(pid);
-    Command::new("kill")
-        .args(["-STOP", &pid.to_string()])
-        .status()?;
+    // resumed however the test ends
+    let frozen = Frozen::new(region.kafka_pid)?;
     let asked = Instant::now();
     let answer = tokio::time::timeout(
         Duration::from_secs(40),
@@ -61,7 +47,7 @@ async fn a_frozen_broker_gives_unavailable_and_the_node_recovers() -> anyhow::Re
     assert_eq!(status.code(), tonic::Code::Unavailable, "{status}");
     assert!(status.message().contains("kafka"), "{status}");
     assert!(waited < Duration::from_secs(30), "took {waited:?}");
-    drop(resume);
+    drop(frozen);
 
     // the node serves writes again once the broker is back
     let until = Instant::now() + Duration::from_secs(60);

@@ -91,11 +91,11 @@ async fn acquire(
 async fn applied_everywhere(members: &BTreeMap<u64, Member>, epoch: u64) -> anyhow::Result<()> {
     for (id, m) in members {
         let until = std::time::Instant::now() + Duration::from_secs(10);
-        while m.view.table().get(7).map(|l| l.epoch) != Some(epoch) {
+        while m.view.lease(7).map(|l| l.epoch) != Some(epoch) {
             anyhow::ensure!(
                 std::time::Instant::now() < until,
                 "member {id} did not apply epoch {epoch}: {:?}",
-                m.view.table().get(7)
+                m.view.lease(7)
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }

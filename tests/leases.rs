@@ -9,7 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, ensure};
-use common::failover::{epoch_of, set, write_until_accepted};
+use common::failover::{epoch_of, set, wait_held, write_until_accepted};
 use common::{Node, Topics, cluster, free_port};
 use geostate::config::Config;
 use geostate::pb;
@@ -59,22 +59,6 @@ async fn holder_of(admin: &mut AdminClient<Channel>, shard: u32) -> anyhow::Resu
         .context("no such shard")
 }
 
-async fn wait_held_at(
-    admin: &mut AdminClient<Channel>,
-    shard: u32,
-    within: Duration,
-) -> anyhow::Result<pb::ShardLease> {
-    let deadline = Instant::now() + within;
-    loop {
-        let s = holder_of(admin, shard).await?;
-        if s.held_here {
-            return Ok(s);
-        }
-        ensure!(Instant::now() < deadline, "shard {shard} not held: {s:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn owned_writes_forward_to_the_holder_and_a_transfer_sticks() -> anyhow::Result<()> {
     let cluster = cluster()?;
@@ -112,10 +96,6 @@ async fn owned_writes_forward_to_the_holder_and_a_transfer_sticks() -> anyhow::R
     let pid_a = a.start().await?;
     b.start().await?;
     let lease = Config::load(&a.config)?.lease.context("[lease]")?;
-    let (mut admin_a, mut admin_b) = (
-        AdminClient::connect(a.grpc.clone()).await?,
-        AdminClient::connect(b.grpc.clone()).await?,
-    );
     // the regions as the failover helpers see them: a non-holder's copy of the lease
     // table may lag the leader's for a moment, so a forwarded write is retried briefly
     let region = |name: &str, node: &Node, state, admin| common::failover::Region {
@@ -125,8 +105,18 @@ async fn owned_writes_forward_to_the_holder_and_a_transfer_sticks() -> anyhow::R
         pid: 0,
         metrics: node.metrics.clone(),
     };
-    let mut region_a = region("us-east-1", &a, a.state().await?, admin_a.clone());
-    let mut region_b = region("eu-west-1", &b, b.state().await?, admin_b.clone());
+    let mut region_a = region(
+        "us-east-1",
+        &a,
+        a.state().await?,
+        AdminClient::connect(a.grpc.clone()).await?,
+    );
+    let mut region_b = region(
+        "eu-west-1",
+        &b,
+        b.state().await?,
+        AdminClient::connect(b.grpc.clone()).await?,
+    );
 
     // a key of a shard us-east-1 (a) is home to
     let key = (0..)
@@ -138,18 +128,19 @@ async fn owned_writes_forward_to_the_holder_and_a_transfer_sticks() -> anyhow::R
         })
         .context("a key homed at us-east-1")?;
     let shard = lease.shard_of_key(&key);
-    let held = wait_held_at(&mut admin_a, shard, Duration::from_secs(30)).await?;
+    let held = wait_held(&mut region_a, shard, Duration::from_secs(30)).await?;
 
     // written at the non-holder: forwarded, applied at the holder with its epoch
     let (_, r) = write_until_accepted(&mut region_b, &key, "1.7", Duration::from_secs(10)).await?;
     let stamp = r.stamp.context("a register write has a stamp")?;
     ensure!(
-        stamp.origin == "us-east-1" && stamp.epoch == held.epoch,
+        stamp.origin == "us-east-1" && stamp.epoch == held,
         "the forwarded write is the holder's: {stamp:?}"
     );
 
     // planned handoff to eu-west-1: it writes at a higher epoch, us-east-1 forwards to it
-    let moved = admin_a
+    let moved = region_a
+        .admin
         .transfer_lease(pb::TransferLeaseRequest {
             shard,
             to_region: "eu-west-1".into(),
@@ -159,15 +150,12 @@ async fn owned_writes_forward_to_the_holder_and_a_transfer_sticks() -> anyhow::R
         .lease
         .context("the transferred lease")?;
     ensure!(
-        moved.holder == "eu-west-1" && moved.epoch > held.epoch,
+        moved.holder == "eu-west-1" && moved.epoch > held,
         "{moved:?}"
     );
-    let at_b = wait_held_at(&mut admin_b, shard, Duration::from_secs(10)).await?;
+    let at_b = wait_held(&mut region_b, shard, Duration::from_secs(10)).await?;
     let r = region_b.state.update(set(&key, "1.9")).await?.into_inner();
-    ensure!(
-        epoch_of(&r) == at_b.epoch,
-        "written at the new epoch: {r:?}"
-    );
+    ensure!(epoch_of(&r) == at_b, "written at the new epoch: {r:?}");
     let (_, r) = write_until_accepted(&mut region_a, &key, "2.1", Duration::from_secs(10)).await?;
     let stamp = r.stamp.context("stamp")?;
     ensure!(
@@ -176,7 +164,8 @@ async fn owned_writes_forward_to_the_holder_and_a_transfer_sticks() -> anyhow::R
     );
 
     // a transfer asked of a region that does not hold the shard is refused
-    let refused = admin_a
+    let refused = region_a
+        .admin
         .transfer_lease(pb::TransferLeaseRequest {
             shard,
             to_region: "eu-west-1".into(),
@@ -187,9 +176,9 @@ async fn owned_writes_forward_to_the_holder_and_a_transfer_sticks() -> anyhow::R
 
     // the handoff sticks: two lease durations later eu-west-1 still holds it
     tokio::time::sleep(lease.duration * 2).await;
-    let still = holder_of(&mut admin_b, shard).await?;
+    let still = holder_of(&mut region_b.admin, shard).await?;
     ensure!(
-        still.held_here && still.epoch == at_b.epoch,
+        still.held_here && still.epoch == at_b,
         "the home region pulled the shard back: {still:?}"
     );
 
@@ -199,12 +188,12 @@ async fn owned_writes_forward_to_the_holder_and_a_transfer_sticks() -> anyhow::R
         .all_shards()
         .find(|&s| s != shard && lease.home_of(s).is_some_and(|h| h.as_str() == "us-east-1"))
         .context("another shard homed at us-east-1")?;
-    wait_held_at(&mut admin_a, home_a, Duration::from_secs(10)).await?;
+    wait_held(&mut region_a, home_a, Duration::from_secs(10)).await?;
     let stopping = Instant::now();
     Command::new("kill")
         .args(["-TERM", &pid_a.to_string()])
         .status()?;
-    wait_held_at(&mut admin_b, home_a, lease.duration * 2).await?;
+    wait_held(&mut region_b, home_a, lease.duration * 2).await?;
     let took = stopping.elapsed();
     println!("eu-west-1 held us-east-1's shard {home_a} {took:?} after SIGTERM");
     ensure!(

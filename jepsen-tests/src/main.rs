@@ -139,17 +139,19 @@ fn read_cluster(path: &Path) -> anyhow::Result<ClusterFile> {
     Ok(serde_json::from_str(&text)?)
 }
 
-/// `regions/local/cluster.py <args>` for the cluster of `cluster_json`.
-fn cluster_script(cluster_json: &Path, args: &[&str]) -> anyhow::Result<()> {
+/// `regions/local/cluster.py <args>` for the cluster of `cluster_json` (a child process
+/// awaited, not blocking the clients' threads).
+async fn cluster_script(cluster_json: &Path, args: &[&str]) -> anyhow::Result<()> {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../regions/local/cluster.py");
     let run_dir = cluster_json
         .parent()
         .context("cluster.json has no folder")?;
-    let out = Command::new("python3")
+    let out = tokio::process::Command::new("python3")
         .arg(script)
         .args(args)
         .env("GEOSTATE_RUN_DIR", run_dir)
-        .output()?;
+        .output()
+        .await?;
     if !out.status.success() {
         bail!(
             "cluster.py {args:?}: {}",
@@ -223,7 +225,7 @@ async fn run(args: Args) -> anyhow::Result<bool> {
     }
 
     // heal everything, then let the regions converge
-    heal(&args.cluster)?;
+    heal(&args.cluster).await?;
     let finals = converge(&args.cluster, &regions, &keys, Duration::from_secs(90)).await?;
     let history = run.history.lock().await.clone();
     report(&args, &history, &faults, &finals)
@@ -423,13 +425,13 @@ async fn nemesis(
                 let pid = cluster.regions[&region].pid.context("node pid")?;
                 signal("-KILL", pid);
                 tokio::time::sleep(Duration::from_secs(2)).await;
-                cluster_script(&args.cluster, &["up", "--no-build"])?;
+                cluster_script(&args.cluster, &["up", "--no-build"]).await?;
                 region
             }
             Nemesis::Mirror => {
-                cluster_script(&args.cluster, &["mirror", "stop"])?;
+                cluster_script(&args.cluster, &["mirror", "stop"]).await?;
                 tokio::time::sleep(Duration::from_secs(5)).await;
-                cluster_script(&args.cluster, &["mirror", "start"])?;
+                cluster_script(&args.cluster, &["mirror", "start"]).await?;
                 "mirrormaker2".to_string()
             }
         };
@@ -470,15 +472,15 @@ async fn holder(
 
 /// Whatever a fault left behind: a frozen node resumed, dead nodes and MirrorMaker 2
 /// started.
-fn heal(cluster_json: &Path) -> anyhow::Result<()> {
+async fn heal(cluster_json: &Path) -> anyhow::Result<()> {
     let cluster = read_cluster(cluster_json)?;
     for r in cluster.regions.values() {
         if let Some(pid) = r.pid {
             signal("-CONT", pid);
         }
     }
-    cluster_script(cluster_json, &["mirror", "start"])?;
-    cluster_script(cluster_json, &["up", "--no-build"])
+    cluster_script(cluster_json, &["mirror", "start"]).await?;
+    cluster_script(cluster_json, &["up", "--no-build"]).await
 }
 
 /// The final read of every key in every region: key → region → (value, epoch).

@@ -25,6 +25,7 @@ use crate::crdt::CrdtType;
 use crate::ingest::event::{Op, Update};
 use crate::ingest::pump::IngestShared;
 use crate::lease::manager::{Leases, NotHolder, ShardStatus, TransferError};
+use crate::lease::network::Channels;
 use crate::metrics as m;
 use crate::pb;
 use crate::pb::admin_server::{Admin, AdminServer};
@@ -62,10 +63,8 @@ pub struct Api {
     pub objects: checkpoint::objects::Objects,
     /// This region's leases on owned shards (`None`: no `[lease]` section).
     pub leases: Option<Arc<Leases>>,
-    /// Clients of other regions' APIs, for forwarded owned writes (made on first use).
-    pub peers: std::sync::Mutex<
-        BTreeMap<String, pb::state_client::StateClient<tonic::transport::Channel>>,
-    >,
+    /// Connections to other regions' APIs, for forwarded owned writes.
+    pub peers: Channels,
 }
 
 /// Serves the API on `listener` until `shutdown` completes.
@@ -175,21 +174,8 @@ impl Handler {
             metrics::counter!(m::OWNED_WRITES_REFUSED).increment(1);
             return Err(ApiError::NotHolder(refusal));
         };
-        let mut client = {
-            let mut peers = api.peers.lock().unwrap_or_else(|p| p.into_inner());
-            match peers.get(&addr) {
-                Some(c) => c.clone(),
-                None => {
-                    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-                        .map_err(|e| ApiError::Internal(e.to_string()))?
-                        .connect_timeout(Duration::from_secs(1))
-                        .connect_lazy();
-                    let client = pb::state_client::StateClient::new(channel);
-                    peers.insert(addr.clone(), client.clone());
-                    client
-                }
-            }
-        };
+        let channel = api.peers.get(&addr).map_err(ApiError::Internal)?;
+        let mut client = pb::state_client::StateClient::new(channel);
         let mut request = Request::new(req);
         if let Ok(region) = api.config.region.as_str().parse() {
             request.metadata_mut().insert(FORWARDED, region);

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use tokio::sync::{Notify, watch};
+use tokio::sync::watch;
 
 use super::config::LeaseConfig;
 use super::holder::Holdings;
@@ -77,7 +77,6 @@ pub struct Leases {
     holdings: Mutex<Holdings>,
     /// The origin of this process's monotonic milliseconds.
     started: Instant,
-    wake: Notify,
     /// Home shards this region handed away on purpose (`transfer`): not asked back until
     /// they return.
     handed_off: Mutex<std::collections::BTreeSet<ShardId>>,
@@ -108,7 +107,6 @@ impl Leases {
             view,
             proposer,
             started: Instant::now(),
-            wake: Notify::new(),
             handed_off: Mutex::default(),
         }
     }
@@ -140,11 +138,6 @@ impl Leases {
                     .filter(|l| l.expires_at_ms > wall_ms()),
             }),
         }
-    }
-
-    /// The current row of `shard` in the table (as applied here).
-    pub fn lease(&self, shard: ShardId) -> Option<Lease> {
-        self.view.lease(shard)
     }
 
     /// Every shard, for `Admin/Leases`.
@@ -194,7 +187,6 @@ impl Leases {
             tokio::select! {
                 () = stopped(&mut stop) => break,
                 () = tokio::time::sleep(self.config.renew_every) => {}
-                () = self.wake.notified() => {}
             }
         }
         self.release_all().await;
@@ -232,7 +224,7 @@ impl Leases {
     }
 
     /// One round: a command per shard that needs one, all in one log entry.
-    async fn round(self: &Arc<Self>, running_for: Duration) {
+    async fn round(&self, running_for: Duration) {
         let now_wall = wall_ms();
         let duration_ms = self.config.duration.as_millis() as u64;
         let mut commands = Vec::new();
@@ -409,10 +401,5 @@ impl Leases {
     /// The lease group's leader, as this region's member knows it.
     pub fn leader(&self) -> Option<u64> {
         self.proposer.raft().metrics().borrow().current_leader
-    }
-
-    /// Runs a round now (after a transfer, so the receiver need not wait).
-    pub fn wake(&self) {
-        self.wake.notify_one();
     }
 }

@@ -118,9 +118,4 @@ impl Member {
         }
         let _ = self.server.await;
     }
-
-    /// The leader's member id, as this member knows it.
-    pub fn leader(&self) -> Option<u64> {
-        self.raft.metrics().borrow().current_leader
-    }
 }

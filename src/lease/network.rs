@@ -206,6 +206,26 @@ impl pb::lease_raft_server::LeaseRaft for Service {
     }
 }
 
+/// Connections to other processes by address, each made lazily on first use and kept
+/// (a forwarded lease proposal, a forwarded owned write).
+#[derive(Clone, Default)]
+pub struct Channels(std::sync::Arc<std::sync::Mutex<BTreeMap<String, Channel>>>);
+
+impl Channels {
+    pub fn get(&self, addr: &str) -> Result<Channel, String> {
+        let mut channels = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(channel) = channels.get(addr) {
+            return Ok(channel.clone());
+        }
+        let channel = Endpoint::from_shared(format!("http://{addr}"))
+            .map_err(|e| e.to_string())?
+            .connect_timeout(CONNECT_TIMEOUT)
+            .connect_lazy();
+        channels.insert(addr.to_owned(), channel.clone());
+        Ok(channel)
+    }
+}
+
 /// Why a lease command got no answer.
 #[derive(Debug, thiserror::Error)]
 pub enum ProposeError {
@@ -222,7 +242,7 @@ pub enum ProposeError {
 #[derive(Clone)]
 pub struct Proposer {
     raft: Raft<LeaseRaft>,
-    clients: std::sync::Arc<std::sync::Mutex<BTreeMap<String, LeaseRaftClient<Channel>>>>,
+    leaders: Channels,
     timeout: Duration,
 }
 
@@ -230,7 +250,7 @@ impl Proposer {
     pub fn new(raft: Raft<LeaseRaft>, timeout: Duration) -> Self {
         Self {
             raft,
-            clients: Default::default(),
+            leaders: Channels::default(),
             timeout,
         }
     }
@@ -266,21 +286,7 @@ impl Proposer {
             addr: addr.to_owned(),
             reason,
         };
-        let mut client = {
-            let mut clients = self.clients.lock().unwrap_or_else(|p| p.into_inner());
-            match clients.get(addr) {
-                Some(client) => client.clone(),
-                None => {
-                    let channel = Endpoint::from_shared(format!("http://{addr}"))
-                        .map_err(|e| failed(e.to_string()))?
-                        .connect_timeout(CONNECT_TIMEOUT)
-                        .connect_lazy();
-                    let client = LeaseRaftClient::new(channel);
-                    clients.insert(addr.to_owned(), client.clone());
-                    client
-                }
-            }
-        };
+        let mut client = LeaseRaftClient::new(self.leaders.get(addr).map_err(failed)?);
         let json = serde_json::to_vec(proposal).map_err(|e| failed(e.to_string()))?;
         let mut request = Request::new(pb::RaftMessage { json });
         request.set_timeout(self.timeout);

@@ -64,14 +64,6 @@ const CF_MACHINE: &str = "machine";
 pub struct TableView(Arc<std::sync::RwLock<Machine>>);
 
 impl TableView {
-    pub fn table(&self) -> LeaseTable {
-        self.0
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .table
-            .clone()
-    }
-
     /// One shard's row, without copying the table.
     pub fn lease(&self, shard: super::table::ShardId) -> Option<super::table::Lease> {
         self.0
@@ -80,13 +72,6 @@ impl TableView {
             .table
             .get(shard)
             .cloned()
-    }
-
-    pub fn last_applied(&self) -> Option<LogId<NodeId>> {
-        self.0
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .last_applied
     }
 }
 

@@ -440,6 +440,17 @@ mod tests {
     use crate::clock::ManualClock;
     use crate::crdt::{Actor, GCounter};
 
+    /// `d` as the record at offset `at` of partition 0.
+    fn record(d: &Delta, at: u64) -> Record {
+        Record {
+            partition: 0,
+            offset: at as i64,
+            timestamp_ms: None,
+            key: None,
+            payload: Some(d.encode()),
+        }
+    }
+
     fn delta(origin: &str, key: &str, count: u64, at: u64) -> Record {
         let mut c = GCounter::new();
         c.increment(&Actor::new(RegionId::new(origin).unwrap(), 1), count)
@@ -451,13 +462,7 @@ mod tests {
             origin_time: HlcTimestamp::new(at, 0),
             epoch: 0,
         };
-        Record {
-            partition: 0,
-            offset: at as i64,
-            timestamp_ms: None,
-            key: None,
-            payload: Some(d.encode()),
-        }
+        record(&d, at)
     }
 
     fn namespaces() -> Namespaces {
@@ -515,13 +520,7 @@ mod tests {
             origin_time: HlcTimestamp::new(at, 0),
             epoch,
         };
-        Record {
-            partition: 0,
-            offset: at as i64,
-            timestamp_ms: None,
-            key: None,
-            payload: Some(d.encode()),
-        }
+        record(&d, at)
     }
 
     #[test]
