@@ -147,6 +147,23 @@ async fn a_cut_off_holder_loses_its_shard_and_epochs_never_overlap() -> anyhow::
         )
         .await
         .map_err(|(e, _)| e)?;
+    // resume the old holder before waiting for the mirror (a node frozen longer than its
+    // shipping transaction's timeout is fenced by the coordinator and stops): its lease is
+    // gone, so its first owned write is refused (or, if its home shard already came back,
+    // stamped with a newer epoch)
+    drop(frozen);
+    let mut expected = (b"after".to_vec(), new_epoch);
+    match holder.state.update(set(&key, "from-old-holder")).await {
+        Err(s) if s.code() == Code::FailedPrecondition => {}
+        Ok(r) => {
+            let e = epoch_of(&r.into_inner());
+            ensure!(e > new_epoch, "the resumed old holder wrote at epoch {e}");
+            accepted.push((e, holder.name.clone()));
+            expected = (b"from-old-holder".to_vec(), e);
+        }
+        Err(s) => bail!("the resumed old holder answered {s}"),
+    }
+
     let deadline = Instant::now() + Duration::from_secs(60);
     while fenced_count(&other.metrics, &holder.name)? <= fenced_before {
         ensure!(
@@ -156,28 +173,26 @@ async fn a_cut_off_holder_loses_its_shard_and_epochs_never_overlap() -> anyhow::
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let kept = other
-        .state
-        .get(pb::GetRequest { key: key.clone() })
-        .await?
-        .into_inner();
-    ensure!(
-        kept.value == Some(pb::value::Value::Register(b"after".to_vec()))
-            && kept.stamp.as_ref().map(|s| s.epoch) == Some(new_epoch),
-        "the fenced delta must not change the value: {kept:?}"
-    );
-
-    // resume the old holder: its lease is gone, so its first owned write is refused (or,
-    // if its home shard already came back, stamped with a newer epoch)
-    drop(frozen);
-    match holder.state.update(set(&key, "from-old-holder")).await {
-        Err(s) if s.code() == Code::FailedPrecondition => {}
-        Ok(r) => {
-            let e = epoch_of(&r.into_inner());
-            ensure!(e > new_epoch, "the resumed old holder wrote at epoch {e}");
-            accepted.push((e, holder.name.clone()));
+    // the new holder's value stays (or, if the resumed old holder's write was accepted at
+    // a newer epoch, that one arrives)
+    let (value, epoch) = expected;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let kept = other
+            .state
+            .get(pb::GetRequest { key: key.clone() })
+            .await?
+            .into_inner();
+        if kept.value == Some(pb::value::Value::Register(value.clone()))
+            && kept.stamp.as_ref().map(|s| s.epoch) == Some(epoch)
+        {
+            break;
         }
-        Err(s) => bail!("the resumed old holder answered {s}"),
+        ensure!(
+            epoch != new_epoch && Instant::now() < deadline,
+            "the fenced delta must not change the value: {kept:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 
     // healing: the home region takes its shard back at a higher epoch and writes last
