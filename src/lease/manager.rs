@@ -11,6 +11,7 @@
 //!  Update(owned key) ─► Leases::epoch_for(key) ─► epoch | FAILED_PRECONDITION (holder)
 //! ```
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -77,9 +78,10 @@ pub struct Leases {
     holdings: Mutex<Holdings>,
     /// The origin of this process's monotonic milliseconds.
     started: Instant,
-    /// Home shards this region handed away on purpose (`transfer`): not asked back until
-    /// they return.
-    handed_off: Mutex<std::collections::BTreeSet<ShardId>>,
+    /// Home shards this region handed away on purpose (`transfer`), with the monotonic
+    /// time of the handoff: not asked back until a grant asked for after it returns one
+    /// (a renewal in flight during the handoff may be applied before the transfer).
+    handed_off: Mutex<BTreeMap<ShardId, u64>>,
 }
 
 fn wall_ms() -> u64 {
@@ -268,7 +270,7 @@ impl Leases {
                         .handed_off
                         .lock()
                         .unwrap_or_else(|p| p.into_inner())
-                        .contains(&shard);
+                        .contains_key(&shard);
                     if !(at_home && self.config.take_back) || handed_off {
                         continue;
                     }
@@ -336,10 +338,10 @@ impl Leases {
             }
         };
         if lease.holder == self.region {
-            self.handed_off
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(&shard);
+            let mut handed_off = self.handed_off.lock().unwrap_or_else(|p| p.into_inner());
+            if handed_off.get(&shard).is_some_and(|&at| sent > at) {
+                handed_off.remove(&shard);
+            }
         }
         let mut holdings = self.holdings();
         let before = holdings.holding(shard).map(|h| h.epoch);
@@ -365,18 +367,19 @@ impl Leases {
         if !self.config.regions().contains(&to) {
             return Err(TransferError::NoRegion(to));
         }
+        let now = self.mono_ms();
         let epoch = {
             let mut holdings = self.holdings();
             let epoch = holdings
-                .valid(shard, self.mono_ms())
+                .valid(shard, now)
                 .ok_or(TransferError::NotHeld(shard))?;
-            holdings.relinquish(shard, self.mono_ms());
+            holdings.relinquish(shard, now);
             epoch
         };
         self.handed_off
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(shard);
+            .insert(shard, now);
         let outcomes = self
             .proposer
             .propose(vec![Command::Transfer {
