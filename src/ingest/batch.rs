@@ -130,8 +130,8 @@ pub trait StateSource {
     }
 }
 
-/// An in-memory source for tests of pure batch logic: the stored states, no id windows.
-#[cfg(test)]
+/// An in-memory source: the stored states, no id windows (tests of pure batch logic, and
+/// the in-memory ceiling of `make bench`).
 impl StateSource for BTreeMap<String, CrdtValue> {
     type Error = std::convert::Infallible;
     fn state(&self, key: &str) -> Result<Option<CrdtValue>, Self::Error> {
