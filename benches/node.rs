@@ -153,9 +153,18 @@ fn cpu_seconds(pid: u32) -> f64 {
     (ticks(11) + ticks(12)) / 100.0 // utime, stime; USER_HZ is 100 on Linux
 }
 
+/// The machine's online cores (not this process's affinity: `scripts/bench.sh` starts the
+/// benchmark on core 0 alone).
+fn cores() -> usize {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .map(|c| c.lines().filter(|l| l.starts_with("processor")).count())
+        .unwrap_or(1)
+        .max(1)
+}
+
 /// Whether the system under test gets a core of its own.
 fn pinning() -> bool {
-    std::thread::available_parallelism().map_or(1, |n| n.get()) >= 2
+    cores() >= 2
         && Command::new("taskset")
             .arg("-V")
             .stdout(Stdio::null())
@@ -749,7 +758,7 @@ async fn run() -> anyhow::Result<()> {
     let config =
         Config::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("regions/us-east-1.toml"))?;
     let work = tempfile::tempdir()?;
-    let cores = std::thread::available_parallelism()?.get();
+    let cores = cores();
     let pinned = pinning();
 
     println!("# geostate node benchmark, side by side with its peers");

@@ -79,9 +79,10 @@ def install_redis() -> str:
         subprocess.run(["apt-get", "update", "-qq"], check=True, env=env, stdout=sys.stderr)
         subprocess.run(["apt-get", "install", "-y", "-qq", "redis-server"], check=True,
                        env=env, stdout=subprocess.DEVNULL)
-        # The package starts a system-wide server; the benchmark runs its own.
-        subprocess.run(["service", "redis-server", "stop"], check=False,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        # Where the package started a system-wide server, stop it: the benchmark runs its own.
+        if shutil.which("service"):
+            subprocess.run(["service", "redis-server", "stop"], check=False,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return shutil.which("redis-server") or "/usr/bin/redis-server"
 
 
