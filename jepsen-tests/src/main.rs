@@ -5,7 +5,7 @@
 //! in every region, and the checkers decide from the history alone.
 //!
 //! ```text
-//! jepsen --workload counter|owned-register --nemesis pause-holder,kill,mirror \
+//! jepsen --workload counter|owned-register --nemesis pause-holder,kill,mirror,broker,wipe \
 //!        --seconds 60 --seed 7 --out jepsen-tests/results/<run>
 //! ```
 //!
@@ -51,6 +51,12 @@ enum Nemesis {
     Kill,
     /// stop MirrorMaker 2, let a backlog build, start it again.
     Mirror,
+    /// SIGKILL a region's Kafka broker, start it again on the same log dir
+    /// (`cluster.py kafka`).
+    Broker,
+    /// SIGKILL a node and delete its data dir: it restarts from the newest S3 checkpoint
+    /// and its own deltas topic (`restore-on-empty`).
+    Wipe,
 }
 
 #[derive(Parser)]
@@ -92,6 +98,7 @@ struct ClusterFile {
 struct RegionFile {
     grpc: Option<String>,
     pid: Option<u32>,
+    data_dir: Option<PathBuf>,
 }
 
 /// One fault as it happened.
@@ -408,6 +415,8 @@ async fn nemesis(
     .await;
     while !args.nemesis.is_empty() && Instant::now() + Duration::from_secs(5) < deadline {
         let kind = args.nemesis[i % args.nemesis.len()];
+        // each kind of fault takes the regions in turn
+        let round = i / args.nemesis.len();
         i += 1;
         let cluster = read_cluster(&args.cluster)?;
         let start_ns = run.now_ns();
@@ -420,8 +429,7 @@ async fn nemesis(
                 region
             }
             Nemesis::Kill => {
-                let names: Vec<&String> = cluster.regions.keys().collect();
-                let region = names[i % names.len()].clone();
+                let region = target_region(&cluster, round);
                 let pid = cluster.regions[&region].pid.context("node pid")?;
                 signal("-KILL", pid);
                 tokio::time::sleep(Duration::from_secs(2)).await;
@@ -434,6 +442,31 @@ async fn nemesis(
                 cluster_script(&args.cluster, &["mirror", "start"]).await?;
                 "mirrormaker2".to_string()
             }
+            Nemesis::Broker => {
+                let region = target_region(&cluster, round);
+                cluster_script(&args.cluster, &["kafka", "kill", &region]).await?;
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                cluster_script(&args.cluster, &["kafka", "start", &region]).await?;
+                // a node that gave up on its broker meanwhile is restarted
+                cluster_script(&args.cluster, &["up", "--no-build"]).await?;
+                format!("kafka {region}")
+            }
+            Nemesis::Wipe => {
+                let region = target_region(&cluster, round);
+                let r = &cluster.regions[&region];
+                let pid = r.pid.context("node pid")?;
+                let dir = r.data_dir.clone().context("node data_dir")?;
+                signal("-KILL", pid);
+                while Path::new(&format!("/proc/{pid}")).exists() {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                // the data dir only: the lease group's Raft log (`<data-dir>.raft`) stays,
+                // a member must not forget its votes
+                std::fs::remove_dir_all(&dir)
+                    .with_context(|| format!("wiping {}", dir.display()))?;
+                cluster_script(&args.cluster, &["up", "--no-build"]).await?;
+                format!("node {region} (data dir wiped)")
+            }
         };
         faults.push(Fault {
             nemesis: kind,
@@ -444,6 +477,12 @@ async fn nemesis(
         tokio::time::sleep(Duration::from_secs(args.interval)).await;
     }
     Ok(faults)
+}
+
+/// The region a fault of the `round`-th round hits.
+fn target_region(cluster: &ClusterFile, round: usize) -> String {
+    let names: Vec<&String> = cluster.regions.keys().collect();
+    names[round % names.len()].clone()
 }
 
 /// The region (and node pid) holding `key`'s lease, or the first region for shared keys.
@@ -480,6 +519,9 @@ async fn heal(cluster_json: &Path) -> anyhow::Result<()> {
         }
     }
     cluster_script(cluster_json, &["mirror", "start"]).await?;
+    for region in cluster.regions.keys() {
+        cluster_script(cluster_json, &["kafka", "start", region]).await?;
+    }
     cluster_script(cluster_json, &["up", "--no-build"]).await
 }
 

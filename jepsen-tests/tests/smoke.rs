@@ -1,7 +1,8 @@
 //! The Jepsen smoke of `make test`: the harness (the real `jepsen` binary) runs the counter
-//! and the owned-register workloads for 30 s each against the test cluster, with the
-//! holder paused past its lease, a node killed and restarted, and MirrorMaker 2 stopped
-//! and started; each run must end valid (every checker passes, every fault fired).
+//! workload for 40 s and the owned-register workload for 30 s against the test cluster,
+//! with the holder paused past its lease, a node killed and restarted, (counters) a node's
+//! data dir wiped so it restores from S3 and its own deltas, and MirrorMaker 2 stopped and
+//! started; each run must end valid (every checker passes, every fault fired).
 //! Its own test binary: it pauses and kills the cluster's nodes (test binaries run one at
 //! a time), and heals them before it returns.
 
@@ -16,11 +17,18 @@ fn cluster_json() -> PathBuf {
         })
 }
 
-fn run(workload: &str, seed: &str) {
+fn run(workload: &str, seed: &str, seconds: &str, nemesis: &str) {
     let out = tempfile_dir(workload);
     let status = Command::new(env!("CARGO_BIN_EXE_jepsen"))
-        .args(["--workload", workload, "--seconds", "30", "--interval", "4"])
-        .args(["--nemesis", "pause-holder,kill,mirror", "--seed", seed])
+        .args([
+            "--workload",
+            workload,
+            "--seconds",
+            seconds,
+            "--interval",
+            "4",
+        ])
+        .args(["--nemesis", nemesis, "--seed", seed])
         .arg("--cluster")
         .arg(cluster_json())
         .arg("--out")
@@ -40,7 +48,7 @@ fn tempfile_dir(workload: &str) -> PathBuf {
 }
 
 #[test]
-fn counters_and_owned_registers_survive_pauses_kills_and_a_stopped_mirror() {
-    run("counter", "11");
-    run("owned-register", "12");
+fn counters_and_owned_registers_survive_pauses_kills_wipes_and_a_stopped_mirror() {
+    run("counter", "11", "40", "pause-holder,kill,wipe,mirror");
+    run("owned-register", "12", "30", "pause-holder,kill,mirror");
 }

@@ -320,13 +320,18 @@ def start_kafka(region: str) -> dict:
         cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
     java_tool("kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(props),
               "--ignore-formatted")
-    name = f"kafka-{region}"
-    pid = spawn(name, [java(), "-Xms256m", "-Xmx512m", "-XX:+UseG1GC",
-                       f"-Dlog4j2.configurationFile={RUN / 'log4j2.properties'}",
-                       f"-Dkafka.logs.dir={LOGS}", "-cp", kafka_cp(), "kafka.Kafka",
-                       str(props)])
+    pid = spawn_kafka(region)
     log(f"kafka {region}: pid {pid}, 127.0.0.1:{port}")
     return {"kafka": f"127.0.0.1:{port}", "kafka_pid": pid, "kafka_controller": cport}
+
+
+def spawn_kafka(region: str) -> int:
+    """Starts the broker of `region` on its formatted log dir and its properties."""
+    return spawn(f"kafka-{region}", [java(), "-Xms256m", "-Xmx512m", "-XX:+UseG1GC",
+                                     f"-Dlog4j2.configurationFile={RUN / 'log4j2.properties'}",
+                                     f"-Dkafka.logs.dir={LOGS}", "-cp", kafka_cp(),
+                                     "kafka.Kafka",
+                                     str(RUN / "kafka" / region / "server.properties")])
 
 
 def kafka_topics(bootstrap: str) -> set[str] | None:
@@ -799,6 +804,33 @@ def cmd_mirror(args: argparse.Namespace) -> None:
         write_cluster(cluster)
 
 
+def cmd_kafka(args: argparse.Namespace) -> None:
+    """Kill a region's broker (SIGKILL: no clean shutdown) or start it again on the same
+    port and log dir (chaos drills, the Jepsen `broker` nemesis); everything else keeps
+    running."""
+    cluster = read_cluster()
+    if cluster is None:
+        sys.exit("cluster: down (no cluster.json)")
+    if args.region not in cluster["regions"]:
+        die(f"no region {args.region!r} (regions: {', '.join(cluster['regions'])})")
+    r = cluster["regions"][args.region]
+    port = int(r["kafka"].rsplit(":", 1)[1])
+    if args.action == "kill":
+        if pid_alive(r["kafka_pid"]):
+            os.killpg(r["kafka_pid"], signal.SIGKILL)
+            while pid_alive(r["kafka_pid"]):
+                time.sleep(0.05)
+        log(f"kafka {args.region} killed")
+        return
+    if pid_alive(r["kafka_pid"]) and port_open(port):
+        log(f"kafka {args.region} already running (pid {r['kafka_pid']})")
+        return
+    r["kafka_pid"] = spawn_kafka(args.region)
+    write_cluster(cluster)
+    wait_for(f"kafka {args.region}", lambda: kafka_topics(r["kafka"]) is not None, 90)
+    log(f"kafka {args.region}: restarted, pid {r['kafka_pid']}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -812,6 +844,10 @@ def main() -> None:
     mirror = sub.add_parser("mirror", help="stop or start MirrorMaker 2 alone")
     mirror.add_argument("action", choices=["stop", "start"])
     mirror.set_defaults(fn=cmd_mirror)
+    kafka = sub.add_parser("kafka", help="kill a region's broker or start it again")
+    kafka.add_argument("action", choices=["kill", "start"])
+    kafka.add_argument("region")
+    kafka.set_defaults(fn=cmd_kafka)
     args = parser.parse_args()
     args.fn(args)
 
