@@ -164,6 +164,25 @@ fn cores() -> usize {
         .max(1)
 }
 
+/// (busy, total) jiffies of core `n` so far, from /proc/stat.
+fn core_jiffies(n: usize) -> (u64, u64) {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let Some(line) = stat
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(&format!("cpu{n}")))
+    else {
+        return (0, 0);
+    };
+    let v: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    let total: u64 = v.iter().take(8).sum();
+    let idle = v.get(3).copied().unwrap_or(0) + v.get(4).copied().unwrap_or(0);
+    (total - idle, total)
+}
+
 /// Whether the system under test gets a core of its own.
 fn pinning() -> bool {
     cores() >= 2
@@ -843,8 +862,10 @@ async fn latency_and_gets(kafka: &str, work: &Path, load_rate: u64) -> anyhow::R
         "## Get ({GET_SECONDS} s per run; keys written by the latency runs; ingest load: {load_rate} events/s into the node's updates topic, a quarter of its measured ingest rate)"
     );
     println!();
-    println!("| streams | ingest load | reads/s | p50 | p99 | node CPU |");
-    println!("|---:|---|---:|---:|---:|---:|");
+    println!(
+        "| streams | ingest load | reads/s | p50 | p99 | node CPU | core 0 busy (brokers, clients, load) |"
+    );
+    println!("|---:|---|---:|---:|---:|---:|---:|");
     let mut get_json = Vec::new();
     for loaded in [false, true] {
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -857,21 +878,25 @@ async fn latency_and_gets(kafka: &str, work: &Path, load_rate: u64) -> anyhow::R
             ))
         });
         for streams in GET_STREAMS {
-            let (started, cpu) = (Instant::now(), cpu_seconds(pid));
+            let (started, cpu, core0) = (Instant::now(), cpu_seconds(pid), core_jiffies(0));
             let lat = gets(&node, streams).await?;
             let busy = (cpu_seconds(pid) - cpu) / started.elapsed().as_secs_f64();
+            let core0_after = core_jiffies(0);
+            let core0 = (core0_after.0 - core0.0) as f64 / (core0_after.1 - core0.1).max(1) as f64;
             let rate = lat.len() as f64 / GET_SECONDS as f64;
             println!(
-                "| {streams} | {} | {rate:.0} | {:.2} ms | {:.2} ms | {:.0} % |",
+                "| {streams} | {} | {rate:.0} | {:.2} ms | {:.2} ms | {:.0} % | {:.0} % |",
                 if loaded { "yes" } else { "no" },
                 ms_of(percentile(&lat, 0.5)),
                 ms_of(percentile(&lat, 0.99)),
-                busy * 100.0
+                busy * 100.0,
+                core0 * 100.0
             );
             get_json.push(
                 json!({"streams": streams, "ingest_load": loaded, "reads_per_second": rate.round(),
                 "p50_ms": ms_of(percentile(&lat, 0.5)), "p99_ms": ms_of(percentile(&lat, 0.99)),
-                "node_cpu_share": (busy * 100.0).round() / 100.0}),
+                "node_cpu_share": (busy * 100.0).round() / 100.0,
+                "core0_busy_share": (core0 * 100.0).round() / 100.0}),
             );
         }
         stop.store(true, std::sync::atomic::Ordering::Relaxed);

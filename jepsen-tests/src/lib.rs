@@ -3,6 +3,7 @@
 //! alone whether a guarantee held. They never look inside geostate: the history is all
 //! they know.
 
+pub mod availability;
 pub mod counter;
 pub mod fencing;
 pub mod history;

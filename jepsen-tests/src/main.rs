@@ -26,7 +26,7 @@ use geostate::pb::admin_client::AdminClient;
 use geostate::pb::state_client::StateClient;
 use geostate::workload::Rng;
 use geostate_jepsen::history::{Event, EventType, Function};
-use geostate_jepsen::{counter, fencing, register};
+use geostate_jepsen::{availability, counter, fencing, register};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
 use tonic::Code;
@@ -588,6 +588,8 @@ struct Results<'a> {
     fail: usize,
     info: usize,
     faults: &'a [Fault],
+    /// Per fault, in order: what it cost each region's writes and writes anywhere.
+    availability: Vec<Vec<availability::Window>>,
     anomalies: Vec<String>,
     /// Keys whose owned-register history has no linearization. Informational: the
     /// workload reads in every region, and a non-holder's read is a replica read
@@ -670,6 +672,38 @@ fn report(
         }
     }
     let valid = anomalies.is_empty();
+    let regions: Vec<String> = finals
+        .values()
+        .flat_map(|by_region| by_region.keys().cloned())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let windows: Vec<Vec<availability::Window>> = faults
+        .iter()
+        .map(|f| availability::during(history, &regions, f.start_ns, f.end_ns))
+        .collect();
+    let mut table = String::new();
+    if !faults.is_empty() {
+        table.push_str(
+            "\n| fault | target | at | lasted | scope | longest stretch without an acknowledged write | writes during the fault ok / fail / info |\n|---|---|---:|---:|---|---:|---|\n",
+        );
+        for (f, ws) in faults.iter().zip(&windows) {
+            for w in ws {
+                table.push_str(&format!(
+                    "| {:?} | {} | {:.1} s | {:.1} s | {} | {:.0} ms | {} / {} / {} |\n",
+                    f.nemesis,
+                    f.target,
+                    f.start_ns as f64 / 1e9,
+                    (f.end_ns - f.start_ns) as f64 / 1e9,
+                    w.scope,
+                    w.longest_gap_ms,
+                    w.ok,
+                    w.fail,
+                    w.info
+                ));
+            }
+        }
+    }
     let results = Results {
         workload: args.workload,
         nemesis: &args.nemesis,
@@ -680,6 +714,7 @@ fn report(
         fail: count(EventType::Fail),
         info: count(EventType::Info),
         faults,
+        availability: windows,
         anomalies,
         not_linearizable,
         valid,
@@ -704,7 +739,7 @@ fn report(
         "# jepsen run: {:?} workload, nemesis {:?}, seed {}, {} s\n\n\
          {} operations: {} ok, {} fail, {} info (indeterminate)\n\n\
          faults: {}\n\n\
-         verdict: **{}**\n\n{}{}",
+         verdict: **{}**\n\n{}{}{}",
         args.workload,
         args.nemesis,
         args.seed,
@@ -740,6 +775,7 @@ fn report(
                 results.not_linearizable.join(", ")
             ),
         },
+        table,
     );
     std::fs::write(args.out.join("summary.md"), &summary)?;
     print!("{summary}");
