@@ -148,6 +148,7 @@ pub async fn run(
             let i = new_incarnation(clock.as_ref()).max(last.saturating_add(1));
             tracing::info!(
                 deltas = recovered.deltas,
+                superseded = recovered.superseded,
                 keys = recovered.keys,
                 resume = ?recovered.resume.as_ref().map(|r| &r.updates_offsets),
                 last_incarnation = last,

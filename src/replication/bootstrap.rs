@@ -61,6 +61,9 @@ pub enum BootstrapError {
 #[derive(Debug, Default)]
 pub struct Recovered {
     pub deltas: usize,
+    /// Own deltas of owned keys below the epoch the key already holds: a restored
+    /// checkpoint (or a later delta) carries a newer value, which wins every merge.
+    pub superseded: usize,
     pub keys: usize,
     /// The last resume point; `None` if the region never shipped anything.
     pub resume: Option<ResumePoint>,
@@ -122,7 +125,8 @@ pub async fn recover_own_past(
             None,
         )
         .await?;
-        if let Some((partition, offset, reason)) = merged.refused.into_iter().next() {
+        let (superseded, fatal) = sort_refusals(merged.refused);
+        if let Some((partition, offset, reason)) = fatal {
             return Err(BootstrapError::Refused {
                 topic,
                 partition,
@@ -130,6 +134,7 @@ pub async fn recover_own_past(
                 reason,
             });
         }
+        recovered.superseded += superseded;
         recovered.deltas += merged.merged;
         keys.extend(merged.states.into_keys());
         if merged.resume.is_some() {
@@ -185,6 +190,20 @@ fn dominates(later: &BTreeMap<i32, i64>, earlier: &BTreeMap<i32, i64>) -> bool {
         .all(|(p, o)| later.get(p).copied().unwrap_or(-1) >= *o)
 }
 
+/// Splits the refusals of a batch of own deltas into those superseded by what the store
+/// already holds (an owned key's older epoch: skipped, nothing is lost) and the first
+/// that would lose data if skipped (the node must not start).
+fn sort_refusals(refused: Vec<(i32, i64, Refusal)>) -> (usize, Option<(i32, i64, Refusal)>) {
+    let mut superseded = 0;
+    for r in refused {
+        match r.2 {
+            Refusal::Fenced { .. } => superseded += 1,
+            _ => return (superseded, Some(r)),
+        }
+    }
+    (superseded, None)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -200,5 +219,31 @@ mod tests {
             "anything is past an empty store"
         );
         assert!(!dominates(&BTreeMap::new(), &a));
+    }
+
+    #[test]
+    fn an_own_delta_below_its_keys_epoch_is_skipped_and_anything_else_stops_the_start() {
+        let fenced = |offset| {
+            (
+                2,
+                offset,
+                Refusal::Fenced {
+                    key: "surge/9q8yy".into(),
+                    epoch: 8,
+                    highest: 9,
+                },
+            )
+        };
+        let (superseded, fatal) = sort_refusals(vec![fenced(1), fenced(2)]);
+        assert_eq!((superseded, fatal.is_none()), (2, true));
+        let no_namespace = (
+            0,
+            7,
+            Refusal::NoNamespace {
+                key: "gone/k".into(),
+            },
+        );
+        let (_, fatal) = sort_refusals(vec![fenced(1), no_namespace]);
+        assert_eq!(fatal.map(|(p, o, _)| (p, o)), Some((0, 7)));
     }
 }
