@@ -136,7 +136,8 @@ def chart(report_path: str, out: str) -> None:
                          datasets, fontsize=8)
     ingest_ax.set_ylabel("events per second")
     ingest_ax.set_title("Ingest of one pre-loaded topic (system under test pinned to 1 core)")
-    ingest_ax.legend(fontsize=7)
+    ingest_ax.set_ylim(top=ingest_ax.get_ylim()[1] * 1.2)  # room for the legend
+    ingest_ax.legend(fontsize=7, loc="upper center", ncol=2)
 
     # latency: percentiles per load level, geostate Update ack next to the Kafka floor
     for series, color in zip(node["latency"], ("tab:blue", "tab:gray")):
