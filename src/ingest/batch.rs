@@ -62,6 +62,16 @@ pub fn owned_shard(lease: Option<&LeaseConfig>, key: &str) -> ShardId {
 pub struct Fences(pub BTreeMap<ShardId, u64>);
 
 impl Fences {
+    /// The highest epoch applied for `shard`, read from `source` on first use.
+    fn highest<S: StateSource>(&mut self, source: &S, shard: ShardId) -> Result<u64, S::Error> {
+        if let Some(&h) = self.0.get(&shard) {
+            return Ok(h);
+        }
+        let h = source.fence(shard)?;
+        self.0.insert(shard, h);
+        Ok(h)
+    }
+
     /// Admits a write or delta of `shard` at `epoch` (raising the fence), or answers the
     /// higher epoch already applied.
     pub fn admit<S: StateSource>(
@@ -70,12 +80,8 @@ impl Fences {
         shard: ShardId,
         epoch: u64,
     ) -> Result<Result<(), u64>, S::Error> {
-        let highest = match self.0.get(&shard) {
-            Some(&h) => h,
-            None => source.fence(shard)?,
-        };
+        let highest = self.highest(source, shard)?;
         if epoch < highest {
-            self.0.insert(shard, highest);
             return Ok(Err(highest));
         }
         self.0.insert(shard, epoch);
@@ -89,10 +95,7 @@ impl Fences {
         shard: ShardId,
         epoch: u64,
     ) -> Result<(), S::Error> {
-        let highest = match self.0.get(&shard) {
-            Some(&h) => h,
-            None => source.fence(shard)?,
-        };
+        let highest = self.highest(source, shard)?;
         self.0.insert(shard, highest.max(epoch));
         Ok(())
     }
