@@ -362,7 +362,7 @@ async fn redis(kafka: &str, data: &Dataset, dir: &Path) -> anyhow::Result<Option
     );
     let addr = format!("127.0.0.1:{port}");
     let until = Instant::now() + Duration::from_secs(10);
-    while TcpStream::connect(&addr).is_err() {
+    while tokio::net::TcpStream::connect(&addr).await.is_err() {
         if Instant::now() > until {
             bail!("redis-server did not listen on {addr}");
         }
@@ -381,19 +381,25 @@ async fn redis(kafka: &str, data: &Dataset, dir: &Path) -> anyhow::Result<Option
         .follow(&[server.0.id(), consumer.0.id()], Duration::from_secs(300))
         .await?;
     // every counter must hold what the events added, or the rate means nothing
-    let mut sums: BTreeMap<&str, i64> = (data.records.iter().take(2000))
-        .map(|(key, _)| (key.as_str(), 0))
+    let mut sums: BTreeMap<String, i64> = (data.records.iter().take(2000))
+        .map(|(key, _)| (key.clone(), 0))
         .collect();
     for (key, payload) in &data.records {
-        if let Some(sum) = sums.get_mut(key.as_str())
+        if let Some(sum) = sums.get_mut(key)
             && let Ok(Update { op: Op::Add(n), .. }) = Update::decode(RecordFormat::Json, payload)
         {
             *sum += n;
         }
     }
-    let mut conn = TcpStream::connect(&addr)?;
+    tokio::task::spawn_blocking(move || check_redis(&addr, &sums)).await??;
+    Ok(Some(rate))
+}
+
+/// Every counter in `expected` holds its sum in the Redis server at `addr`.
+fn check_redis(addr: &str, expected: &BTreeMap<String, i64>) -> anyhow::Result<()> {
+    let mut conn = TcpStream::connect(addr)?;
     let mut reader = BufReader::new(conn.try_clone()?);
-    for (key, expected) in sums {
+    for (key, expected) in expected {
         conn.write_all(&resp(&["GET", key]))?;
         let mut header = String::new();
         reader.read_line(&mut header)?;
@@ -405,11 +411,11 @@ async fn redis(kafka: &str, data: &Dataset, dir: &Path) -> anyhow::Result<Option
             value.trim().parse::<i64>()?
         };
         anyhow::ensure!(
-            got == expected,
+            got == *expected,
             "redis baseline: {key} is {got}, the events add {expected}"
         );
     }
-    Ok(Some(rate))
+    Ok(())
 }
 
 /// A Redis command in RESP.

@@ -15,7 +15,6 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -168,8 +167,12 @@ async fn cluster_script(cluster_json: &Path, args: &[&str]) -> anyhow::Result<()
     Ok(())
 }
 
-fn signal(sig: &str, pid: u32) {
-    let _ = Command::new("kill").args([sig, &pid.to_string()]).status();
+/// `kill <sig> <pid>`, awaited as a child process (never blocking a runtime thread).
+async fn signal(sig: &str, pid: u32) {
+    let _ = tokio::process::Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .await;
 }
 
 fn grpc(r: &RegionFile) -> anyhow::Result<String> {
@@ -423,15 +426,15 @@ async fn nemesis(
         let target = match kind {
             Nemesis::PauseHolder => {
                 let (region, pid) = holder(&cluster, &keys[0], hash_shards).await?;
-                signal("-STOP", pid);
+                signal("-STOP", pid).await;
                 tokio::time::sleep(Duration::from_secs(4)).await;
-                signal("-CONT", pid);
+                signal("-CONT", pid).await;
                 region
             }
             Nemesis::Kill => {
                 let region = target_region(&cluster, round);
                 let pid = cluster.regions[&region].pid.context("node pid")?;
-                signal("-KILL", pid);
+                signal("-KILL", pid).await;
                 tokio::time::sleep(Duration::from_secs(2)).await;
                 cluster_script(&args.cluster, &["up", "--no-build"]).await?;
                 region
@@ -456,13 +459,14 @@ async fn nemesis(
                 let r = &cluster.regions[&region];
                 let pid = r.pid.context("node pid")?;
                 let dir = r.data_dir.clone().context("node data_dir")?;
-                signal("-KILL", pid);
+                signal("-KILL", pid).await;
                 while Path::new(&format!("/proc/{pid}")).exists() {
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }
                 // the data dir only: the lease group's Raft log (`<data-dir>.raft`) stays,
                 // a member must not forget its votes
-                std::fs::remove_dir_all(&dir)
+                tokio::fs::remove_dir_all(&dir)
+                    .await
                     .with_context(|| format!("wiping {}", dir.display()))?;
                 cluster_script(&args.cluster, &["up", "--no-build"]).await?;
                 format!("node {region} (data dir wiped)")
@@ -515,7 +519,7 @@ async fn heal(cluster_json: &Path) -> anyhow::Result<()> {
     let cluster = read_cluster(cluster_json)?;
     for r in cluster.regions.values() {
         if let Some(pid) = r.pid {
-            signal("-CONT", pid);
+            signal("-CONT", pid).await;
         }
     }
     cluster_script(cluster_json, &["mirror", "start"]).await?;
