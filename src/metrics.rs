@@ -31,6 +31,9 @@ pub const BATCH_APPLY_SECONDS: &str = "geostate_batch_apply_seconds";
 pub const BATCH_EVENTS: &str = "geostate_batch_events";
 /// Records appended to an input partition but not applied yet, label `partition` (gauge).
 pub const CONSUMER_LAG: &str = "geostate_consumer_lag";
+/// Consume errors after which a new Kafka client took over, at the stored positions,
+/// label `consumer` (ingest, merge) (counter).
+pub const CONSUMER_RESTARTS: &str = "geostate_consumer_restarts_total";
 /// gRPC handling time, label `method` (histogram).
 pub const GRPC_SECONDS: &str = "geostate_grpc_seconds";
 /// gRPC requests answered with an error, labels `method`, `code` (counter).

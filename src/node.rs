@@ -6,7 +6,6 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rdkafka::producer::Producer;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -129,15 +128,12 @@ pub async fn run(
 
     // The shipping producer first: its init fences any older node of this region and
     // aborts its open transaction, so what bootstrap reads next is final.
-    let ship_producer = log::transactional_producer(
-        &config.kafka,
-        &format!("geostate.{}.{}", config.region, config.kafka.deltas_topic),
-        SHIP_TRANSACTION_TIMEOUT,
-    )?;
-    let init = ship_producer.clone();
-    tokio::task::spawn_blocking(move || init.init_transactions(Duration::from_secs(30)))
-        .await?
-        .map_err(LogError::from)?;
+    let ship_source = log::TransactionalSpec {
+        kafka: config.kafka.clone(),
+        transactional_id: format!("geostate.{}.{}", config.region, config.kafka.deltas_topic),
+        transaction_timeout: SHIP_TRANSACTION_TIMEOUT,
+    };
+    let ship_producer = ship_source.start().await?;
 
     let (incarnation, bootstrapping) = match store.incarnation()? {
         Some(i) => (i, false),
@@ -171,9 +167,14 @@ pub async fn run(
     let topic = config.kafka.updates_topic.clone();
     let partitions = log::partitions(&config.kafka, &topic).await?;
     let applied = store.source_offsets(&topic)?;
-    let consumer =
-        log::positioned_consumer(&config.kafka, &format!("geostate-ingest-{}", config.region))?;
-    log::assign_after(&consumer, &topic, &partitions, &applied)?;
+    let source = log::ConsumerSpec {
+        kafka: config.kafka.clone(),
+        group: format!("geostate-ingest-{}", config.region),
+        report_end: false,
+        topic: topic.clone(),
+        partitions: partitions.clone(),
+    };
+    let consumer = source.start(&applied)?;
     let shared = Arc::new(IngestShared::new(applied));
     tracing::info!(region = %config.region, incarnation, partitions = partitions.len(), "node starting");
 
@@ -206,13 +207,15 @@ pub async fn run(
         hlc: hlc.clone(),
         store: store.clone(),
         consumer,
-        dlq: log::idempotent_producer(&config.kafka, Duration::from_secs(30))?,
+        source,
+        dlq: log::RenewingProducer::new(&config.kafka, Duration::from_secs(30))?,
         shared: shared.clone(),
     };
     let mut ingest_task = tokio::spawn(ingest.run(stop_rx.clone()));
     let shipper = Shipper {
         store: store.clone(),
         producer: ship_producer,
+        source: ship_source,
         topic: config.kafka.deltas_topic.clone(),
         updates_topic: config.kafka.updates_topic.clone(),
         actor,
@@ -290,7 +293,7 @@ pub async fn run(
         hlc,
         store: store.clone(),
         // a write Kafka cannot take within 10 s is answered UNAVAILABLE
-        producer: log::idempotent_producer(&config.kafka, Duration::from_secs(10))?,
+        producer: log::RenewingProducer::new(&config.kafka, Duration::from_secs(10))?,
         shared,
         partitions,
         stop: stop_rx.clone(),

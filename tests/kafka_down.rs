@@ -2,7 +2,11 @@
 //! appended is answered `UNAVAILABLE` with the reason, never hangs past the producer's
 //! delivery timeout, and once the broker resumes (SIGCONT) the node serves writes again;
 //! the write that timed out is indeterminate (it may still be appended from the broker's
-//! socket buffer), so the counter ends at either total. Its own test binary: it freezes
+//! socket buffer), so the counter ends at either total. The cluster's own node of that
+//! region went through the same freeze: it ingests and merges again afterwards (its
+//! broker, fenced by its controller during the freeze, first answers Metadata listing no
+//! brokers, which can leave a librdkafka client unable to reconnect for good: the node's
+//! consumers are replaced by new clients after an error). Its own test binary: it freezes
 //! a broker the other tests use (test binaries run one at a time).
 
 mod common;
@@ -10,8 +14,9 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::failover::Frozen;
-use common::{Node, Topics, cluster, counter};
+use common::{Node, Topics, cluster, counter, unique};
 use geostate::pb;
+use geostate::pb::state_client::StateClient;
 
 fn add(key: &str, n: i64) -> pb::UpdateRequest {
     pb::UpdateRequest {
@@ -74,5 +79,41 @@ async fn a_frozen_broker_gives_unavailable_and_the_node_recovers() -> anyhow::Re
         total == 101 || total == 111,
         "the acknowledged writes add to 101 (111 if the timed-out one was appended after all); got {total}"
     );
+
+    // every cluster node takes a write (applied before it is acknowledged) and merges the
+    // others' writes
+    let key = format!("requests/{}", unique("after-freeze"));
+    let mut nodes = Vec::new();
+    for r in cluster.regions.values() {
+        let grpc = r.grpc.clone().expect("make test starts a node per region");
+        nodes.push(StateClient::connect(format!("http://{grpc}")).await?);
+    }
+    let regions = nodes.len() as i64;
+    let until = Instant::now() + Duration::from_secs(60);
+    for (i, node) in nodes.iter_mut().enumerate() {
+        while let Err(e) = node.update(add(&key, 1)).await {
+            anyhow::ensure!(
+                Instant::now() < until,
+                "cluster node {i} takes no writes: {e}"
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+    for (i, node) in nodes.iter_mut().enumerate() {
+        loop {
+            let value = node
+                .get(pb::GetRequest { key: key.clone() })
+                .await?
+                .into_inner();
+            if counter(&value) == regions {
+                break;
+            }
+            anyhow::ensure!(
+                Instant::now() < until,
+                "cluster node {i} merged no other region's write after the freeze: {value:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
     Ok(())
 }

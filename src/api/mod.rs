@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::FutureRecord;
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
@@ -47,7 +47,7 @@ pub struct Api {
     pub incarnation: u32,
     pub hlc: Arc<Hlc>,
     pub store: Arc<Store>,
-    pub producer: FutureProducer,
+    pub producer: crate::log::RenewingProducer,
     pub shared: Arc<IngestShared>,
     pub partitions: Vec<i32>,
     /// Turns true when the node stops; ends `Watch` streams so shutdown can complete.
@@ -254,7 +254,7 @@ impl Handler {
                 Duration::from_secs(10),
             )
             .await
-            .map_err(|(e, _)| ApiError::Unavailable(e.to_string()))?;
+            .map_err(|e| ApiError::Unavailable(e.to_string()))?;
         let (partition, offset) = (delivery.partition, delivery.offset);
         let mut applied = api.shared.applied.subscribe();
         let waited = tokio::time::timeout(

@@ -18,7 +18,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::StreamConsumer;
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::error::KafkaError;
+use rdkafka::producer::FutureRecord;
 use tokio::sync::{broadcast, watch};
 
 use super::batch::{Applied, BatchContext, Record, StateSource, apply_batch};
@@ -26,7 +27,7 @@ use super::event::Rejection;
 use crate::clock::Hlc;
 use crate::config::Config;
 use crate::crdt::{Actor, CrdtValue};
-use crate::log::dlq_headers;
+use crate::log::{ConsumerSpec, RenewingProducer, dlq_headers};
 use crate::metrics as m;
 use crate::shutdown::stopped;
 use crate::store::{Commit, Store, StoreError};
@@ -102,14 +103,16 @@ pub struct Ingestor {
     pub actor: Actor,
     pub hlc: Arc<Hlc>,
     pub store: Arc<Store>,
+    /// Positioned by `source`; replaced by a new client after a consume error.
     pub consumer: StreamConsumer,
-    pub dlq: FutureProducer,
+    pub source: ConsumerSpec,
+    pub dlq: RenewingProducer,
     pub shared: Arc<IngestShared>,
 }
 
 impl Ingestor {
     /// Runs until `shutdown` turns true; returns early only on a storage failure.
-    pub async fn run(self, mut shutdown: watch::Receiver<bool>) -> Result<(), IngestError> {
+    pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) -> Result<(), IngestError> {
         let max_events = self.config.ingest.batch_max_events;
         let max_wait = self.config.ingest.batch_max_wait;
         loop {
@@ -118,27 +121,43 @@ impl Ingestor {
                 () = stopped(&mut shutdown) => return Ok(()),
                 message = self.consumer.recv() => message.map(|m| Record::from_message(&m)),
             };
+            let mut failed = None;
             match first {
                 Ok(record) => records.push(record),
-                Err(e) => {
-                    tracing::warn!(error = %e, "consume failed; retrying");
-                    tokio::time::sleep(RETRY_PAUSE).await;
-                    continue;
-                }
+                Err(e) => failed = Some(e),
             }
             let deadline = tokio::time::Instant::now() + max_wait;
-            while records.len() < max_events {
+            while failed.is_none() && records.len() < max_events {
                 match tokio::time::timeout_at(deadline, self.consumer.recv()).await {
                     Ok(Ok(message)) => records.push(Record::from_message(&message)),
-                    Ok(Err(e)) => {
-                        tracing::warn!(error = %e, "consume failed during a batch");
-                        break;
-                    }
+                    Ok(Err(e)) => failed = Some(e),
                     Err(_) => break,
                 }
             }
-            self.apply(records).await?;
+            if !records.is_empty() {
+                self.apply(records).await?;
+            }
+            if let Some(e) = failed {
+                tokio::time::sleep(RETRY_PAUSE).await;
+                self.restart_consumer(&e);
+            }
         }
+    }
+
+    /// After a consume error, a new client reads on after the applied offsets
+    /// ([`ConsumerSpec`]): the old one may never fetch again.
+    fn restart_consumer(&mut self, error: &KafkaError) {
+        let applied = self.shared.applied.borrow().clone();
+        match self.source.start(&applied) {
+            Ok(consumer) => {
+                self.consumer = consumer;
+                tracing::warn!(%error, "consume failed; a new Kafka client reads on after the applied offsets");
+            }
+            Err(again) => {
+                tracing::warn!(%error, %again, "consume failed, and so did starting a new Kafka client; retrying");
+            }
+        }
+        metrics::counter!(m::CONSUMER_RESTARTS, "consumer" => "ingest").increment(1);
     }
 
     async fn apply(&self, records: Vec<Record>) -> Result<(), IngestError> {
@@ -224,7 +243,7 @@ impl Ingestor {
                 }
                 match self.dlq.send(out, Duration::from_secs(30)).await {
                     Ok(_) => break,
-                    Err((e, _)) => {
+                    Err(e) => {
                         tracing::warn!(error = %e, %source, "dead-lettering failed; retrying");
                         tokio::time::sleep(RETRY_PAUSE).await;
                     }

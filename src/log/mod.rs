@@ -2,14 +2,18 @@
 //! offsets stored in RocksDB, and the dead-letter record format. Knows nothing of state.
 
 use std::collections::BTreeMap;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use rdkafka::ClientConfig;
 use rdkafka::Message;
 use rdkafka::consumer::{BaseConsumer, Consumer, StreamConsumer};
 use rdkafka::error::KafkaError;
+use rdkafka::message::ToBytes;
 use rdkafka::message::{BorrowedMessage, Header, OwnedHeaders};
-use rdkafka::producer::FutureProducer;
+use rdkafka::producer::future_producer::Delivery;
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
 
 use crate::config::KafkaConfig;
@@ -67,7 +71,7 @@ fn client_config(kafka: &KafkaConfig) -> ClientConfig {
 
 /// An idempotent producer with `acks=all` that sends at once and gives up on a record
 /// (an error, never a silent drop) after `delivery_timeout`.
-pub fn idempotent_producer(
+fn idempotent_producer(
     kafka: &KafkaConfig,
     delivery_timeout: Duration,
 ) -> Result<FutureProducer, LogError> {
@@ -82,22 +86,78 @@ pub fn idempotent_producer(
         .create()?)
 }
 
+/// An idempotent producer (`acks=all`) that is replaced by a new client after a record times out.
+///
+/// librdkafka can leave a client unable to reconnect for good after a Metadata answer
+/// listing no brokers (see [`ConsumerSpec`]); a producer in that state times out every
+/// record. The record that timed out stays the caller's to report (indeterminate: it may
+/// have been appended); the next one goes through the new client.
+pub struct RenewingProducer {
+    kafka: KafkaConfig,
+    delivery_timeout: Duration,
+    /// The current client and how many clients came before it.
+    current: Mutex<(u64, FutureProducer)>,
+}
+
+impl RenewingProducer {
+    pub fn new(kafka: &KafkaConfig, delivery_timeout: Duration) -> Result<Self, LogError> {
+        Ok(Self {
+            kafka: kafka.clone(),
+            delivery_timeout,
+            current: Mutex::new((0, idempotent_producer(kafka, delivery_timeout)?)),
+        })
+    }
+
+    /// Sends one record and waits for its acknowledgement.
+    pub async fn send<K, P>(
+        &self,
+        record: FutureRecord<'_, K, P>,
+        queue_timeout: Duration,
+    ) -> Result<Delivery, KafkaError>
+    where
+        K: ToBytes + ?Sized,
+        P: ToBytes + ?Sized,
+    {
+        let (generation, producer) = self.lock().clone();
+        let sent = producer.send(record, queue_timeout).await;
+        drop(producer);
+        sent.map_err(|(e, _)| {
+            if matches!(
+                e,
+                KafkaError::MessageProduction(RDKafkaErrorCode::MessageTimedOut)
+            ) {
+                self.renew(generation, &e);
+            }
+            e
+        })
+    }
+
+    /// Replaces client `generation` (once, however many sends saw it fail).
+    fn renew(&self, generation: u64, error: &KafkaError) {
+        let mut current = self.lock();
+        if current.0 != generation {
+            return;
+        }
+        match idempotent_producer(&self.kafka, self.delivery_timeout) {
+            Ok(new) => {
+                let old = std::mem::replace(&mut *current, (generation + 1, new));
+                tracing::warn!(%error, "a record timed out; a new Kafka client sends the next ones");
+                // dropping a producer purges and waits for its threads
+                tokio::task::spawn_blocking(move || drop(old));
+            }
+            Err(again) => {
+                tracing::warn!(%error, %again, "a record timed out, and starting a new Kafka client failed");
+            }
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, (u64, FutureProducer)> {
+        self.current.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
 /// A consumer that is positioned by hand (never commits offsets to Kafka: the positions
 /// live in RocksDB with the state) and answers fetches quickly.
-pub fn positioned_consumer(kafka: &KafkaConfig, group: &str) -> Result<StreamConsumer, LogError> {
-    consumer(kafka, group, false)
-}
-
-/// A [`positioned_consumer`] that also reports `KafkaError::PartitionEOF` each time it
-/// reaches a partition's end: how a reader of a transactional topic (whose last offset
-/// is a commit marker, never delivered) knows it has read everything.
-pub fn end_reporting_consumer(
-    kafka: &KafkaConfig,
-    group: &str,
-) -> Result<StreamConsumer, LogError> {
-    consumer(kafka, group, true)
-}
-
 fn consumer(
     kafka: &KafkaConfig,
     group: &str,
@@ -116,28 +176,33 @@ fn consumer(
         .create()?)
 }
 
-/// A transactional producer (`acks=all`, idempotent) for `transactional_id`; its
-/// `init_transactions` fences every earlier producer of the same id and aborts its open
-/// transaction. Transaction calls block: run them off the async threads.
-pub fn transactional_producer(
-    kafka: &KafkaConfig,
-    transactional_id: &str,
-    transaction_timeout: Duration,
-) -> Result<FutureProducer, LogError> {
-    Ok(client_config(kafka)
-        .set("transactional.id", transactional_id)
-        .set("enable.idempotence", "true")
-        .set("acks", "all")
-        .set("linger.ms", "0")
-        .set(
-            "transaction.timeout.ms",
-            transaction_timeout.as_millis().to_string(),
-        )
-        .set(
-            "message.timeout.ms",
-            transaction_timeout.as_millis().to_string(),
-        )
-        .create()?)
+/// How to make a transactional producer (`acks=all`, idempotent), and make it again.
+#[derive(Clone, Debug)]
+pub struct TransactionalSpec {
+    pub kafka: KafkaConfig,
+    pub transactional_id: String,
+    pub transaction_timeout: Duration,
+}
+
+impl TransactionalSpec {
+    /// A new client, initialised: its `init_transactions` fenced every earlier producer
+    /// of the same id and aborted its open transaction. Transaction calls block: run them
+    /// off the async threads.
+    pub async fn start(&self) -> Result<FutureProducer, LogError> {
+        let timeout_ms = self.transaction_timeout.as_millis().to_string();
+        let producer: FutureProducer = client_config(&self.kafka)
+            .set("transactional.id", &self.transactional_id)
+            .set("enable.idempotence", "true")
+            .set("acks", "all")
+            .set("linger.ms", "0")
+            .set("transaction.timeout.ms", &timeout_ms)
+            .set("message.timeout.ms", &timeout_ms)
+            .create()?;
+        let init = producer.clone();
+        tokio::task::spawn_blocking(move || init.init_transactions(Duration::from_secs(30)))
+            .await??;
+        Ok(producer)
+    }
 }
 
 /// The partitions of `topic` (blocking metadata call, run off the async threads).
@@ -163,7 +228,7 @@ pub async fn partitions(kafka: &KafkaConfig, topic: &str) -> Result<Vec<i32>, Lo
 
 /// Assigns every partition of `topic` to `consumer`, resuming each after its stored last
 /// applied offset, or from the beginning if nothing of it was applied yet.
-pub fn assign_after(
+fn assign_after(
     consumer: &StreamConsumer,
     topic: &str,
     partitions: &[i32],
@@ -179,6 +244,37 @@ pub fn assign_after(
     }
     consumer.assign(&tpl)?;
     Ok(())
+}
+
+/// How to make a positioned consumer of a topic, and make it again.
+///
+/// A consumer that saw an error is replaced by a new client rather than nursed: librdkafka
+/// can leave a client unable to fetch for good and says so only once, as that error.
+/// Seen here: a Metadata answer listing no brokers (a broker its controller fenced
+/// after a freeze) makes the client drop every broker it knew and never reconnect
+/// (librdkafka #5301); and under `auto.offset.reset = error`, a partition it could not
+/// position (a ListOffsets answer it takes as permanent, a fetch out of range) is never
+/// fetched again. The new client resumes at the positions stored with the state, so
+/// nothing is skipped and nothing applied twice.
+#[derive(Clone, Debug)]
+pub struct ConsumerSpec {
+    pub kafka: KafkaConfig,
+    pub group: String,
+    /// Report `KafkaError::PartitionEOF` each time a partition's end is reached: how a
+    /// reader of a transactional topic (whose last offset is a commit marker, never
+    /// delivered) knows it has read everything.
+    pub report_end: bool,
+    pub topic: String,
+    pub partitions: Vec<i32>,
+}
+
+impl ConsumerSpec {
+    /// A new client, assigned every partition after its last applied offset.
+    pub fn start(&self, applied: &BTreeMap<i32, i64>) -> Result<StreamConsumer, LogError> {
+        let consumer = consumer(&self.kafka, &self.group, self.report_end)?;
+        assign_after(&consumer, &self.topic, &self.partitions, applied)?;
+        Ok(consumer)
+    }
 }
 
 /// The end offset (next offset to be written) of every partition (blocking, run off the

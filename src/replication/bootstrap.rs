@@ -79,13 +79,16 @@ pub async fn recover_own_past(
 ) -> Result<Recovered, BootstrapError> {
     let topic = config.kafka.deltas_topic.clone();
     let partitions = log::partitions(&config.kafka, &topic).await?;
-    let consumer = log::end_reporting_consumer(
-        &config.kafka,
-        &format!("geostate-bootstrap-{}", config.region),
-    )?;
     // a restored store starts where its copy was taken; an empty one at the beginning
     let from = store.bootstrap_offsets(&topic)?;
-    log::assign_after(&consumer, &topic, &partitions, &from)?;
+    let consumer = log::ConsumerSpec {
+        kafka: config.kafka.clone(),
+        group: format!("geostate-bootstrap-{}", config.region),
+        report_end: true,
+        topic: topic.clone(),
+        partitions: partitions.clone(),
+    }
+    .start(&from)?;
     let mut at_end = BTreeSet::new();
     let mut keys = BTreeSet::new();
     let mut recovered = Recovered::default();

@@ -279,9 +279,10 @@ impl Merger {
     }
 
     pub async fn run(self, mut stop: watch::Receiver<bool>) -> Result<(), StoreError> {
-        let Some((consumer, partitions)) = self.subscribe(&mut stop).await? else {
+        let Some((mut consumer, source)) = self.subscribe(&mut stop).await? else {
             return Ok(());
         };
+        let partitions = &source.partitions;
         let mut at_end = BTreeSet::new();
         loop {
             let first = tokio::select! {
@@ -299,11 +300,12 @@ impl Merger {
                     continue;
                 }
                 Err(e) => {
-                    tracing::warn!(remote = %self.remote().region, error = %e, "consuming deltas failed");
                     tokio::time::sleep(RETRY_PAUSE).await;
+                    self.restart_consumer(&mut consumer, &source, &e)?;
                     continue;
                 }
             };
+            let mut failed = None;
             while records.len() < MAX_BATCH {
                 match tokio::time::timeout(Duration::ZERO, consumer.recv()).await {
                     Ok(Ok(message)) => records.push(Record::from_message(&message)),
@@ -312,14 +314,47 @@ impl Merger {
                         at_end.insert(p);
                         break;
                     }
-                    _ => break,
+                    Ok(Err(e)) => {
+                        failed = Some(e);
+                        break;
+                    }
+                    Err(_) => break,
                 }
             }
             self.merge(records).await?;
             if at_end.len() == partitions.len() {
                 self.progress.caught_up.send_replace(true);
             }
+            if let Some(e) = failed {
+                tokio::time::sleep(RETRY_PAUSE).await;
+                self.restart_consumer(&mut consumer, &source, &e)?;
+            }
         }
+    }
+
+    /// After a consume error, a new client reads on after the stored merged offsets
+    /// ([`log::ConsumerSpec`]): the old one may never fetch again.
+    fn restart_consumer(
+        &self,
+        consumer: &mut StreamConsumer,
+        source: &log::ConsumerSpec,
+        error: &KafkaError,
+    ) -> Result<(), StoreError> {
+        let remote = &self.remote().region;
+        let merged = self
+            .store
+            .source_offsets(&Self::offsets_id(self.remote()))?;
+        match source.start(&merged) {
+            Ok(new) => {
+                *consumer = new;
+                tracing::warn!(%remote, %error, "consuming deltas failed; a new Kafka client reads on after the merged offsets");
+            }
+            Err(again) => {
+                tracing::warn!(%remote, %error, %again, "consuming deltas failed, and so did starting a new Kafka client; retrying");
+            }
+        }
+        metrics::counter!(m::CONSUMER_RESTARTS, "consumer" => "merge").increment(1);
+        Ok(())
     }
 
     /// At a partition's end, the position can be past the last merged record (a commit
@@ -345,7 +380,7 @@ impl Merger {
     async fn subscribe(
         &self,
         stop: &mut watch::Receiver<bool>,
-    ) -> Result<Option<(StreamConsumer, Vec<i32>)>, StoreError> {
+    ) -> Result<Option<(StreamConsumer, log::ConsumerSpec)>, StoreError> {
         let remote = self.remote();
         let kafka = crate::config::KafkaConfig {
             bootstrap: remote.bootstrap.clone(),
@@ -357,18 +392,21 @@ impl Merger {
                 return Ok(None);
             }
             let attempt = async {
-                let partitions = log::partitions(&kafka, &remote.topic).await?;
-                let consumer = log::end_reporting_consumer(
-                    &kafka,
-                    &format!("geostate-merge-{}", self.config.region),
-                )?;
-                log::assign_after(&consumer, &remote.topic, &partitions, &applied)?;
-                Ok::<_, log::LogError>((consumer, partitions))
+                let source = log::ConsumerSpec {
+                    partitions: log::partitions(&kafka, &remote.topic).await?,
+                    kafka: kafka.clone(),
+                    group: format!("geostate-merge-{}", self.config.region),
+                    report_end: true,
+                    topic: remote.topic.clone(),
+                };
+                Ok::<_, log::LogError>((source.start(&applied)?, source))
             };
             match attempt.await {
-                Ok((consumer, partitions)) => {
-                    self.progress.partitions.send_replace(partitions.clone());
-                    return Ok(Some((consumer, partitions)));
+                Ok((consumer, source)) => {
+                    self.progress
+                        .partitions
+                        .send_replace(source.partitions.clone());
+                    return Ok(Some((consumer, source)));
                 }
                 Err(e) => {
                     tracing::warn!(remote = %remote.region, topic = %remote.topic, error = %e, "waiting for the remote deltas topic");

@@ -19,6 +19,7 @@ use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
 use tokio::sync::{Notify, watch};
 
 use crate::crdt::{Actor, RESUME_KEY, ResumePoint};
+use crate::log::TransactionalSpec;
 use crate::metrics as m;
 use crate::shutdown::stopped;
 use crate::store::{OutboxSnapshot, Store, StoreError};
@@ -43,8 +44,10 @@ pub enum ShipError {
 
 pub struct Shipper {
     pub store: Arc<Store>,
-    /// Transactional, `init_transactions` already done (see `log::transactional_producer`).
+    /// Transactional, `init_transactions` already done; replaced by a new client from
+    /// `source` after a failed round.
     pub producer: FutureProducer,
+    pub source: TransactionalSpec,
     pub topic: String,
     /// The ingested topic whose offsets the resume points carry.
     pub updates_topic: String,
@@ -54,7 +57,7 @@ pub struct Shipper {
 }
 
 impl Shipper {
-    pub async fn run(self, mut stop: watch::Receiver<bool>) -> Result<(), ShipError> {
+    pub async fn run(mut self, mut stop: watch::Receiver<bool>) -> Result<(), ShipError> {
         loop {
             if *stop.borrow() {
                 return Ok(());
@@ -75,19 +78,31 @@ impl Shipper {
                 if let Some((code, reason)) = self.producer.client().fatal_error() {
                     return Err(ShipError::Fatal(format!("{code:?}: {reason}")));
                 }
-                tracing::warn!(error = %e, "shipping deltas failed; aborting the round and retrying");
-                if let Err(e) = self.blocking(|p| p.abort_transaction(TXN_CALL)).await
-                    && let Some((code, reason)) = self.producer.client().fatal_error()
-                {
-                    return Err(ShipError::Fatal(format!("{code:?}: {reason} ({e})")));
-                }
                 tokio::time::sleep(RETRY_PAUSE).await;
+                self.restart_producer(&e).await;
                 continue;
             }
             let store = self.store.clone();
             tokio::task::spawn_blocking(move || store.clear_outbox(&snapshot.entries))
                 .await
                 .unwrap_or_else(|e| Err(StoreError::Task(e.to_string())))?;
+        }
+    }
+
+    /// After a failed round, a new client ships the next: its `init_transactions` aborts
+    /// the round's transaction, and the old client may never reach a broker again
+    /// ([`crate::log::ConsumerSpec`] says why).
+    async fn restart_producer(&mut self, error: &KafkaError) {
+        match self.source.start().await {
+            Ok(new) => {
+                let old = std::mem::replace(&mut self.producer, new);
+                tracing::warn!(%error, "shipping deltas failed; a new Kafka client ships the round again");
+                // dropping a producer purges and waits for its threads
+                tokio::task::spawn_blocking(move || drop(old));
+            }
+            Err(again) => {
+                tracing::warn!(%error, %again, "shipping deltas failed, and so did starting a new Kafka client; retrying");
+            }
         }
     }
 
