@@ -4,6 +4,7 @@
 //! they know.
 
 pub mod availability;
+pub mod control;
 pub mod counter;
 pub mod fencing;
 pub mod history;
