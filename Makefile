@@ -3,7 +3,7 @@
 export CARGO_TARGET_DIR ?= $(HOME)/.cache/geostate/target
 CLUSTER := python3 regions/local/cluster.py
 
-.PHONY: demo test install build up down status lint fmt bench jepsen
+.PHONY: demo test install build up down status lint fmt bench jepsen drills
 
 ## The main job: start the local regions, run the surge-pricing workload for a minute,
 ## print the table (events per region, replication lag, identical state or not)
@@ -42,6 +42,10 @@ jepsen: up
 	$(CARGO_TARGET_DIR)/debug/jepsen --cluster $(or $(GEOSTATE_RUN_DIR),regions/local/run)/cluster.json \
 		--workload $(WORKLOAD) --seconds $(DURATION) --seed $(SEED) --nemesis $(NEMESIS) \
 		--out jepsen-tests/results/$(WORKLOAD)-seed$(SEED)
+
+## Every failover drill against the `make up` cluster; reports in chaos/reports/
+drills: up
+	chaos/run all
 
 ## Benchmarks (release build) on a private local cluster; prints Markdown tables and
 ## writes them to bench/results/latest.md
