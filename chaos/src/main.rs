@@ -14,7 +14,7 @@
 //! - **latency** of acknowledged writes and reads before, during and after the fault.
 //!
 //! ```text
-//! chaos kill-region|pause-holder|broker-loss|mirror-backlog|region-wipe \
+//! chaos kill-region|pause-holder|broker-loss|mirror-backlog|region-wipe|isolate-region \
 //!       [--cluster regions/local/run/cluster.json] [--region eu-west-1] [--out chaos/reports]
 //! ```
 //!
@@ -53,6 +53,9 @@ enum Drill {
     /// The node SIGKILLed and its data dir deleted: it restores from the newest S3
     /// checkpoint and its own deltas topic.
     RegionWipe,
+    /// The region cut off the other sites (other region, witness, MirrorMaker 2) for 15 s:
+    /// packets dropped by iptables (`cluster.py net isolate`), both directions.
+    IsolateRegion,
 }
 
 #[derive(Parser)]
@@ -310,6 +313,19 @@ async fn inject(
             Fault {
                 target: format!("node of {region}, data dir wiped"),
                 affected: vec![region.to_string()],
+                owned_budget: Some(LEASE_FAILOVER_BUDGET),
+            }
+        }
+        Drill::IsolateRegion => {
+            cluster_script(path, &["net", "isolate", region]).await?;
+            tokio::time::sleep(Duration::from_secs(15)).await;
+            cluster_script(path, &["net", "heal"]).await?;
+            Fault {
+                target: format!("network of {region} (both directions)"),
+                // both regions keep taking commutative writes and serving reads: that is
+                // what active-active is for
+                affected: vec![],
+                // the cut-off region's leases run out; the majority side takes its shards
                 owned_budget: Some(LEASE_FAILOVER_BUDGET),
             }
         }

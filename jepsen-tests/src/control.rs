@@ -96,8 +96,8 @@ pub async fn holder(
     Ok((pick, pid))
 }
 
-/// Whatever a fault left behind: a frozen node resumed, dead nodes and MirrorMaker 2
-/// started.
+/// Whatever a fault left behind: network cuts removed, a frozen node resumed, dead nodes,
+/// brokers and MirrorMaker 2 started.
 pub async fn heal(cluster_json: &Path) -> anyhow::Result<()> {
     let cluster = read_cluster(cluster_json)?;
     for r in cluster.regions.values() {
@@ -105,6 +105,7 @@ pub async fn heal(cluster_json: &Path) -> anyhow::Result<()> {
             signal("-CONT", pid).await;
         }
     }
+    cluster_script(cluster_json, &["net", "heal"]).await?;
     cluster_script(cluster_json, &["mirror", "start"]).await?;
     for region in cluster.regions.keys() {
         cluster_script(cluster_json, &["kafka", "start", region]).await?;

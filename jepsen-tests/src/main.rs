@@ -59,6 +59,12 @@ enum Nemesis {
     /// SIGKILL a node and delete its data dir: it restarts from the newest S3 checkpoint
     /// and its own deltas topic (`restore-on-empty`).
     Wipe,
+    /// Cut a region off the other sites (the other region, the witness, MirrorMaker 2) in
+    /// both directions for 8 s: packets dropped by iptables (`cluster.py net isolate`).
+    Partition,
+    /// Like `partition`, one way: the region's processes cannot open connections to the
+    /// other sites, which can still reach it.
+    PartitionOneWay,
 }
 
 #[derive(Parser)]
@@ -418,6 +424,22 @@ async fn nemesis(
                     .with_context(|| format!("wiping {}", dir.display()))?;
                 cluster_script(&args.cluster, &["up", "--no-build"]).await?;
                 format!("node {region} (data dir wiped)")
+            }
+            Nemesis::Partition | Nemesis::PartitionOneWay => {
+                let region = target_region(&cluster, round);
+                let direction = if kind == Nemesis::Partition {
+                    "both"
+                } else {
+                    "out"
+                };
+                cluster_script(
+                    &args.cluster,
+                    &["net", "isolate", &region, "--direction", direction],
+                )
+                .await?;
+                tokio::time::sleep(Duration::from_secs(8)).await;
+                cluster_script(&args.cluster, &["net", "heal"]).await?;
+                format!("{region} cut off ({direction})")
             }
         };
         faults.push(Fault {

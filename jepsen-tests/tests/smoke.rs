@@ -1,6 +1,7 @@
 //! The Jepsen smoke of `make test`: the harness (the real `jepsen` binary) runs the counter
-//! workload for 40 s and the owned-register workload for 30 s against the test cluster,
-//! with the holder paused past its lease, a node killed and restarted, (counters) a node's
+//! workload for 50 s and the owned-register workload for 40 s against the test cluster,
+//! with a region cut off the network (iptables), the holder paused past its lease, a node
+//! killed and restarted, (counters) a node's
 //! data dir wiped so it restores from S3 and its own deltas, and MirrorMaker 2 stopped and
 //! started; each run must end valid (every checker passes, every fault fired).
 //! Its own test binary: it pauses and kills the cluster's nodes (test binaries run one at
@@ -48,7 +49,17 @@ fn tempfile_dir(workload: &str) -> PathBuf {
 }
 
 #[test]
-fn counters_and_owned_registers_survive_pauses_kills_wipes_and_a_stopped_mirror() {
-    run("counter", "11", "40", "pause-holder,kill,wipe,mirror");
-    run("owned-register", "12", "30", "pause-holder,kill,mirror");
+fn counters_and_owned_registers_survive_partitions_pauses_kills_wipes_and_a_stopped_mirror() {
+    run(
+        "counter",
+        "11",
+        "50",
+        "partition,pause-holder,kill,wipe,mirror",
+    );
+    run(
+        "owned-register",
+        "12",
+        "40",
+        "partition,pause-holder,kill,mirror",
+    );
 }
