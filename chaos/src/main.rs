@@ -14,7 +14,7 @@
 //! - **latency** of acknowledged writes and reads before, during and after the fault.
 //!
 //! ```text
-//! chaos kill-region|pause-holder|broker-loss|mirror-backlog|region-wipe|isolate-region \
+//! chaos kill-region|pause-holder|broker-loss|mirror-backlog|region-wipe|isolate-region|clock-skew \
 //!       [--cluster regions/local/run/cluster.json] [--region eu-west-1] [--out chaos/reports]
 //! ```
 //!
@@ -56,6 +56,9 @@ enum Drill {
     /// The region cut off the other sites (other region, witness, MirrorMaker 2) for 15 s:
     /// packets dropped by iptables (`cluster.py net isolate`), both directions.
     IsolateRegion,
+    /// The region's node restarted with its wall clock 2 s ahead (beyond
+    /// `max-clock-offset`) for 15 s, then restarted with the clock right (libfaketime).
+    ClockSkew,
 }
 
 #[derive(Parser)]
@@ -326,6 +329,18 @@ async fn inject(
                 // what active-active is for
                 affected: vec![],
                 // the cut-off region's leases run out; the majority side takes its shards
+                owned_budget: Some(LEASE_FAILOVER_BUDGET),
+            }
+        }
+        Drill::ClockSkew => {
+            let restart = ["node", "restart", region];
+            cluster_script(path, &[&restart[..], &["--clock-offset", "2000"]].concat()).await?;
+            tokio::time::sleep(Duration::from_secs(15)).await;
+            cluster_script(path, &restart).await?;
+            Fault {
+                target: format!("clock of the node of {region}, +2 s"),
+                // two restarts of the node
+                affected: vec![region.to_string()],
                 owned_budget: Some(LEASE_FAILOVER_BUDGET),
             }
         }

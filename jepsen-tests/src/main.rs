@@ -65,6 +65,13 @@ enum Nemesis {
     /// Like `partition`, one way: the region's processes cannot open connections to the
     /// other sites, which can still reach it.
     PartitionOneWay,
+    /// Restart a node with its wall clock 300 ms ahead (within `max-clock-offset`, 500 ms)
+    /// for 8 s, then restart it with the clock right (`cluster.py node restart
+    /// --clock-offset`, libfaketime).
+    ClockWithin,
+    /// Like `clock-within`, 2 s ahead: beyond `max-clock-offset`, so the other region
+    /// refuses the node's deltas until its clock is right again.
+    ClockBeyond,
 }
 
 #[derive(Parser)]
@@ -440,6 +447,23 @@ async fn nemesis(
                 tokio::time::sleep(Duration::from_secs(8)).await;
                 cluster_script(&args.cluster, &["net", "heal"]).await?;
                 format!("{region} cut off ({direction})")
+            }
+            Nemesis::ClockWithin | Nemesis::ClockBeyond => {
+                let region = target_region(&cluster, round);
+                let offset = if kind == Nemesis::ClockWithin {
+                    "300"
+                } else {
+                    "2000"
+                };
+                let restart = ["node", "restart", region.as_str()];
+                cluster_script(
+                    &args.cluster,
+                    &[&restart[..], &["--clock-offset", offset]].concat(),
+                )
+                .await?;
+                tokio::time::sleep(Duration::from_secs(8)).await;
+                cluster_script(&args.cluster, &restart).await?;
+                format!("node {region} clock +{offset} ms")
             }
         };
         faults.push(Fault {

@@ -71,6 +71,8 @@ APT_PACKAGES = {
     "protobuf-compiler": "/usr/bin/protoc",
     "iproute2": "/usr/sbin/ip",
     "iptables": "/usr/sbin/iptables",
+    # a node's wall clock set off by N ms (`node restart REGION --clock-offset N`)
+    "libfaketime": "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
 }
 
 
@@ -592,7 +594,8 @@ def node_ready(grpc: str) -> bool:
     return out.returncode == 0
 
 
-def start_node(region: str, r: dict, s3: dict, cluster: dict) -> None:
+def start_node(region: str, r: dict, s3: dict, cluster: dict,
+               env: dict | None = None) -> None:
     """Starts (or restarts) the node of `region`, keeping its data dir and ports."""
     if r.get("pid") and pid_alive(r["pid"]):
         stop_pid(f"node-{region}", r["pid"])
@@ -601,7 +604,8 @@ def start_node(region: str, r: dict, s3: dict, cluster: dict) -> None:
     data_dir = Path(r["data_dir"])
     config = node_config(region, r["kafka"], grpc, metrics, data_dir, s3, cluster)
     pid = spawn(f"node-{region}", [str(geostate_bin()), "run", "--config", str(config)],
-                env={"RUST_LOG": os.environ.get("RUST_LOG", "info,openraft=warn")})
+                env={"RUST_LOG": os.environ.get("RUST_LOG", "info,openraft=warn"),
+                     **(env or {})})
     r.update({"grpc": f"127.0.0.1:{grpc}", "metrics": f"127.0.0.1:{metrics}", "pid": pid,
               "config": str(config)})
     log(f"node {region}: pid {pid}, grpc {r['grpc']}, metrics {r['metrics']}")
@@ -941,6 +945,27 @@ def cmd_net(args: argparse.Namespace) -> None:
     log(f"network: {args.region} isolated ({args.direction})")
 
 
+def cmd_node(args: argparse.Namespace) -> None:
+    """Restart a region's node (data kept), optionally with its wall clock set off by
+    `--clock-offset` ms (libfaketime; the monotonic clock is left alone). A later plain
+    `node restart` puts the clock right again; `up` restarts only dead nodes."""
+    cluster = read_cluster()
+    if cluster is None:
+        die(f"no cluster at {CLUSTER_JSON}; run `up` first")
+    if args.region not in cluster["regions"]:
+        die(f"no region {args.region!r}")
+    r = cluster["regions"][args.region]
+    env = {}
+    if args.clock_offset:
+        env = {"LD_PRELOAD": APT_PACKAGES["libfaketime"],
+               "FAKETIME": f"{args.clock_offset / 1000:+.3f}",
+               "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
+    start_node(args.region, r, cluster["s3"], cluster, env)
+    write_cluster(cluster)
+    wait_node(args.region, r)
+    log(f"node {args.region}: restarted, clock offset {args.clock_offset} ms")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -958,6 +983,11 @@ def main() -> None:
     kafka.add_argument("action", choices=["kill", "start"])
     kafka.add_argument("region")
     kafka.set_defaults(fn=cmd_kafka)
+    node = sub.add_parser("node", help="restart a region's node, optionally with its clock off")
+    node.add_argument("action", choices=["restart"])
+    node.add_argument("region")
+    node.add_argument("--clock-offset", type=int, default=0, metavar="MS")
+    node.set_defaults(fn=cmd_node)
     net = sub.add_parser("net", help="cut a region off the other sites, or heal every cut")
     net.add_argument("action", choices=["isolate", "heal"])
     net.add_argument("region", nargs="?")
