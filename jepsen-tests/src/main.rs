@@ -69,8 +69,8 @@ enum Nemesis {
     /// for 8 s, then restart it with the clock right (`cluster.py node restart
     /// --clock-offset`, libfaketime).
     ClockWithin,
-    /// Like `clock-within`, 2 s ahead: beyond `max-clock-offset`, so the other region
-    /// refuses the node's deltas until its clock is right again.
+    /// Like `clock-within`, 2 s ahead: beyond `max-clock-offset` (the guard that refuses
+    /// a remote delta stamped too far ahead; README says what the runs showed).
     ClockBeyond,
 }
 
