@@ -148,9 +148,8 @@ impl Ingestor {
     /// ([`ConsumerSpec`]): the old one may never fetch again.
     fn restart_consumer(&mut self, error: &KafkaError) {
         let applied = self.shared.applied.borrow().clone();
-        match self.source.start(&applied) {
-            Ok(consumer) => {
-                self.consumer = consumer;
+        match self.source.restart(&mut self.consumer, &applied) {
+            Ok(()) => {
                 tracing::warn!(%error, "consume failed; a new Kafka client reads on after the applied offsets");
             }
             Err(again) => {

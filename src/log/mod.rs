@@ -120,16 +120,20 @@ impl RenewingProducer {
     {
         let (generation, producer) = self.lock().clone();
         let sent = producer.send(record, queue_timeout).await;
-        drop(producer);
-        sent.map_err(|(e, _)| {
-            if matches!(
+        if let Err((e, _)) = &sent
+            && matches!(
                 e,
                 KafkaError::MessageProduction(RDKafkaErrorCode::MessageTimedOut)
-            ) {
-                self.renew(generation, &e);
-            }
-            e
-        })
+            )
+        {
+            self.renew(generation, e);
+        }
+        if self.lock().0 != generation {
+            // this may be the replaced client's last handle: dropping it purges and waits
+            // for its threads
+            tokio::task::spawn_blocking(move || drop(producer));
+        }
+        sent.map_err(|(e, _)| e)
     }
 
     /// Replaces client `generation` (once, however many sends saw it fail).
@@ -274,6 +278,18 @@ impl ConsumerSpec {
         let consumer = consumer(&self.kafka, &self.group, self.report_end)?;
         assign_after(&consumer, &self.topic, &self.partitions, applied)?;
         Ok(consumer)
+    }
+
+    /// Puts a new client (see [`Self::start`]) in place of `consumer`. The old one is
+    /// closed off the async threads: closing waits for librdkafka's threads.
+    pub fn restart(
+        &self,
+        consumer: &mut StreamConsumer,
+        applied: &BTreeMap<i32, i64>,
+    ) -> Result<(), LogError> {
+        let old = std::mem::replace(consumer, self.start(applied)?);
+        tokio::task::spawn_blocking(move || drop(old));
+        Ok(())
     }
 }
 

@@ -344,9 +344,8 @@ impl Merger {
         let merged = self
             .store
             .source_offsets(&Self::offsets_id(self.remote()))?;
-        match source.start(&merged) {
-            Ok(new) => {
-                *consumer = new;
+        match source.restart(consumer, &merged) {
+            Ok(()) => {
                 tracing::warn!(%remote, %error, "consuming deltas failed; a new Kafka client reads on after the merged offsets");
             }
             Err(again) => {
