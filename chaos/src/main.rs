@@ -28,16 +28,14 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use clap::{Parser, ValueEnum};
 use geostate::pb;
-use geostate::pb::admin_client::AdminClient;
-use geostate::pb::state_client::StateClient;
 use geostate::workload::Rng;
 use geostate_jepsen::control::{
-    ClusterFile, cluster_script, grpc, heal, holder, read_cluster, signal,
+    ClusterFile, broker_outage, clock_offset, cluster_script, grpc, hash_shards, heal, holder,
+    isolate, read_cluster, signal, state_client, wipe_node,
 };
 use serde::Serialize;
 use tokio::sync::Mutex;
 use tonic::Code;
-use tonic::transport::Channel;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -151,13 +149,6 @@ fn main() -> std::process::ExitCode {
     }
 }
 
-fn client(addr: &str) -> anyhow::Result<StateClient<Channel>> {
-    let endpoint = tonic::transport::Endpoint::from_shared(addr.to_string())?
-        .connect_timeout(Duration::from_secs(1))
-        .timeout(Duration::from_secs(5));
-    Ok(StateClient::new(endpoint.connect_lazy()))
-}
-
 /// One client loop of one kind in one region until the load stops.
 async fn run_client(
     load: Arc<Load>,
@@ -167,7 +158,7 @@ async fn run_client(
     keys: Vec<String>,
     seed: u64,
 ) -> anyhow::Result<()> {
-    let mut state = client(&addr)?;
+    let mut state = state_client(&addr)?;
     let mut rng = Rng(seed);
     let mut n = 0u64;
     let mut stop = load.stop.clone();
@@ -242,14 +233,12 @@ async fn inject(
     owned_key: &str,
 ) -> anyhow::Result<Fault> {
     let path = &args.cluster;
-    let node_pid = cluster.regions[region].pid.context("node pid")?;
     let fault = match args.drill {
         Drill::KillRegion => {
+            let node_pid = cluster.regions[region].pid.context("node pid")?;
             signal("-KILL", node_pid).await;
-            cluster_script(path, &["kafka", "kill", region]).await?;
-            tokio::time::sleep(Duration::from_secs(10)).await;
-            cluster_script(path, &["kafka", "start", region]).await?;
-            cluster_script(path, &["up", "--no-build"]).await?;
+            // the broker's restart is followed by the node's (`up`)
+            broker_outage(path, region, Duration::from_secs(10)).await?;
             Fault {
                 target: format!("node and Kafka broker of {region}"),
                 affected: vec![region.to_string()],
@@ -257,15 +246,7 @@ async fn inject(
             }
         }
         Drill::PauseHolder => {
-            let mut admin = AdminClient::connect(grpc(&cluster.regions[region])?).await?;
-            let hash_shards = admin
-                .leases(pb::LeasesRequest {})
-                .await?
-                .into_inner()
-                .shards
-                .iter()
-                .filter(|s| s.prefix.is_empty())
-                .count() as u32;
+            let hash_shards = hash_shards(&cluster.regions[region]).await?;
             let (holder, pid) = holder(cluster, owned_key, hash_shards).await?;
             signal("-STOP", pid).await;
             tokio::time::sleep(Duration::from_secs(6)).await;
@@ -277,10 +258,7 @@ async fn inject(
             }
         }
         Drill::BrokerLoss => {
-            cluster_script(path, &["kafka", "kill", region]).await?;
-            tokio::time::sleep(Duration::from_secs(10)).await;
-            cluster_script(path, &["kafka", "start", region]).await?;
-            cluster_script(path, &["up", "--no-build"]).await?;
+            broker_outage(path, region, Duration::from_secs(10)).await?;
             Fault {
                 target: format!("Kafka broker of {region}"),
                 affected: vec![region.to_string()],
@@ -300,19 +278,7 @@ async fn inject(
             }
         }
         Drill::RegionWipe => {
-            let dir = cluster.regions[region]
-                .data_dir
-                .clone()
-                .context("node data_dir")?;
-            signal("-KILL", node_pid).await;
-            while Path::new(&format!("/proc/{node_pid}")).exists() {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            // the data dir only: the lease group's Raft log (`<data-dir>.raft`) stays
-            tokio::fs::remove_dir_all(&dir)
-                .await
-                .with_context(|| format!("wiping {}", dir.display()))?;
-            cluster_script(path, &["up", "--no-build"]).await?;
+            wipe_node(path, cluster, region).await?;
             Fault {
                 target: format!("node of {region}, data dir wiped"),
                 affected: vec![region.to_string()],
@@ -320,9 +286,7 @@ async fn inject(
             }
         }
         Drill::IsolateRegion => {
-            cluster_script(path, &["net", "isolate", region]).await?;
-            tokio::time::sleep(Duration::from_secs(15)).await;
-            cluster_script(path, &["net", "heal"]).await?;
+            isolate(path, region, "both", Duration::from_secs(15)).await?;
             Fault {
                 target: format!("network of {region} (both directions)"),
                 // both regions keep taking commutative writes and serving reads: that is
@@ -333,10 +297,7 @@ async fn inject(
             }
         }
         Drill::ClockSkew => {
-            let restart = ["node", "restart", region];
-            cluster_script(path, &[&restart[..], &["--clock-offset", "2000"]].concat()).await?;
-            tokio::time::sleep(Duration::from_secs(15)).await;
-            cluster_script(path, &restart).await?;
+            clock_offset(path, region, 2000, Duration::from_secs(15)).await?;
             Fault {
                 target: format!("clock of the node of {region}, +2 s"),
                 // two restarts of the node
@@ -439,7 +400,7 @@ async fn converge_marker(
     let healed = Instant::now();
     let key = format!("requests/{tag}-marker");
     for region in regions {
-        let mut state = client(&grpc(&cluster.regions[region])?)?;
+        let mut state = state_client(&grpc(&cluster.regions[region])?)?;
         let add = pb::UpdateRequest {
             key: key.clone(),
             op: Some(pb::update_request::Op::Add(1)),
@@ -453,7 +414,7 @@ async fn converge_marker(
         }
     }
     for region in regions {
-        let mut state = client(&grpc(&cluster.regions[region])?)?;
+        let mut state = state_client(&grpc(&cluster.regions[region])?)?;
         loop {
             let read = state.get(pb::GetRequest { key: key.clone() }).await;
             if read.is_ok_and(|v| counter(&v.into_inner()) == regions.len() as i64) {
@@ -486,7 +447,7 @@ async fn settle(
     loop {
         let mut finals: BTreeMap<String, BTreeMap<String, i64>> = BTreeMap::new();
         for region in regions {
-            let mut state = client(&grpc(&cluster.regions[region])?)?;
+            let mut state = state_client(&grpc(&cluster.regions[region])?)?;
             if let Ok(values) = state
                 .batch_get(pb::BatchGetRequest {
                     keys: keys.to_vec(),

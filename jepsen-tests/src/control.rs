@@ -5,11 +5,14 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use anyhow::{Context, bail};
 use geostate::pb;
 use geostate::pb::admin_client::AdminClient;
+use geostate::pb::state_client::StateClient;
 use serde::Deserialize;
+use tonic::transport::Channel;
 
 #[derive(Deserialize, Clone)]
 pub struct ClusterFile {
@@ -64,6 +67,92 @@ pub fn grpc(r: &RegionFile) -> anyhow::Result<String> {
         "http://{}",
         r.grpc.clone().context("region without grpc")?
     ))
+}
+
+/// A `State` client of `addr` that connects when first used (so it outlives a node's
+/// restart) and gives up on a call after 5 s.
+pub fn state_client(addr: &str) -> anyhow::Result<StateClient<Channel>> {
+    let endpoint = tonic::transport::Endpoint::from_shared(addr.to_string())?
+        .connect_timeout(Duration::from_secs(1))
+        .timeout(Duration::from_secs(5));
+    Ok(StateClient::new(endpoint.connect_lazy()))
+}
+
+/// How many hash shards owned keys spread over, from `region`'s public lease listing.
+pub async fn hash_shards(region: &RegionFile) -> anyhow::Result<u32> {
+    let mut admin = AdminClient::connect(grpc(region)?).await?;
+    let leases = admin.leases(pb::LeasesRequest {}).await?.into_inner();
+    Ok(leases.shards.iter().filter(|s| s.prefix.is_empty()).count() as u32)
+}
+
+/// Kills `region`'s Kafka broker, keeps it down for `down`, starts it again, and restarts
+/// a node that gave up on it meanwhile.
+pub async fn broker_outage(
+    cluster_json: &Path,
+    region: &str,
+    down: Duration,
+) -> anyhow::Result<()> {
+    cluster_script(cluster_json, &["kafka", "kill", region]).await?;
+    tokio::time::sleep(down).await;
+    cluster_script(cluster_json, &["kafka", "start", region]).await?;
+    cluster_script(cluster_json, &["up", "--no-build"]).await
+}
+
+/// SIGKILLs `region`'s node, deletes its data dir and restarts it: it restores from the
+/// newest S3 checkpoint and its own deltas topic. The lease group's Raft log
+/// (`<data-dir>.raft`) stays: a member must not forget its votes.
+pub async fn wipe_node(
+    cluster_json: &Path,
+    cluster: &ClusterFile,
+    region: &str,
+) -> anyhow::Result<()> {
+    let r = &cluster.regions[region];
+    let pid = r.pid.context("node pid")?;
+    let dir = r.data_dir.clone().context("node data_dir")?;
+    signal("-KILL", pid).await;
+    while Path::new(&format!("/proc/{pid}")).exists() {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::fs::remove_dir_all(&dir)
+        .await
+        .with_context(|| format!("wiping {}", dir.display()))?;
+    cluster_script(cluster_json, &["up", "--no-build"]).await
+}
+
+/// Cuts `region` off the other sites (`direction`: both, out or in) for `down`, then
+/// removes every cut.
+pub async fn isolate(
+    cluster_json: &Path,
+    region: &str,
+    direction: &str,
+    down: Duration,
+) -> anyhow::Result<()> {
+    cluster_script(
+        cluster_json,
+        &["net", "isolate", region, "--direction", direction],
+    )
+    .await?;
+    tokio::time::sleep(down).await;
+    cluster_script(cluster_json, &["net", "heal"]).await
+}
+
+/// Restarts `region`'s node with its wall clock `offset_ms` ahead for `down`, then
+/// restarts it with the clock right.
+pub async fn clock_offset(
+    cluster_json: &Path,
+    region: &str,
+    offset_ms: u64,
+    down: Duration,
+) -> anyhow::Result<()> {
+    let offset = offset_ms.to_string();
+    let restart = ["node", "restart", region];
+    cluster_script(
+        cluster_json,
+        &[&restart[..], &["--clock-offset", &offset]].concat(),
+    )
+    .await?;
+    tokio::time::sleep(down).await;
+    cluster_script(cluster_json, &restart).await
 }
 
 /// The region a fault of the `round`-th round hits.

@@ -21,11 +21,10 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use clap::{Parser, ValueEnum};
 use geostate::pb;
-use geostate::pb::admin_client::AdminClient;
 use geostate::pb::state_client::StateClient;
 use geostate::workload::Rng;
 use geostate_jepsen::control::{
-    cluster_script, grpc, heal, holder, read_cluster, signal, target_region,
+    self, cluster_script, grpc, heal, holder, read_cluster, signal, target_region,
 };
 use geostate_jepsen::history::{Event, EventType, Function};
 use geostate_jepsen::{availability, counter, fencing, register};
@@ -155,17 +154,8 @@ async fn run(args: Args) -> anyhow::Result<bool> {
         })
         .collect();
     // the hash shards of owned keys, from the public lease listing
-    let mut admin = AdminClient::connect(grpc(&cluster.regions[&regions[0]])?).await?;
-    let hash_shards = admin
-        .leases(pb::LeasesRequest {})
+    let hash_shards = control::hash_shards(&cluster.regions[&regions[0]])
         .await
-        .map(|r| {
-            r.into_inner()
-                .shards
-                .iter()
-                .filter(|s| s.prefix.is_empty())
-                .count() as u32
-        })
         .unwrap_or(0);
 
     let run = Arc::new(Run {
@@ -216,12 +206,8 @@ struct Client {
 }
 
 impl Client {
-    async fn connect(&self) -> Option<StateClient<Channel>> {
-        let endpoint = tonic::transport::Endpoint::from_shared(self.addr.clone())
-            .ok()?
-            .connect_timeout(Duration::from_secs(1))
-            .timeout(Duration::from_secs(5));
-        Some(StateClient::new(endpoint.connect_lazy()))
+    fn connect(&self) -> Option<StateClient<Channel>> {
+        control::state_client(&self.addr).ok()
     }
 
     fn event(
@@ -247,7 +233,7 @@ impl Client {
     }
 
     async fn run(mut self, mut process: u64, deadline: Instant) -> anyhow::Result<()> {
-        let Some(mut client) = self.connect().await else {
+        let Some(mut client) = self.connect() else {
             bail!("bad address {}", self.addr);
         };
         let mut n = 0u64;
@@ -408,28 +394,12 @@ async fn nemesis(
             }
             Nemesis::Broker => {
                 let region = target_region(&cluster, round);
-                cluster_script(&args.cluster, &["kafka", "kill", &region]).await?;
-                tokio::time::sleep(Duration::from_secs(5)).await;
-                cluster_script(&args.cluster, &["kafka", "start", &region]).await?;
-                // a node that gave up on its broker meanwhile is restarted
-                cluster_script(&args.cluster, &["up", "--no-build"]).await?;
+                control::broker_outage(&args.cluster, &region, Duration::from_secs(5)).await?;
                 format!("kafka {region}")
             }
             Nemesis::Wipe => {
                 let region = target_region(&cluster, round);
-                let r = &cluster.regions[&region];
-                let pid = r.pid.context("node pid")?;
-                let dir = r.data_dir.clone().context("node data_dir")?;
-                signal("-KILL", pid).await;
-                while Path::new(&format!("/proc/{pid}")).exists() {
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-                // the data dir only: the lease group's Raft log (`<data-dir>.raft`) stays,
-                // a member must not forget its votes
-                tokio::fs::remove_dir_all(&dir)
-                    .await
-                    .with_context(|| format!("wiping {}", dir.display()))?;
-                cluster_script(&args.cluster, &["up", "--no-build"]).await?;
+                control::wipe_node(&args.cluster, &cluster, &region).await?;
                 format!("node {region} (data dir wiped)")
             }
             Nemesis::Partition | Nemesis::PartitionOneWay => {
@@ -439,30 +409,18 @@ async fn nemesis(
                 } else {
                     "out"
                 };
-                cluster_script(
-                    &args.cluster,
-                    &["net", "isolate", &region, "--direction", direction],
-                )
-                .await?;
-                tokio::time::sleep(Duration::from_secs(8)).await;
-                cluster_script(&args.cluster, &["net", "heal"]).await?;
+                control::isolate(&args.cluster, &region, direction, Duration::from_secs(8)).await?;
                 format!("{region} cut off ({direction})")
             }
             Nemesis::ClockWithin | Nemesis::ClockBeyond => {
                 let region = target_region(&cluster, round);
                 let offset = if kind == Nemesis::ClockWithin {
-                    "300"
+                    300
                 } else {
-                    "2000"
+                    2000
                 };
-                let restart = ["node", "restart", region.as_str()];
-                cluster_script(
-                    &args.cluster,
-                    &[&restart[..], &["--clock-offset", offset]].concat(),
-                )
-                .await?;
-                tokio::time::sleep(Duration::from_secs(8)).await;
-                cluster_script(&args.cluster, &restart).await?;
+                control::clock_offset(&args.cluster, &region, offset, Duration::from_secs(8))
+                    .await?;
                 format!("node {region} clock +{offset} ms")
             }
         };

@@ -732,7 +732,7 @@ def cmd_down(_args: argparse.Namespace) -> None:
         (PIDS / name).unlink(missing_ok=True)
     CLUSTER_JSON.unlink(missing_ok=True)
     if shutil.which("iptables") and os.geteuid() == 0:
-        net_heal()
+        net_heal(remove=True)
     log("down")
 
 
@@ -915,9 +915,13 @@ def drop(source: dict, target: dict) -> None:
              "-m", "multiport", "--dports", ",".join(map(str, target["ports"])), "-j", "DROP")
 
 
-def net_heal() -> None:
+def net_heal(remove: bool = False) -> None:
+    """Removes every cut; with `remove` (at `down`), the chain and its hook too."""
     if iptables("-n", "-L", NET_CHAIN, check=False):
         iptables("-F", NET_CHAIN)
+        if remove:
+            iptables("-D", "OUTPUT", "-o", "lo", "-j", NET_CHAIN, check=False)
+            iptables("-X", NET_CHAIN)
 
 
 def cmd_net(args: argparse.Namespace) -> None:
