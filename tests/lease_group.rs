@@ -15,6 +15,7 @@ use geostate::lease::config::{LeaseConfig, Member as MemberConfig};
 use geostate::lease::member::Member;
 use geostate::lease::raft_store::{Proposal, Reply};
 use geostate::lease::table::{Command, Outcome};
+use openraft::error::{ClientWriteError, RaftError};
 
 /// Member `id` of a three-member group on `ports`, with fast Raft timings.
 fn config(id: u64, ports: &[u16]) -> LeaseConfig {
@@ -74,18 +75,33 @@ async fn acquire(
     region: &str,
     duration_ms: u64,
 ) -> anyhow::Result<Outcome> {
-    let leader = leader(members).await?;
-    let reply: Reply = members[&leader]
-        .raft
-        .client_write(Proposal(vec![Command::Acquire {
-            shard: 7,
-            region: RegionId::new(region)?,
-            now_ms: now_ms(),
-            duration_ms,
-        }]))
-        .await?
-        .data;
-    reply.0.into_iter().next().context("no outcome")
+    // a member's view of the leader can be a term behind while the group (re-)elects:
+    // the member it names then answers "forward to the leader"; ask again
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let leader = leader(members).await?;
+        let written = members[&leader]
+            .raft
+            .client_write(Proposal(vec![Command::Acquire {
+                shard: 7,
+                region: RegionId::new(region)?,
+                now_ms: now_ms(),
+                duration_ms,
+            }]))
+            .await;
+        match written {
+            Ok(written) => {
+                let reply: Reply = written.data;
+                return reply.0.into_iter().next().context("no outcome");
+            }
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_)))
+                if std::time::Instant::now() < until =>
+            {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
 }
 
 async fn applied_everywhere(members: &BTreeMap<u64, Member>, epoch: u64) -> anyhow::Result<()> {
