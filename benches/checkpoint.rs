@@ -121,6 +121,7 @@ async fn run() -> anyhow::Result<()> {
         state
             .get(pb::GetRequest {
                 key: "requests/k0000000".into(),
+                ..Default::default()
             })
             .await?;
         let total = started.elapsed();

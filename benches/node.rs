@@ -754,7 +754,14 @@ async fn gets(node: &Node, streams: usize) -> anyhow::Result<Vec<Duration>> {
             while Instant::now() < deadline {
                 let key = format!("requests/lat{:04}", rng.below(1000));
                 let t = Instant::now();
-                if client.get(pb::GetRequest { key }).await.is_ok() {
+                if client
+                    .get(pb::GetRequest {
+                        key,
+                        ..Default::default()
+                    })
+                    .await
+                    .is_ok()
+                {
                     latencies.push(t.elapsed());
                 }
             }

@@ -193,7 +193,13 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
         }
         Command::Get { addr, key } => {
             let mut client = StateClient::connect(addr).await?;
-            let value = client.get(pb::GetRequest { key }).await?.into_inner();
+            let value = client
+                .get(pb::GetRequest {
+                    key,
+                    ..Default::default()
+                })
+                .await?
+                .into_inner();
             println!("{}", show(&value));
         }
         Command::Update {

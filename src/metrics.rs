@@ -62,6 +62,11 @@ pub const OWNED_WRITES_REFUSED: &str = "geostate_owned_writes_refused_total";
 /// Owned-key events or deltas refused for an epoch below the shard's highest applied,
 /// label `path` (ingest, merge) (counter).
 pub const FENCED: &str = "geostate_fenced_total";
+/// Leaseholder reads and compare-and-sets a new holder answered UNAVAILABLE because an
+/// earlier holder's writes had not all arrived (counter).
+pub const NOT_SETTLED: &str = "geostate_linearizable_not_settled_total";
+/// Compare-and-set writes whose comparison failed when applied (counter).
+pub const CAS_FAILED: &str = "geostate_cas_failed_total";
 
 /// Installs the process-wide recorder (once; later calls get `None`).
 pub fn install() -> Option<PrometheusHandle> {

@@ -220,6 +220,7 @@ pub async fn run(
         updates_topic: config.kafka.updates_topic.clone(),
         actor,
         wake: shared.committed.clone(),
+        clock: hlc.physical().clone(),
     };
     let mut shipper_task = tokio::spawn(shipper.run(stop_rx.clone()));
     let freshness = Arc::new(Freshness::new(store.remote_applied()?));

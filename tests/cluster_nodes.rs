@@ -135,7 +135,10 @@ async fn writes_in_both_regions_meet_through_mirrormaker2() -> anyhow::Result<()
     for client in &mut clients {
         loop {
             let v = client
-                .get(pb::GetRequest { key: key.clone() })
+                .get(pb::GetRequest {
+                    key: key.clone(),
+                    ..Default::default()
+                })
                 .await?
                 .into_inner();
             if v.value == Some(pb::value::Value::Counter(expected)) {
@@ -228,6 +231,7 @@ async fn aborted_deltas_are_never_mirrored() -> anyhow::Result<()> {
         let v = client
             .get(pb::GetRequest {
                 key: committed.clone(),
+                ..Default::default()
             })
             .await?
             .into_inner();
@@ -276,7 +280,10 @@ async fn aborted_deltas_are_never_mirrored() -> anyhow::Result<()> {
         "an aborted delta was mirrored"
     );
     let v = client
-        .get(pb::GetRequest { key: aborted })
+        .get(pb::GetRequest {
+            key: aborted,
+            ..Default::default()
+        })
         .await?
         .into_inner();
     assert_eq!(v.value, Some(pb::value::Value::Counter(0)));

@@ -71,6 +71,7 @@ async fn a_frozen_broker_gives_unavailable_and_the_node_recovers() -> anyhow::Re
         &state
             .get(pb::GetRequest {
                 key: "requests/frozen".into(),
+                ..Default::default()
             })
             .await?
             .into_inner(),
@@ -102,7 +103,10 @@ async fn a_frozen_broker_gives_unavailable_and_the_node_recovers() -> anyhow::Re
     for (i, node) in nodes.iter_mut().enumerate() {
         loop {
             let value = node
-                .get(pb::GetRequest { key: key.clone() })
+                .get(pb::GetRequest {
+                    key: key.clone(),
+                    ..Default::default()
+                })
                 .await?
                 .into_inner();
             if counter(&value) == regions {

@@ -55,6 +55,7 @@ async fn mirrormaker_2_stopped_then_restarted_loses_nothing() -> anyhow::Result<
         let v = client
             .get(pb::GetRequest {
                 key: keys[0].clone(),
+                ..Default::default()
             })
             .await?
             .into_inner();

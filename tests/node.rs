@@ -153,6 +153,7 @@ async fn bad_records_are_dead_lettered_and_the_partition_keeps_flowing() -> anyh
         .await?
         .get(pb::GetRequest {
             key: "requests/after".into(),
+            ..Default::default()
         })
         .await?
         .into_inner();
@@ -233,6 +234,7 @@ async fn update_then_get_reads_the_write_and_watch_sees_it() -> anyhow::Result<(
     let value = state
         .get(pb::GetRequest {
             key: "zones/9q8yy".into(),
+            ..Default::default()
         })
         .await?
         .into_inner();
@@ -250,6 +252,7 @@ async fn update_then_get_reads_the_write_and_watch_sees_it() -> anyhow::Result<(
     let value = state
         .get(pb::GetRequest {
             key: "drivers/9q8yy".into(),
+            ..Default::default()
         })
         .await?
         .into_inner();
@@ -264,6 +267,7 @@ async fn update_then_get_reads_the_write_and_watch_sees_it() -> anyhow::Result<(
     let value = state
         .get(pb::GetRequest {
             key: "requests/idem".into(),
+            ..Default::default()
         })
         .await?
         .into_inner();
@@ -321,12 +325,14 @@ async fn update_then_get_reads_the_write_and_watch_sees_it() -> anyhow::Result<(
     let missing = state
         .get(pb::GetRequest {
             key: "zones/never".into(),
+            ..Default::default()
         })
         .await;
     assert_eq!(missing.unwrap_err().code(), tonic::Code::NotFound);
     let untouched = state
         .get(pb::GetRequest {
             key: "requests/never".into(),
+            ..Default::default()
         })
         .await?
         .into_inner();
@@ -370,6 +376,7 @@ async fn update_then_get_reads_the_write_and_watch_sees_it() -> anyhow::Result<(
 #[tokio::test]
 async fn applied_keys_ship_their_own_part_to_the_deltas_topic() -> anyhow::Result<()> {
     use geostate::crdt::{CrdtValue, Delta, RESUME_KEY};
+    use geostate::replication::HEARTBEAT_KEY;
 
     let cluster = cluster()?;
     let kafka = cluster.regions["us-east-1"].kafka.clone();
@@ -413,8 +420,8 @@ async fn applied_keys_ship_their_own_part_to_the_deltas_topic() -> anyhow::Resul
         let message = tokio::time::timeout(left, consumer.recv())
             .await
             .with_context(|| format!("deltas incomplete: {newest:?}"))??;
-        if message.key() == Some(RESUME_KEY) {
-            continue; // each shipping transaction ends with a resume point, not a delta
+        if message.key() == Some(RESUME_KEY) || message.key() == Some(HEARTBEAT_KEY) {
+            continue; // each shipping transaction ends with a resume point and heartbeats
         }
         let delta = Delta::decode(message.payload().unwrap_or_default())?;
         assert_eq!(

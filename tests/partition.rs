@@ -180,7 +180,10 @@ async fn a_cut_off_holder_loses_its_shard_and_epochs_never_overlap() -> anyhow::
     loop {
         let kept = other
             .state
-            .get(pb::GetRequest { key: key.clone() })
+            .get(pb::GetRequest {
+                key: key.clone(),
+                ..Default::default()
+            })
             .await?
             .into_inner();
         if kept.value == Some(pb::value::Value::Register(value.clone()))
@@ -222,7 +225,10 @@ async fn a_cut_off_holder_loses_its_shard_and_epochs_never_overlap() -> anyhow::
         loop {
             let v = region
                 .state
-                .get(pb::GetRequest { key: key.clone() })
+                .get(pb::GetRequest {
+                    key: key.clone(),
+                    ..Default::default()
+                })
                 .await?
                 .into_inner();
             let epoch = v.stamp.as_ref().map_or(0, |s| s.epoch);

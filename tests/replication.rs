@@ -163,6 +163,7 @@ async fn concurrent_writes_in_two_regions_converge_and_count_every_increment() -
     let value = sa
         .get(pb::GetRequest {
             key: "requests/0".into(),
+            ..Default::default()
         })
         .await?
         .into_inner();

@@ -183,7 +183,13 @@ async fn run_client(
                 })
                 .await
                 .map(drop),
-            Kind::Read => match state.get(pb::GetRequest { key: key.clone() }).await {
+            Kind::Read => match state
+                .get(pb::GetRequest {
+                    key: key.clone(),
+                    ..Default::default()
+                })
+                .await
+            {
                 Err(s) if s.code() == Code::NotFound => Ok(()),
                 other => other.map(drop),
             },
@@ -416,7 +422,12 @@ async fn converge_marker(
     for region in regions {
         let mut state = state_client(&grpc(&cluster.regions[region])?)?;
         loop {
-            let read = state.get(pb::GetRequest { key: key.clone() }).await;
+            let read = state
+                .get(pb::GetRequest {
+                    key: key.clone(),
+                    ..Default::default()
+                })
+                .await;
             if read.is_ok_and(|v| counter(&v.into_inner()) == regions.len() as i64) {
                 break;
             }

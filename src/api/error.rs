@@ -12,10 +12,25 @@ pub enum ApiError {
     #[error("{0}")]
     Refused(Rejection),
     /// An owned write at a region without a valid lease on the key's shard.
-    #[error("{0}; write it at the holder region")]
+    #[error("{0}; ask the holder region")]
     NotHolder(NotHolder),
     #[error("{0}")]
     Precondition(String),
+    /// A linearizable operation at a new holder that has not yet merged what the shard's
+    /// earlier holders applied.
+    #[error(
+        "shard {shard} changed hands (epoch {epoch} began here) and {region}'s writes from before have not all arrived yet; retry, or write the key first"
+    )]
+    Settling {
+        shard: u32,
+        epoch: u64,
+        region: String,
+    },
+    /// An owned write applied after this region's lease on its shard ended.
+    #[error(
+        "the lease on shard {shard} ended before the write was applied: it may or may not take effect"
+    )]
+    LeaseEnded { shard: u32 },
     /// The holder region's answer to a forwarded owned write.
     #[error("forwarded to the lease holder: {}", .0.message())]
     Forwarded(tonic::Status),
@@ -54,14 +69,21 @@ impl From<LogError> for ApiError {
 impl ApiError {
     pub fn code(&self) -> Code {
         match self {
-            ApiError::Refused(Rejection::OwnedWithoutLease { .. } | Rejection::Fenced { .. })
+            ApiError::Refused(
+                Rejection::OwnedWithoutLease { .. }
+                | Rejection::Fenced { .. }
+                | Rejection::CompareFailed { .. },
+            )
             | ApiError::NotHolder(_)
             | ApiError::Precondition(_) => Code::FailedPrecondition,
             ApiError::Refused(Rejection::Overflow(_)) => Code::OutOfRange,
             ApiError::Refused(_) | ApiError::InvalidArgument(_) => Code::InvalidArgument,
             ApiError::NotFound { .. } => Code::NotFound,
             ApiError::OutOfRange { .. } => Code::OutOfRange,
-            ApiError::Unavailable(_) | ApiError::NotNow(_) => Code::Unavailable,
+            ApiError::Unavailable(_)
+            | ApiError::NotNow(_)
+            | ApiError::Settling { .. }
+            | ApiError::LeaseEnded { .. } => Code::Unavailable,
             ApiError::NotApplied { .. } => Code::DeadlineExceeded,
             ApiError::Store(_) | ApiError::Internal(_) => Code::Internal,
             ApiError::Forwarded(s) => s.code(),

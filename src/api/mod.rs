@@ -38,6 +38,9 @@ const FORWARDED: &str = "x-geostate-forwarded-by";
 
 /// How long `Update` waits for its record to be applied.
 const APPLY_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a linearizable operation at a new lease holder waits for the earlier holders'
+/// writes before it is answered UNAVAILABLE.
+const SETTLE_WAIT: Duration = Duration::from_secs(2);
 const SCAN_DEFAULT_LIMIT: usize = 100;
 const SCAN_MAX_LIMIT: usize = 1000;
 
@@ -126,6 +129,64 @@ impl Handler {
             .ok_or_else(|| ApiError::InvalidArgument(format!("key {key:?} is in no namespace")))
     }
 
+    /// A `leaseholder` read is served only where the key's lease is held, after checking
+    /// it: the holder has applied every write it acknowledged, so the read sees them.
+    async fn read_at_holder(&self, key: &str) -> Result<pb::Value, ApiError> {
+        let owned = self
+            .0
+            .config
+            .namespaces
+            .lookup(key)
+            .is_some_and(|ns| ns.ownership == Ownership::Owned);
+        if !owned {
+            return Err(ApiError::InvalidArgument(format!(
+                "a leaseholder read needs a key in an owned namespace; {key:?} is not"
+            )));
+        }
+        let (shard, epoch) = self.leases()?.epoch_for(key).map_err(ApiError::NotHolder)?;
+        self.settled(key, shard, epoch).await?;
+        self.read(key)
+    }
+
+    /// Waits (at most [`SETTLE_WAIT`]) until a linearizable operation on `key`, held here
+    /// at `epoch`, sees every write acknowledged before it: the key's value was written at
+    /// this epoch (no older write can win over it), or every other region's heartbeats on
+    /// every partition have passed the moment this region learnt of the epoch plus the
+    /// clock offset. Those regions' leases on the shard had ended by then, and they
+    /// acknowledge an owned write only if it was applied while their lease was valid, so
+    /// everything they acknowledged was shipped before those heartbeats.
+    async fn settled(&self, key: &str, shard: u32, epoch: u64) -> Result<(), ApiError> {
+        let api = &self.0;
+        let offset_ms = api.config.max_clock_offset.as_millis() as u64;
+        let deadline = Instant::now() + SETTLE_WAIT;
+        loop {
+            if api.store.get(key)?.is_some_and(|v| v.epoch() == epoch) {
+                return Ok(());
+            }
+            let since = self.leases()?.holding_since(shard, epoch);
+            let behind = match since {
+                None => Some(api.config.region.to_string()),
+                Some(ms) => api
+                    .remotes
+                    .iter()
+                    .find(|r| !r.passed((ms + offset_ms) * 1_000_000))
+                    .map(|r| r.remote.region.to_string()),
+            };
+            let Some(region) = behind else {
+                return Ok(());
+            };
+            if Instant::now() >= deadline {
+                metrics::counter!(m::NOT_SETTLED).increment(1);
+                return Err(ApiError::Settling {
+                    shard,
+                    epoch,
+                    region,
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     fn read(&self, key: &str) -> Result<pb::Value, ApiError> {
         let crdt = self.crdt_of(key)?;
         let mut value = convert::value(key, crdt, self.0.store.get(key)?.as_ref())?;
@@ -195,9 +256,13 @@ impl Handler {
         let op = match req.op {
             Some(pb::update_request::Op::Add(n)) => Op::Add(n),
             Some(pb::update_request::Op::Set(v)) => Op::Set(v),
+            Some(pb::update_request::Op::Cas(c)) => Op::Cas {
+                expected: c.expected,
+                value: c.value,
+            },
             None => {
                 return Err(ApiError::InvalidArgument(
-                    "one of `add` or `set` is required".into(),
+                    "one of `add`, `set` or `cas` is required".into(),
                 ));
             }
         };
@@ -215,13 +280,21 @@ impl Handler {
             && let Some(leases) = &api.leases
         {
             match leases.epoch_for(&update.key) {
-                Ok((_, epoch)) => update.epoch = Some(epoch),
+                Ok((shard, epoch)) => {
+                    if matches!(update.op, Op::Cas { .. }) {
+                        self.settled(&update.key, shard, epoch).await?;
+                    }
+                    update.epoch = Some(epoch);
+                }
                 Err(refusal) => {
                     let request = pb::UpdateRequest {
                         key: update.key,
                         op: Some(match update.op {
                             Op::Add(n) => pb::update_request::Op::Add(n),
                             Op::Set(v) => pb::update_request::Op::Set(v),
+                            Op::Cas { expected, value } => {
+                                pb::update_request::Op::Cas(pb::CompareAndSet { expected, value })
+                            }
                         }),
                         id: update.id.unwrap_or_default(),
                     };
@@ -232,9 +305,13 @@ impl Handler {
         let ns = update
             .check(&api.config.namespaces, &api.config.ingest)
             .map_err(ApiError::Refused)?;
-        if let Op::Set(v) = &update.op
-            && api.config.kafka.format == RecordFormat::Json
-            && std::str::from_utf8(v).is_err()
+        let texts: &[&[u8]] = match &update.op {
+            Op::Add(_) => &[],
+            Op::Set(v) => &[v],
+            Op::Cas { expected, value } => &[value, expected.as_deref().unwrap_or_default()],
+        };
+        if api.config.kafka.format == RecordFormat::Json
+            && texts.iter().any(|v| std::str::from_utf8(v).is_err())
         {
             return Err(ApiError::InvalidArgument(
                 "register values must be UTF-8 text while kafka.format = \"json\"".into(),
@@ -276,6 +353,16 @@ impl Handler {
         }
         if let Some(why) = api.shared.rejection(partition, offset) {
             return Err(ApiError::Refused(why));
+        }
+        // acknowledged only if applied under the lease it was accepted with (what a new
+        // holder waits for, see `settled`)
+        if let (Some(epoch), Some(leases)) = (update.epoch, &api.leases) {
+            match leases.epoch_for(&update.key) {
+                Ok((_, now)) if now == epoch => {}
+                Ok((shard, _)) | Err(NotHolder { shard, .. }) => {
+                    return Err(ApiError::LeaseEnded { shard });
+                }
+            }
         }
         let stamp = update.hlc.map(|hlc| crate::crdt::OrderStamp {
             epoch: update.epoch.unwrap_or(0),
@@ -506,7 +593,13 @@ impl State for Handler {
 
     async fn get(&self, req: Request<pb::GetRequest>) -> Result<Response<pb::Value>, Status> {
         let started = Instant::now();
-        observe("get", started, self.read(&req.into_inner().key)).map(Response::new)
+        let req = req.into_inner();
+        let read = if req.leaseholder {
+            self.read_at_holder(&req.key).await
+        } else {
+            self.read(&req.key)
+        };
+        observe("get", started, read).map(Response::new)
     }
 
     async fn batch_get(

@@ -270,7 +270,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
 
 async fn probe_value(client: &mut StateClient<Channel>, key: &str) -> anyhow::Result<i64> {
     let v = client
-        .get(pb::GetRequest { key: key.into() })
+        .get(pb::GetRequest {
+            key: key.into(),
+            ..Default::default()
+        })
         .await?
         .into_inner();
     Ok(match v.value {

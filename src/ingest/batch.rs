@@ -225,7 +225,26 @@ pub fn apply_batch<S: StateSource>(
             }
         }
         let stamp = register_stamp(&update, &record, ctx);
-        match apply_op(entry.state.as_ref(), crdt, &update.op, ctx.actor, stamp) {
+        let op = match update.op {
+            // decided here, in log order, on the state this record sees: a replay decides
+            // the same way
+            Op::Cas { expected, value } => {
+                let current = match &entry.state {
+                    Some(CrdtValue::LwwRegister(r)) => Some(r.value()),
+                    _ => None,
+                };
+                if current != expected.as_deref() {
+                    let current = current.map(|v| String::from_utf8_lossy(v).into_owned());
+                    let key = update.key.clone();
+                    out.rejected
+                        .push((record, Rejection::CompareFailed { key, current }));
+                    continue;
+                }
+                Op::Set(value)
+            }
+            op => op,
+        };
+        match apply_op(entry.state.as_ref(), crdt, &op, ctx.actor, stamp) {
             Ok(next) => {
                 // a no-op (adding 0) must not create or rewrite the key: regions would
                 // then disagree on which keys exist
@@ -377,6 +396,43 @@ mod tests {
         fn fence(&self, _shard: ShardId) -> Result<u64, Self::Error> {
             Ok(5)
         }
+    }
+
+    #[test]
+    fn a_compare_and_set_applies_only_on_the_value_it_expects_in_log_order() {
+        let cas = |offset, expected: &str, value: &str| {
+            record(
+                0,
+                offset,
+                &format!(
+                    r#"{{"key":"surge/c","cas":{{"expected":{expected},"value":"{value}"}},"epoch":6,"hlc":{{"wall_nanos":{offset},"logical":0}}}}"#
+                ),
+            )
+        };
+        let records = vec![
+            cas(1, "null", "a"),   // never set: applies
+            cas(2, "null", "b"),   // it is set now: fails
+            cas(3, r#""a""#, "c"), // applies, seeing the first within the same batch
+            cas(4, r#""a""#, "d"), // fails: it is "c"
+        ];
+        let out = run(records, &Fenced(BTreeMap::new()));
+        let failed: Vec<_> = out
+            .rejected
+            .iter()
+            .map(|(r, why)| (r.offset, why.to_string()))
+            .collect();
+        assert_eq!(
+            failed,
+            [
+                (2, r#"compare failed: "surge/c" is "a""#.to_string()),
+                (4, r#"compare failed: "surge/c" is "c""#.to_string()),
+            ]
+        );
+        let CrdtValue::LwwRegister(reg) = &out.states["surge/c"] else {
+            panic!("surge/c is a register")
+        };
+        assert_eq!(reg.value(), b"c");
+        assert_eq!(out.applied, 2);
     }
 
     #[test]

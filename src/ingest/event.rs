@@ -29,6 +29,12 @@ pub struct Update {
 pub enum Op {
     Add(i64),
     Set(Vec<u8>),
+    /// Owned registers: write `value` if the current value is `expected` (`None`: never
+    /// set), decided when the record is applied.
+    Cas {
+        expected: Option<Vec<u8>>,
+        value: Vec<u8>,
+    },
 }
 
 impl Op {
@@ -36,6 +42,7 @@ impl Op {
         match self {
             Op::Add(_) => "add",
             Op::Set(_) => "set",
+            Op::Cas { .. } => "cas",
         }
     }
 }
@@ -74,6 +81,17 @@ pub enum Rejection {
     },
     #[error("counter would overflow: {0}")]
     Overflow(String),
+    #[error(
+        "compare-and-set needs an owned namespace: {key:?} is shared, where two regions could both succeed"
+    )]
+    CasOnShared { key: String },
+    /// Not bad input: the outcome of a compare-and-set whose comparison failed. Answered to
+    /// the caller, never dead-lettered.
+    #[error("compare failed: {key:?} is {}", current.as_deref().map_or("not set".to_string(), |v| format!("{v:?}")))]
+    CompareFailed {
+        key: String,
+        current: Option<String>,
+    },
 }
 
 impl Rejection {
@@ -88,6 +106,8 @@ impl Rejection {
             Rejection::OwnedWithoutLease { .. } => "owned_without_lease",
             Rejection::Fenced { .. } => "fenced",
             Rejection::Overflow(_) => "overflow",
+            Rejection::CasOnShared { .. } => "cas_on_shared",
+            Rejection::CompareFailed { .. } => "compare_failed",
         }
     }
 }
@@ -101,6 +121,8 @@ struct JsonUpdate {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     set: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    cas: Option<JsonCas>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     event_time: Option<u64>,
@@ -108,6 +130,14 @@ struct JsonUpdate {
     hlc: Option<HlcTimestamp>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     epoch: Option<u64>,
+}
+
+/// `{"expected": "old" | null, "value": "new"}`: `null` expects a register never set.
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JsonCas {
+    expected: Option<String>,
+    value: String,
 }
 
 impl Update {
@@ -128,12 +158,16 @@ impl Update {
     fn decode_json(bytes: &[u8]) -> Result<Update, Rejection> {
         let raw: JsonUpdate =
             serde_json::from_slice(bytes).map_err(|e| Rejection::Malformed(e.to_string()))?;
-        let op = match (raw.add, raw.set) {
-            (Some(n), None) => Op::Add(n),
-            (None, Some(v)) => Op::Set(v.into_bytes()),
+        let op = match (raw.add, raw.set, raw.cas) {
+            (Some(n), None, None) => Op::Add(n),
+            (None, Some(v), None) => Op::Set(v.into_bytes()),
+            (None, None, Some(c)) => Op::Cas {
+                expected: c.expected.map(String::into_bytes),
+                value: c.value.into_bytes(),
+            },
             _ => {
                 return Err(Rejection::Malformed(
-                    "exactly one of `add` or `set` is required".into(),
+                    "exactly one of `add`, `set` or `cas` is required".into(),
                 ));
             }
         };
@@ -148,15 +182,25 @@ impl Update {
     }
 
     fn encode_json(&self) -> Vec<u8> {
-        let (add, set) = match &self.op {
-            Op::Add(n) => (Some(*n), None),
-            // JSON records carry register values as text; binary values use protobuf.
-            Op::Set(v) => (None, Some(String::from_utf8_lossy(v).into_owned())),
+        // JSON records carry register values as text; binary values use protobuf.
+        let text = |v: &[u8]| String::from_utf8_lossy(v).into_owned();
+        let (add, set, cas) = match &self.op {
+            Op::Add(n) => (Some(*n), None, None),
+            Op::Set(v) => (None, Some(text(v)), None),
+            Op::Cas { expected, value } => (
+                None,
+                None,
+                Some(JsonCas {
+                    expected: expected.as_deref().map(text),
+                    value: text(value),
+                }),
+            ),
         };
         let raw = JsonUpdate {
             key: self.key.clone(),
             add,
             set,
+            cas,
             id: self.id.clone(),
             event_time: self.event_time_ms,
             hlc: self.hlc,
@@ -170,9 +214,13 @@ impl Update {
         let op = match raw.op {
             Some(pb::update::Op::Add(n)) => Op::Add(n),
             Some(pb::update::Op::Set(v)) => Op::Set(v),
+            Some(pb::update::Op::Cas(c)) => Op::Cas {
+                expected: c.expected,
+                value: c.value,
+            },
             None => {
                 return Err(Rejection::Malformed(
-                    "exactly one of `add` or `set` is required".into(),
+                    "exactly one of `add`, `set` or `cas` is required".into(),
                 ));
             }
         };
@@ -192,6 +240,10 @@ impl Update {
             op: Some(match &self.op {
                 Op::Add(n) => pb::update::Op::Add(*n),
                 Op::Set(v) => pb::update::Op::Set(v.clone()),
+                Op::Cas { expected, value } => pb::update::Op::Cas(pb::CompareAndSet {
+                    expected: expected.clone(),
+                    value: value.clone(),
+                }),
             }),
             id: self.id.clone().unwrap_or_default(),
             event_time_ms: self.event_time_ms.unwrap_or_default(),
@@ -227,7 +279,12 @@ impl Update {
                 return Err(Rejection::NonPositiveIncrement { n: *n });
             }
             (Op::Add(_), CrdtType::GCounter | CrdtType::PnCounter) => {}
-            (Op::Set(v), CrdtType::LwwRegister) => {
+            (Op::Cas { .. }, CrdtType::LwwRegister) if ns.ownership != Ownership::Owned => {
+                return Err(Rejection::CasOnShared {
+                    key: self.key.clone(),
+                });
+            }
+            (Op::Set(v) | Op::Cas { value: v, .. }, CrdtType::LwwRegister) => {
                 if v.len() > limits.max_value_bytes {
                     return Err(Rejection::ValueTooLarge {
                         len: v.len(),
@@ -305,6 +362,14 @@ mod tests {
             code(r#"{"key":"surge/x","set":"1.8"}"#),
             "owned_without_lease"
         );
+        assert_eq!(
+            code(r#"{"key":"zones/x","cas":{"expected":null,"value":"y"}}"#),
+            "cas_on_shared"
+        );
+        assert_eq!(
+            code(r#"{"key":"zones/x","set":"y","cas":{"expected":null,"value":"y"}}"#),
+            "malformed"
+        );
         let big = format!(r#"{{"key":"zones/x","set":"{}"}}"#, "x".repeat(70_000));
         assert_eq!(code(&big), "value_too_large");
         let long = format!(r#"{{"key":"zones/{}","set":"x"}}"#, "k".repeat(2_000));
@@ -321,8 +386,18 @@ mod tests {
             hlc: Some(HlcTimestamp::new(7, 1)),
             epoch: Some(3),
         };
+        let cas = |expected: Option<&[u8]>| Update {
+            key: "surge/9q8yy".into(),
+            op: Op::Cas {
+                expected: expected.map(<[u8]>::to_vec),
+                value: b"1.8".to_vec(),
+            },
+            ..u.clone()
+        };
         for format in [RecordFormat::Json, RecordFormat::Protobuf] {
-            assert_eq!(Update::decode(format, &u.encode(format)).unwrap(), u);
+            for u in [u.clone(), cas(None), cas(Some(b"")), cas(Some(b"1.2"))] {
+                assert_eq!(Update::decode(format, &u.encode(format)).unwrap(), u);
+            }
         }
         assert!(Update::decode(RecordFormat::Protobuf, b"\xff\xff").is_err());
     }

@@ -228,6 +228,11 @@ impl Ingestor {
     async fn dead_letter(&self, rejected: &[(Record, Rejection)]) {
         let topic = &self.config.kafka.dlq_topic;
         for (record, why) in rejected {
+            // a failed comparison is the caller's answer, not bad input
+            if matches!(why, Rejection::CompareFailed { .. }) {
+                metrics::counter!(m::CAS_FAILED).increment(1);
+                continue;
+            }
             let source = format!(
                 "{}/{}/{}",
                 self.config.kafka.updates_topic, record.partition, record.offset

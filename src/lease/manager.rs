@@ -82,6 +82,10 @@ pub struct Leases {
     /// time of the handoff: not asked back until a grant asked for after it returns one
     /// (a renewal in flight during the handoff may be applied before the transfer).
     handed_off: Mutex<BTreeMap<ShardId, u64>>,
+    /// Per shard held here: the epoch, and this region's wall-clock milliseconds when it
+    /// learnt it holds that epoch (after the grant, so after every earlier holder's lease
+    /// had ended).
+    began: Mutex<BTreeMap<ShardId, (u64, u64)>>,
 }
 
 fn wall_ms() -> u64 {
@@ -110,7 +114,17 @@ impl Leases {
             proposer,
             started: Instant::now(),
             handed_off: Mutex::default(),
+            began: Mutex::default(),
         }
+    }
+
+    /// When (wall-clock milliseconds here) this region learnt it holds `shard` at `epoch`.
+    pub fn holding_since(&self, shard: ShardId, epoch: u64) -> Option<u64> {
+        let began = self.began.lock().unwrap_or_else(|p| p.into_inner());
+        began
+            .get(&shard)
+            .filter(|(e, _)| *e == epoch)
+            .map(|(_, at)| *at)
     }
 
     pub fn config(&self) -> &LeaseConfig {
@@ -347,6 +361,13 @@ impl Leases {
         let before = holdings.holding(shard).map(|h| h.epoch);
         holdings.granted(shard, lease, sent, duration_ms);
         let after = holdings.holding(shard).map(|h| h.epoch);
+        drop(holdings);
+        if let Some(epoch) = after {
+            let mut began = self.began.lock().unwrap_or_else(|p| p.into_inner());
+            if began.get(&shard).is_none_or(|(e, _)| *e != epoch) {
+                began.insert(shard, (epoch, wall_ms()));
+            }
+        }
         if before != after {
             tracing::info!(shard, epoch = ?after, holder = %lease.holder, "lease changed");
         }

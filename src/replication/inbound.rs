@@ -81,6 +81,8 @@ pub struct Merged {
     /// The newest origin time among the merged deltas.
     pub newest: Option<HlcTimestamp>,
     pub merged: usize,
+    /// Per partition, the newest heartbeat among the records (not a delta: never merged).
+    pub heartbeats: BTreeMap<i32, u64>,
     /// The last resume point among the records (not a delta: never merged).
     pub resume: Option<ResumePoint>,
     /// The owned shards' fences after the batch.
@@ -103,6 +105,24 @@ pub fn merge_batch<S: StateSource>(
             .entry(record.partition)
             .and_modify(|o| *o = (*o).max(record.offset))
             .or_insert(record.offset);
+        if record.key.as_deref() == Some(super::HEARTBEAT_KEY) {
+            let beat = record.payload.as_deref().and_then(super::Heartbeat::decode);
+            match beat {
+                Some(beat) if beat.origin == remote.as_str() => {
+                    let at = out.heartbeats.entry(record.partition).or_default();
+                    *at = (*at).max(beat.wall_nanos);
+                }
+                _ => out.refused.push((
+                    record.partition,
+                    record.offset,
+                    Refusal::Malformed(DecodeError::Invalid {
+                        field: "heartbeat",
+                        reason: format!("not a heartbeat of {remote}"),
+                    }),
+                )),
+            }
+            continue;
+        }
         if record.key.as_deref() == Some(RESUME_KEY) {
             match ResumePoint::decode(record.payload.as_deref().unwrap_or_default()) {
                 Ok(resume) => out.resume = Some(resume),
@@ -437,6 +457,17 @@ impl Merger {
                 offsets.insert(p, o);
             }
         });
+        // after the commit: what came before each heartbeat is in the store
+        let mut beats = self
+            .progress
+            .heartbeats
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        for (&p, &at) in &merged.heartbeats {
+            let entry = beats.entry(p).or_default();
+            *entry = (*entry).max(at);
+        }
+        drop(beats);
         self.progress
             .merged
             .fetch_add(merged.merged as u64, Ordering::Relaxed);
@@ -538,6 +569,51 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert_eq!(a.newest, Some(HlcTimestamp::new(2, 0)));
+    }
+
+    #[test]
+    fn heartbeats_are_recorded_per_partition_and_never_merged() {
+        let hlc = Hlc::new(
+            Arc::new(ManualClock::new(100 * SEC)),
+            Duration::from_millis(500),
+        );
+        let remote = RegionId::new("eu-west-1").unwrap();
+        let beat = |origin: &str, partition: i32, offset: i64, wall_nanos: u64| Record {
+            partition,
+            offset,
+            timestamp_ms: None,
+            key: Some(crate::replication::HEARTBEAT_KEY.to_vec()),
+            payload: Some(
+                crate::replication::Heartbeat {
+                    origin: origin.into(),
+                    wall_nanos,
+                }
+                .encode(),
+            ),
+        };
+        let records = [
+            delta("eu-west-1", "requests/a", 2, 1),
+            beat("eu-west-1", 0, 2, 7 * SEC),
+            beat("eu-west-1", 1, 0, 9 * SEC),
+            beat("eu-west-1", 0, 3, 8 * SEC),
+            beat("us-east-1", 2, 0, 9 * SEC),
+        ];
+        let stored: BTreeMap<String, CrdtValue> = BTreeMap::new();
+        let out = merge_batch(&records, &stored, &remote, &namespaces(), None, &hlc).unwrap();
+        assert_eq!(out.heartbeats, BTreeMap::from([(0, 8 * SEC), (1, 9 * SEC)]));
+        assert_eq!(out.merged, 1);
+        assert_eq!(out.states.len(), 1);
+        let refused: Vec<_> = out.refused.iter().map(|r| (r.0, r.2.code())).collect();
+        assert_eq!(refused, [(2, "malformed")], "another region's heartbeat");
+        let round_trip = crate::replication::Heartbeat {
+            origin: "eu-west-1".into(),
+            wall_nanos: 42,
+        };
+        assert_eq!(
+            crate::replication::Heartbeat::decode(&round_trip.encode()),
+            Some(round_trip)
+        );
+        assert_eq!(crate::replication::Heartbeat::decode(b"short"), None);
     }
 
     fn owned(epoch: u64, value: &str, at: u64) -> Record {

@@ -15,8 +15,8 @@ pub mod inbound;
 pub mod outbound;
 
 use std::collections::BTreeMap;
-use std::sync::RwLock;
 use std::sync::atomic::AtomicU64;
+use std::sync::{Mutex, RwLock};
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -24,6 +24,37 @@ use tokio::sync::watch;
 use crate::clock::HlcTimestamp;
 use crate::config::RemoteConfig;
 use crate::crdt::RegionId;
+
+/// The record key of a heartbeat: the shipper writes one to every partition of its deltas
+/// topic each round, in the round's transaction, after the round's deltas.
+pub const HEARTBEAT_KEY: &[u8] = b"\0geostate.heartbeat";
+
+/// A shipper's heartbeat: its region's physical clock, read before the round read its
+/// outbox. Every write the region had applied by then is in that round or an earlier one,
+/// so once a partition's heartbeat at `wall_nanos` is merged, so is everything the region
+/// applied before `wall_nanos` that travels on that partition.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Heartbeat {
+    pub origin: String,
+    pub wall_nanos: u64,
+}
+
+impl Heartbeat {
+    /// Eight bytes of big-endian nanoseconds, then the origin region.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = self.wall_nanos.to_be_bytes().to_vec();
+        out.extend_from_slice(self.origin.as_bytes());
+        out
+    }
+
+    pub fn decode(bytes: &[u8]) -> Option<Heartbeat> {
+        let (nanos, origin) = bytes.split_first_chunk::<8>()?;
+        Some(Heartbeat {
+            origin: std::str::from_utf8(origin).ok()?.to_string(),
+            wall_nanos: u64::from_be_bytes(*nanos),
+        })
+    }
+}
 
 /// How far one remote region's merger has read; shared with `Admin/Status` and with the
 /// bootstrap gate of a node that started on an empty disk.
@@ -38,6 +69,8 @@ pub struct RemoteProgress {
     pub caught_up: watch::Sender<bool>,
     pub merged: AtomicU64,
     pub refused: AtomicU64,
+    /// Per partition, the newest heartbeat merged since this node started.
+    pub heartbeats: Mutex<BTreeMap<i32, u64>>,
 }
 
 impl RemoteProgress {
@@ -49,7 +82,19 @@ impl RemoteProgress {
             caught_up: watch::Sender::new(false),
             merged: AtomicU64::new(0),
             refused: AtomicU64::new(0),
+            heartbeats: Mutex::default(),
         }
+    }
+
+    /// Whether every partition of the remote's topic has a merged heartbeat at or after
+    /// `wall_nanos` (the remote's physical clock).
+    pub fn passed(&self, wall_nanos: u64) -> bool {
+        let partitions = self.partitions.borrow();
+        let beats = self.heartbeats.lock().unwrap_or_else(|p| p.into_inner());
+        !partitions.is_empty()
+            && partitions
+                .iter()
+                .all(|p| beats.get(p).is_some_and(|&b| b >= wall_nanos))
     }
 }
 
