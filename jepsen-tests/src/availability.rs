@@ -100,6 +100,9 @@ mod tests {
             time_ns: ms * 1_000_000,
             shard: None,
             epoch: None,
+            expected: None,
+            list: None,
+            stamp: None,
         }
     }
 

@@ -35,6 +35,11 @@ pub fn read_cluster(path: &Path) -> anyhow::Result<ClusterFile> {
 /// `regions/local/cluster.py <args>` for the cluster of `cluster_json` (a child process
 /// awaited, not blocking the clients' threads).
 pub async fn cluster_script(cluster_json: &Path, args: &[&str]) -> anyhow::Result<()> {
+    cluster_script_output(cluster_json, args).await.map(drop)
+}
+
+/// [`cluster_script`], returning what it printed.
+pub async fn cluster_script_output(cluster_json: &Path, args: &[&str]) -> anyhow::Result<String> {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../regions/local/cluster.py");
     let run_dir = cluster_json
         .parent()
@@ -51,7 +56,7 @@ pub async fn cluster_script(cluster_json: &Path, args: &[&str]) -> anyhow::Resul
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    Ok(())
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr))
 }
 
 /// `kill <sig> <pid>`, awaited as a child process (never blocking a runtime thread).
@@ -134,6 +139,31 @@ pub async fn isolate(
     .await?;
     tokio::time::sleep(down).await;
     cluster_script(cluster_json, &["net", "heal"]).await
+}
+
+/// Delays every packet between `region` and the other sites by `ms` ± `jitter_ms` (WAN
+/// latency, `cluster.py net delay`) for `down`, then heals; returns how many packets were
+/// delayed.
+pub async fn wan_delay(
+    cluster_json: &Path,
+    region: &str,
+    ms: u64,
+    jitter_ms: u64,
+    down: Duration,
+) -> anyhow::Result<u64> {
+    let (ms, jitter) = (ms.to_string(), jitter_ms.to_string());
+    cluster_script(
+        cluster_json,
+        &["net", "delay", region, "--ms", &ms, "--jitter", &jitter],
+    )
+    .await?;
+    tokio::time::sleep(down).await;
+    let healed = cluster_script_output(cluster_json, &["net", "heal"]).await?;
+    // "network healed (N packets had been delayed)"
+    healed
+        .split_once("healed (")
+        .and_then(|(_, rest)| rest.split_whitespace().next()?.parse().ok())
+        .with_context(|| format!("net heal printed no count: {healed}"))
 }
 
 /// Restarts `region`'s node with its wall clock `offset_ms` ahead for `down`, then

@@ -25,6 +25,20 @@ pub enum Function {
     Read,
     /// A register write (owned or shared).
     Write,
+    /// An owned register's compare-and-set: `value` if the register holds `expected`.
+    Cas,
+    /// An owned list's append of `value` (read at the holder, then compare-and-set).
+    Append,
+}
+
+/// A register value's order stamp as the server returned it: ordered by epoch, then
+/// clock, then origin region, like the registers themselves.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Stamp {
+    pub epoch: u64,
+    pub wall_nanos: u64,
+    pub logical: u32,
+    pub origin: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -45,6 +59,15 @@ pub struct Event {
     /// value) with.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub epoch: Option<u64>,
+    /// A compare-and-set's expected value.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expected: Option<i64>,
+    /// An owned list as read (`append` workload).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub list: Option<Vec<i64>>,
+    /// Registers: the order stamp of the value written or read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stamp: Option<Stamp>,
 }
 
 /// One operation: its invocation and how it ended (`None` while it never completed,

@@ -3,9 +3,11 @@
 //! alone whether a guarantee held. They never look inside geostate: the history is all
 //! they know.
 
+pub mod append;
 pub mod availability;
 pub mod control;
 pub mod counter;
 pub mod fencing;
 pub mod history;
+pub mod lww;
 pub mod register;

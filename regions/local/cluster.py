@@ -61,6 +61,7 @@ RUN = Path(os.environ.get("GEOSTATE_RUN_DIR", REPO / "regions" / "local" / "run"
 KAFKA_LIBS = CACHE / f"kafka-{KAFKA_VERSION}" / "libs"
 S3S_FS = CACHE / f"s3s-fs-{S3S_FS_VERSION}" / "bin" / "s3s-fs"
 GRPCURL = CACHE / f"grpcurl-{GRPCURL_VERSION}" / "grpcurl"
+WAN_DELAY_SRC = REPO / "chaos" / "wan-delay"
 LOGS = RUN / "logs"
 CLUSTER_JSON = RUN / "cluster.json"
 PIDS = RUN / "pids"
@@ -157,12 +158,30 @@ def install_grpcurl() -> None:
                    check=True, env=dict(os.environ, GOBIN=str(GRPCURL.parent)))
 
 
+def wan_delay_bin() -> Path:
+    """Where the packet delayer of `net delay` is built: named by its sources' hash, so an
+    edit builds it again."""
+    sources = b"".join((WAN_DELAY_SRC / f).read_bytes() for f in ("main.go", "go.mod", "go.sum"))
+    return CACHE / f"wan-delay-{hashlib.sha256(sources).hexdigest()[:10]}" / "wan-delay"
+
+
+def install_wan_delay() -> None:
+    out = wan_delay_bin()
+    if out.exists():
+        return
+    if shutil.which("go") is None:
+        die("Go is needed to build wan-delay from the Go module proxy")
+    log("building wan-delay (chaos/wan-delay) from the Go module proxy")
+    subprocess.run(["go", "build", "-o", str(out), "."], cwd=WAN_DELAY_SRC, check=True)
+
+
 def cmd_install(_args: argparse.Namespace) -> None:
     install_apt()
     install_kafka()
     install_s3()
     install_grpcurl()
-    log(f"installed: system packages, Kafka jars, S3 server, grpcurl ({CACHE})")
+    install_wan_delay()
+    log(f"installed: system packages, Kafka jars, S3 server, grpcurl, wan-delay ({CACHE})")
 
 
 # ---------------------------------------------------------------------------------------
@@ -915,30 +934,93 @@ def drop(source: dict, target: dict) -> None:
              "-m", "multiport", "--dports", ",".join(map(str, target["ports"])), "-j", "DROP")
 
 
-def net_heal(remove: bool = False) -> None:
-    """Removes every cut; with `remove` (at `down`), the chain and its hook too."""
+# `net delay`: packets of the connections between a region and the other sites are queued
+# (NFQUEUE, this run folder's own queue number) to wan-delay, which holds each one.
+WAN_QUEUE = 100 + int(RUN_TAG, 16) % 60000
+WAN_MARK = "0x4757"
+WAN_PID = RUN / "wan-delay.pid"
+
+
+def mark(source: dict, target: dict) -> None:
+    """Marks the connections `source`'s processes open to `target`'s listening ports."""
+    if not target["ports"]:
+        return
+    iptables("-A", NET_CHAIN, "-p", "tcp", "-m", "cgroup", "--cgroup", str(source["classid"]),
+             "-m", "multiport", "--dports", ",".join(map(str, target["ports"])),
+             "-j", "CONNMARK", "--set-mark", WAN_MARK)
+
+
+def delayed_packets() -> int:
+    """Packets the delay rule has queued since it was added (0 without one)."""
+    done = subprocess.run(["iptables", "-w", "-n", "-v", "-x", "-L", NET_CHAIN],
+                          capture_output=True, text=True)
+    for line in done.stdout.splitlines():
+        if "NFQUEUE" in line:
+            return int(line.split()[0])
+    return 0
+
+
+def stop_wan_delay() -> None:
+    if WAN_PID.exists():
+        pid = int(WAN_PID.read_text().strip() or 0)
+        if pid_alive(pid):
+            os.kill(pid, signal.SIGTERM)
+        WAN_PID.unlink()
+
+
+def net_heal(remove: bool = False) -> int:
+    """Removes every cut and delay (returns how many packets were delayed); with `remove`
+    (at `down`), the chain and its hook too."""
+    delayed = 0
     if iptables("-n", "-L", NET_CHAIN, check=False):
+        delayed = delayed_packets()
         iptables("-F", NET_CHAIN)
         if remove:
             iptables("-D", "OUTPUT", "-o", "lo", "-j", NET_CHAIN, check=False)
             iptables("-X", NET_CHAIN)
+    stop_wan_delay()
+    return delayed
 
 
 def cmd_net(args: argparse.Namespace) -> None:
     """Cut a region off the rest of the cluster (`isolate REGION`, both directions, or
     `--direction out`: its processes cannot open connections to other sites, which can
-    still reach it; `--direction in`: the reverse), or remove every cut (`heal`)."""
+    still reach it; `--direction in`: the reverse), delay every packet between it and the
+    other sites (`delay REGION --ms 50 --jitter 20`: WAN latency), or remove every cut
+    and delay (`heal`)."""
     cluster = read_cluster()
     if cluster is None:
         die(f"no cluster at {CLUSTER_JSON}; run `up` first")
     if args.action == "heal":
-        net_heal()
-        log("network healed")
+        delayed = net_heal()
+        log(f"network healed ({delayed} packets had been delayed)")
         return
     if args.region not in cluster["regions"]:
         die(f"no region {args.region!r}")
     by_site = net_prepare(cluster)
     region = by_site[args.region]
+    if args.action == "delay":
+        install_wan_delay()
+        stop_wan_delay()
+        LOGS.mkdir(parents=True, exist_ok=True)
+        with open(LOGS / "wan-delay.log", "a") as out:
+            daemon = subprocess.Popen(
+                [str(wan_delay_bin()), "--queue", str(WAN_QUEUE), "--delay", f"{args.ms}ms",
+                 "--jitter", f"{args.jitter}ms"],
+                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        WAN_PID.write_text(str(daemon.pid))
+        time.sleep(0.3)
+        if daemon.poll() is not None:
+            die(f"wan-delay exited at once; see {LOGS / 'wan-delay.log'}")
+        for name, other in by_site.items():
+            if name != args.region:
+                mark(region, other)
+                mark(other, region)
+        iptables("-A", NET_CHAIN, "-p", "tcp", "-m", "connmark", "--mark", WAN_MARK,
+                 "-j", "NFQUEUE", "--queue-num", str(WAN_QUEUE), "--queue-bypass")
+        log(f"network: {args.region}'s links to the other sites delayed "
+            f"{args.ms} ms ± {args.jitter} ms per packet")
+        return
     for name, other in by_site.items():
         if name == args.region:
             continue
@@ -993,9 +1075,11 @@ def main() -> None:
     node.add_argument("--clock-offset", type=int, default=0, metavar="MS")
     node.set_defaults(fn=cmd_node)
     net = sub.add_parser("net", help="cut a region off the other sites, or heal every cut")
-    net.add_argument("action", choices=["isolate", "heal"])
+    net.add_argument("action", choices=["isolate", "delay", "heal"])
     net.add_argument("region", nargs="?")
     net.add_argument("--direction", choices=["both", "out", "in"], default="both")
+    net.add_argument("--ms", type=int, default=50, help="delay: per packet, each way")
+    net.add_argument("--jitter", type=int, default=20, help="delay: ± this much")
     net.set_defaults(fn=cmd_net)
     args = parser.parse_args()
     args.fn(args)
