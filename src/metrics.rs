@@ -65,6 +65,12 @@ pub const FENCED: &str = "geostate_fenced_total";
 /// Leaseholder reads and compare-and-sets a new holder answered UNAVAILABLE because an
 /// earlier holder's writes had not all arrived (counter).
 pub const NOT_SETTLED: &str = "geostate_linearizable_not_settled_total";
+/// Another lease group member's wall clock minus this one's, label `member` (gauge,
+/// seconds).
+pub const CLOCK_OFFSET: &str = "geostate_clock_offset_seconds";
+/// 1 while this region's clock is off from most members beyond 80 % of
+/// `max-clock-offset` (it then proposes no lease command and writes no owned key) (gauge).
+pub const CLOCK_OFF: &str = "geostate_clock_off";
 /// Compare-and-set writes whose comparison failed when applied (counter).
 pub const CAS_FAILED: &str = "geostate_cas_failed_total";
 

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::watch;
 
+use super::clock_check::{ClockCheck, SHARE, Verdict};
 use super::config::LeaseConfig;
 use super::holder::Holdings;
 use super::network::{ProposeError, Proposer};
@@ -86,6 +87,8 @@ pub struct Leases {
     /// learnt it holds that epoch (after the grant, so after every earlier holder's lease
     /// had ended).
     began: Mutex<BTreeMap<ShardId, (u64, u64)>>,
+    /// The other members' clocks as read from here.
+    clock: ClockCheck,
 }
 
 fn wall_ms() -> u64 {
@@ -103,7 +106,14 @@ impl Leases {
         view: TableView,
         proposer: Proposer,
     ) -> Self {
+        let peers = config
+            .members
+            .iter()
+            .filter(|(id, _)| **id != config.member_id)
+            .map(|(id, m)| (*id, m.addr.clone()))
+            .collect();
         Self {
+            clock: ClockCheck::new(peers, max_clock_offset),
             holdings: Mutex::new(Holdings::new(
                 region.clone(),
                 max_clock_offset.as_millis() as u64,
@@ -189,11 +199,57 @@ impl Leases {
         }
     }
 
-    /// Keeps this region's leases until `stop`.
+    /// Keeps this region's leases until `stop`, while this region's clock is within the
+    /// bound of the other members' (`clock_check`).
     pub async fn run(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
+        self.clock.probe().await;
+        let probing = {
+            let (me, mut stop) = (self.clone(), stop.clone());
+            tokio::spawn(async move {
+                loop {
+                    tokio::select! {
+                        () = stopped(&mut stop) => break,
+                        () = tokio::time::sleep(me.config.renew_every) => {}
+                    }
+                    me.clock.probe().await;
+                }
+            })
+        };
         let first_round = Instant::now();
+        let mut off = false;
         loop {
-            self.round(first_round.elapsed()).await;
+            match self.clock.verdict() {
+                Verdict::Within => {
+                    if off {
+                        tracing::info!(
+                            "this region's clock is within the bound again; proposing lease commands"
+                        );
+                        metrics::gauge!(m::CLOCK_OFF).set(0.0);
+                        off = false;
+                    }
+                    self.round(first_round.elapsed()).await;
+                }
+                // no other member's clock read yet (or none reachable): not known safe
+                Verdict::Unknown => {}
+                Verdict::Off(offsets) => {
+                    if !off {
+                        tracing::error!(
+                            ?offsets,
+                            "this region's clock is off from most lease group members by more than {:.0} % of max-clock-offset: it stops writing owned keys and proposes no lease command until it is back within",
+                            SHARE * 100.0
+                        );
+                        metrics::gauge!(m::CLOCK_OFF).set(1.0);
+                        off = true;
+                    }
+                    let now = self.mono_ms();
+                    let mut holdings = self.holdings();
+                    for shard in self.config.all_shards() {
+                        if holdings.holding(shard).is_some() {
+                            holdings.relinquish(shard, now);
+                        }
+                    }
+                }
+            }
             let held = self
                 .config
                 .all_shards()
@@ -205,6 +261,7 @@ impl Leases {
                 () = tokio::time::sleep(self.config.renew_every) => {}
             }
         }
+        probing.abort();
         self.release_all().await;
     }
 

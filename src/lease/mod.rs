@@ -18,6 +18,7 @@
 //! built yet: the group inside the region node and the witness process, renewals, owned
 //! writes at the node (refused with `FAILED_PRECONDITION` today) and delta fencing.
 
+pub mod clock_check;
 pub mod config;
 pub mod holder;
 pub mod invariants;

@@ -25,6 +25,7 @@ use tonic::{Request, Response, Status};
 use super::raft_store::{LeaseRaft, Proposal, Reply};
 use super::table::{Command, Outcome};
 
+use crate::clock::Clock;
 use crate::pb;
 use crate::pb::lease_raft_client::LeaseRaftClient;
 use crate::pb::lease_raft_server::LeaseRaftServer;
@@ -189,6 +190,15 @@ impl pb::lease_raft_server::LeaseRaft for Service {
         request: Request<pb::RaftMessage>,
     ) -> Result<Response<pb::RaftMessage>, Status> {
         encode(&self.raft.install_snapshot(decode(request)?).await)
+    }
+
+    async fn clock(
+        &self,
+        _request: Request<pb::ClockReading>,
+    ) -> Result<Response<pb::ClockReading>, Status> {
+        Ok(Response::new(pb::ClockReading {
+            wall_nanos: crate::clock::SystemClock.now_nanos(),
+        }))
     }
 
     async fn propose(
