@@ -33,7 +33,7 @@ status:
 	$(CLUSTER) status
 
 ## A longer Jepsen-style run against the `make up` cluster (the smoke runs in `make test`)
-WORKLOAD ?= counter
+WORKLOAD ?= pn-counter
 DURATION ?= 300
 SEED ?= 1
 NEMESIS ?= pause-holder,kill,mirror

@@ -146,7 +146,7 @@ fn the_register_checker_agrees_with_porcupine() -> anyhow::Result<()> {
     let module = Path::new(env!("CARGO_MANIFEST_DIR")).join("porcupine");
     let binary = dir.join("porcupine-check");
     let built = Command::new("go")
-        .args(["build", "-mod=mod", "-o"])
+        .args(["build", "-o"])
         .arg(&binary)
         .arg(".")
         .current_dir(&module)

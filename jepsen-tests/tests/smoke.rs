@@ -1,5 +1,6 @@
 //! The Jepsen smoke of `make test`: the harness (the real `jepsen` binary) runs the counter
-//! workload for 50 s and the owned-register workload for 40 s against the test cluster,
+//! workload for 50 s and the owned-register and owned-append workloads for 40 s each
+//! against the test cluster,
 //! with a region cut off the network (iptables), the holder paused past its lease, a node
 //! killed and restarted, (counters) a node's
 //! data dir wiped so it restores from S3 and its own deltas, and MirrorMaker 2 stopped and
@@ -62,4 +63,5 @@ fn counters_and_owned_registers_survive_partitions_pauses_kills_wipes_and_a_stop
         "40",
         "partition,pause-holder,kill,mirror",
     );
+    run("owned-append", "13", "40", "partition,pause-holder");
 }
