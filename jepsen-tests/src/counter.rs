@@ -107,7 +107,7 @@ mod tests {
     }
 
     #[test]
-    fn a_lost_ok_add_a_failed_add_that_happened_and_divergence_are_caught() {
+    fn a_lost_ok_add_a_double_apply_a_failed_add_that_happened_and_divergence_are_caught() {
         let history = parse(HISTORY).unwrap();
         assert!(
             !check(&history, &finals(2, 2))[0].problems.is_empty(),
@@ -116,6 +116,10 @@ mod tests {
         assert!(
             !check(&history, &finals(12, 12))[0].problems.is_empty(),
             "failed add applied"
+        );
+        assert!(
+            !check(&history, &finals(10, 10))[0].problems.is_empty(),
+            "the ok add of 5 applied twice"
         );
         assert!(
             !check(&history, &finals(4, 5))[0].problems.is_empty(),
