@@ -19,20 +19,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
 use common::failover::{Frozen, epoch_of, key_homed_at, regions, set, wait_held};
-use common::{cluster, cluster_script, unique};
+use common::{RestartMirror, cluster, cluster_script, unique};
 use geostate::pb;
 use tonic::Code;
-
-/// Starts MirrorMaker 2 again however the test ends.
-struct RestartMirror;
-
-impl Drop for RestartMirror {
-    fn drop(&mut self) {
-        if let Err(e) = cluster_script(&["mirror", "start"]) {
-            eprintln!("restarting mirrormaker 2: {e}");
-        }
-    }
-}
 
 fn at_holder(key: &str) -> pb::GetRequest {
     pb::GetRequest {

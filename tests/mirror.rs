@@ -7,20 +7,9 @@ mod common;
 use std::time::{Duration, Instant};
 
 use anyhow::bail;
-use common::{cluster, cluster_script, counter, unique};
+use common::{RestartMirror, cluster, cluster_script, counter, unique};
 use geostate::pb;
 use geostate::pb::state_client::StateClient;
-
-/// Starts MirrorMaker 2 again however the test ends.
-struct RestartMirror;
-
-impl Drop for RestartMirror {
-    fn drop(&mut self) {
-        if let Err(e) = cluster_script(&["mirror", "start"]) {
-            eprintln!("restarting mirrormaker 2: {e}");
-        }
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mirrormaker_2_stopped_then_restarted_loses_nothing() -> anyhow::Result<()> {

@@ -145,6 +145,17 @@ pub fn http_get(addr: &str, path: &str) -> anyhow::Result<String> {
     Ok(body)
 }
 
+/// Starts MirrorMaker 2 again however the test that stopped it ends.
+pub struct RestartMirror;
+
+impl Drop for RestartMirror {
+    fn drop(&mut self) {
+        if let Err(e) = cluster_script(&["mirror", "start"]) {
+            eprintln!("restarting mirrormaker 2: {e}");
+        }
+    }
+}
+
 /// Runs `regions/local/cluster.py <args>` against the cluster the tests use.
 pub fn cluster_script(args: &[&str]) -> anyhow::Result<()> {
     cluster_script_env(args, &[])
