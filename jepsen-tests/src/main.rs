@@ -751,11 +751,15 @@ fn report(
         }
     }
     // every region agrees (checked above), so one region's read stands for all
-    let agreed = |f: &dyn Fn(&FinalRead) -> bool| -> BTreeMap<String, lww::Final> {
-        finals
+    let agreed: Vec<(&String, &FinalRead)> = finals
+        .iter()
+        .filter_map(|(k, by)| Some((k, by.values().next()?)))
+        .collect();
+    // each register's final value (as the checker reads it) and order stamp
+    let registers = |value: fn(&FinalRead) -> Option<i64>| -> BTreeMap<String, lww::Final> {
+        agreed
             .iter()
-            .filter_map(|(k, by)| by.values().next().filter(|r| f(r)).map(|r| (k, r)))
-            .map(|(k, r)| (k.clone(), (r.value, r.stamp.clone())))
+            .map(|(k, r)| ((*k).clone(), (value(r), r.stamp.clone())))
             .collect()
     };
     let mut not_linearizable = Vec::new();
@@ -780,20 +784,14 @@ fn report(
     }
     match args.workload {
         Workload::SharedRegister | Workload::OwnedRegister => {
-            anomalies.extend(lww::check(history, &agreed(&|_| true)));
+            anomalies.extend(lww::check(history, &registers(|r| r.value)));
         }
         Workload::OwnedAppend => {
             // a list's stamps, not its value: the elements are checked below
-            anomalies.extend(lww::check(
-                history,
-                &agreed(&|_| true)
-                    .into_iter()
-                    .map(|(k, (_, s))| (k, (None, s)))
-                    .collect(),
-            ));
-            let lists = finals
+            anomalies.extend(lww::check(history, &registers(|_| None)));
+            let lists = agreed
                 .iter()
-                .filter_map(|(k, by)| Some((k.clone(), by.values().next()?.list.clone())))
+                .map(|(k, r)| ((*k).clone(), r.list.clone()))
                 .collect();
             anomalies.extend(append::check(history, &lists));
         }

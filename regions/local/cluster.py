@@ -1003,15 +1003,20 @@ def cmd_net(args: argparse.Namespace) -> None:
         install_wan_delay()
         stop_wan_delay()
         LOGS.mkdir(parents=True, exist_ok=True)
-        with open(LOGS / "wan-delay.log", "a") as out:
+        log_file = LOGS / "wan-delay.log"
+        with open(log_file, "w") as out:
             daemon = subprocess.Popen(
                 [str(wan_delay_bin()), "--queue", str(WAN_QUEUE), "--delay", f"{args.ms}ms",
                  "--jitter", f"{args.jitter}ms"],
                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         WAN_PID.write_text(str(daemon.pid))
-        time.sleep(0.3)
-        if daemon.poll() is not None:
-            die(f"wan-delay exited at once; see {LOGS / 'wan-delay.log'}")
+        # ready once it has bound the queue (it says so); rules before that would let the
+        # first packets through undelayed (--queue-bypass)
+        deadline = time.monotonic() + 10
+        while "wan-delay: queue" not in log_file.read_text():
+            if daemon.poll() is not None or time.monotonic() > deadline:
+                die(f"wan-delay did not bind queue {WAN_QUEUE}; see {log_file}")
+            time.sleep(0.02)
         for name, other in by_site.items():
             if name != args.region:
                 mark(region, other)

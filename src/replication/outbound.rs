@@ -82,13 +82,15 @@ impl Shipper {
             let snapshot = tokio::task::spawn_blocking(move || store.outbox_snapshot(&topic))
                 .await
                 .unwrap_or_else(|e| Err(StoreError::Task(e.to_string())))?;
-            let due = last_round.map(|at| at + HEARTBEAT_EVERY);
-            if snapshot.entries.is_empty() && due.is_some_and(|due| Instant::now() < due) {
-                let due = due.unwrap_or_else(Instant::now).into();
+            // nothing to ship and the last heartbeat is recent: wait for a batch or the next one
+            if snapshot.entries.is_empty()
+                && let Some(due) = last_round.map(|at| at + HEARTBEAT_EVERY)
+                && Instant::now() < due
+            {
                 tokio::select! {
                     () = stopped(&mut stop) => return Ok(()),
                     () = self.wake.notified() => {}
-                    () = tokio::time::sleep_until(due) => {}
+                    () = tokio::time::sleep_until(due.into()) => {}
                 }
                 continue;
             }
