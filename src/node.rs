@@ -174,6 +174,14 @@ pub async fn run(
         topic: topic.clone(),
         partitions: partitions.clone(),
     };
+    // What an earlier node of the region may have applied and acknowledged: every record
+    // the topic holds now (that node is gone). No heartbeat leaves before it is applied.
+    let replay_to = log::watermarks(&config.kafka, &topic, partitions.clone())
+        .await?
+        .into_iter()
+        .filter(|(p, (first, end))| applied.get(p).map_or(*first, |o| o + 1).max(*first) < *end)
+        .map(|(p, (_, end))| (p, end))
+        .collect();
     let consumer = source.start(&applied)?;
     let shared = Arc::new(IngestShared::new(applied));
     tracing::info!(region = %config.region, incarnation, partitions = partitions.len(), "node starting");
@@ -201,28 +209,6 @@ pub async fn run(
             (Some((member, task)), Some(leases))
         }
     };
-    let ingest = Ingestor {
-        config: config.clone(),
-        actor: actor.clone(),
-        hlc: hlc.clone(),
-        store: store.clone(),
-        consumer,
-        source,
-        dlq: log::RenewingProducer::new(&config.kafka, Duration::from_secs(30))?,
-        shared: shared.clone(),
-    };
-    let mut ingest_task = tokio::spawn(ingest.run(stop_rx.clone()));
-    let shipper = Shipper {
-        store: store.clone(),
-        producer: ship_producer,
-        source: ship_source,
-        topic: config.kafka.deltas_topic.clone(),
-        updates_topic: config.kafka.updates_topic.clone(),
-        actor,
-        wake: shared.committed.clone(),
-        clock: hlc.physical().clone(),
-    };
-    let mut shipper_task = tokio::spawn(shipper.run(stop_rx.clone()));
     let freshness = Arc::new(Freshness::new(store.remote_applied()?));
     let mut merger_tasks = Vec::new();
     let mut remotes = Vec::new();
@@ -242,6 +228,50 @@ pub async fn run(
         };
         merger_tasks.push(tokio::spawn(merger.run(stop_rx.clone())));
     }
+
+    let ingest = Ingestor {
+        config: config.clone(),
+        actor: actor.clone(),
+        hlc: hlc.clone(),
+        store: store.clone(),
+        consumer,
+        source,
+        dlq: log::RenewingProducer::new(&config.kafka, Duration::from_secs(30))?,
+        shared: shared.clone(),
+        replay_to,
+    };
+    // A node that rebuilt itself replays its updates topic only once it holds every remote
+    // delta the lost node could have seen: a compare-and-set replayed on less than the
+    // lost node had merged could fail where the lost node's succeeded (and was
+    // acknowledged).
+    let remotes_read: Vec<_> = remotes.iter().map(|r| r.caught_up.subscribe()).collect();
+    let mut ingest_stop = stop_rx.clone();
+    let mut ingest_task = tokio::spawn(async move {
+        if bootstrapping {
+            let read = async {
+                for mut done in remotes_read {
+                    let _ = done.wait_for(|&done| done).await;
+                }
+            };
+            tokio::select! {
+                () = read => {}
+                () = stopped(&mut ingest_stop) => return Ok(()),
+            }
+        }
+        ingest.run(ingest_stop).await
+    });
+    let shipper = Shipper {
+        store: store.clone(),
+        producer: ship_producer,
+        source: ship_source,
+        topic: config.kafka.deltas_topic.clone(),
+        updates_topic: config.kafka.updates_topic.clone(),
+        actor,
+        wake: shared.committed.clone(),
+        clock: hlc.physical().clone(),
+        replayed: shared.replayed.subscribe(),
+    };
+    let mut shipper_task = tokio::spawn(shipper.run(stop_rx.clone()));
 
     let (checkpoints, requests) = tokio::sync::mpsc::channel(4);
     let checkpointer = Checkpointer {

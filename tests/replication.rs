@@ -462,3 +462,81 @@ async fn a_node_on_an_empty_disk_comes_back_with_exact_totals_in_both_regions() 
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }
+
+/// `key`'s register value at `node`, `None` if it has none.
+async fn register_of(node: &Node, key: &str) -> anyhow::Result<Option<String>> {
+    let got = node
+        .state()
+        .await?
+        .get(pb::GetRequest {
+            key: key.into(),
+            ..Default::default()
+        })
+        .await;
+    Ok(match got {
+        Ok(v) => match v.into_inner().value {
+            Some(pb::value::Value::Register(b)) => Some(String::from_utf8(b)?),
+            other => bail!("{key} is not a register: {other:?}"),
+        },
+        Err(s) if s.code() == tonic::Code::NotFound => None,
+        Err(s) => bail!("{s}"),
+    })
+}
+
+/// A node rebuilt from its deltas topic judges the owned records it replays by the fence
+/// of the last resume point, as the lost node did: a record of an older epoch, which the
+/// region had refused as fenced after applying a newer one, is refused again rather than
+/// applied. Fails if the resume point carries no fences (a merge never raises the fence).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebuilt_node_refuses_again_what_its_lost_node_refused_as_fenced() -> anyhow::Result<()> {
+    let cluster = cluster()?;
+    let kafka = &cluster.regions["us-east-1"].kafka;
+    let topics = Topics::create(kafka, "refence", 1).await?;
+    let dir = tempfile::tempdir()?;
+    let mut node = Node::configure(dir.path(), kafka, &topics)?;
+    node.start().await?;
+    let producer = producer(kafka)?;
+    let owned = |key: &str, value: &str, epoch: u64| {
+        let json = format!(r#"{{"key":"{key}","set":"{value}","epoch":{epoch}}}"#);
+        (key.to_string(), json.into_bytes())
+    };
+    // epoch 5 applies and ships: its resume point carries the shard's fence
+    produce_all(&producer, &topics.updates, &[owned("surge/a", "five", 5)]).await?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !read_all(kafka, &topics.deltas)
+        .await?
+        .iter()
+        .any(|(key, _)| key.as_slice() == geostate::crdt::RESUME_KEY)
+    {
+        if Instant::now() > deadline {
+            bail!("no resume point shipped within 60 s");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // epoch 3 after it is refused, and ships nothing
+    produce_all(&producer, &topics.updates, &[owned("surge/b", "three", 3)]).await?;
+    node.caught_up(Duration::from_secs(60)).await?;
+    assert_eq!(read_all(kafka, &topics.dlq).await?.len(), 1);
+    assert_eq!(register_of(&node, "surge/b").await?, None);
+
+    // the disk is lost: the node rebuilds from its deltas topic and replays the refused record
+    node.kill9();
+    std::fs::remove_dir_all(dir.path().join("data"))?;
+    node.start().await?;
+    node.caught_up(Duration::from_secs(60)).await?;
+    assert_eq!(
+        read_all(kafka, &topics.dlq).await?.len(),
+        2,
+        "the replay dead-letters the record again"
+    );
+    assert_eq!(
+        register_of(&node, "surge/b").await?,
+        None,
+        "the replay applied a record the lost node had refused"
+    );
+    assert_eq!(
+        register_of(&node, "surge/a").await?.as_deref(),
+        Some("five")
+    );
+    Ok(())
+}

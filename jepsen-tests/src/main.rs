@@ -85,7 +85,8 @@ enum Nemesis {
     /// (`cluster.py kafka`).
     Broker,
     /// SIGKILL a node and delete its data dir: it restarts from the newest S3 checkpoint
-    /// and its own deltas topic (`restore-on-empty`).
+    /// and its own deltas topic (`restore-on-empty`). Owned workloads wipe the holder of a
+    /// key (the keys in turn), the others the regions in turn.
     Wipe,
     /// Cut a region off the other sites (the other region, the witness, MirrorMaker 2) in
     /// both directions for 8 s: packets dropped by iptables (`cluster.py net isolate`).
@@ -578,7 +579,15 @@ async fn nemesis(
                 format!("kafka {region}")
             }
             Nemesis::Wipe => {
-                let region = target_region(&cluster, round);
+                // an owned workload's wipe hits a key's holder (the keys in turn): what it
+                // acknowledged and had not shipped is what the lost disk must not take along
+                let region = if args.workload.owned() {
+                    holder(&cluster, &keys[round % keys.len()], hash_shards)
+                        .await?
+                        .0
+                } else {
+                    target_region(&cluster, round)
+                };
                 control::wipe_node(&args.cluster, &cluster, &region).await?;
                 format!("node {region} (data dir wiped)")
             }

@@ -1,10 +1,11 @@
 //! The Jepsen smoke of `make test`: the harness (the real `jepsen` binary) runs the counter
-//! workload for 50 s and the owned-register and owned-append workloads for 40 s each
+//! and owned-register workloads for 50 s each and the owned-append workload for 40 s
 //! against the test cluster,
 //! with a region cut off the network (iptables), the holder paused past its lease, a node
-//! killed and restarted, (counters) a node's
-//! data dir wiped so it restores from S3 and its own deltas, and MirrorMaker 2 stopped and
-//! started; each run must end valid (every checker passes, every fault fired).
+//! killed and restarted, a node's data dir wiped so it restores from S3 and its own deltas
+//! (for the owned workloads: a key's holder, with writes it acknowledged and had not
+//! shipped), and MirrorMaker 2 stopped and started; each run must end valid (every
+//! checker passes, every fault fired).
 //! Its own test binary: it pauses and kills the cluster's nodes (test binaries run one at
 //! a time), and heals them before it returns.
 
@@ -50,7 +51,7 @@ fn tempfile_dir(workload: &str) -> PathBuf {
 }
 
 #[test]
-fn counters_and_owned_registers_survive_partitions_pauses_kills_wipes_and_a_stopped_mirror() {
+fn counters_and_owned_keys_survive_partitions_pauses_kills_wipes_and_a_stopped_mirror() {
     run(
         "counter",
         "11",
@@ -60,8 +61,8 @@ fn counters_and_owned_registers_survive_partitions_pauses_kills_wipes_and_a_stop
     run(
         "owned-register",
         "12",
-        "40",
-        "partition,pause-holder,kill,mirror",
+        "50",
+        "partition,pause-holder,wipe,kill,mirror",
     );
-    run("owned-append", "13", "40", "partition,pause-holder");
+    run("owned-append", "13", "40", "partition,pause-holder,wipe");
 }

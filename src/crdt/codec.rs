@@ -72,6 +72,9 @@ pub struct ResumePoint {
     /// Last applied offset per partition of `updates_topic`.
     pub updates_offsets: std::collections::BTreeMap<i32, i64>,
     pub hlc_high_water: HlcTimestamp,
+    /// Per owned shard, the highest lease epoch the region's own records applied up to
+    /// `updates_offsets` (the fence its later records are judged by).
+    pub fences: std::collections::BTreeMap<u32, u64>,
 }
 
 /// The record key of resume points on a deltas topic; no state key starts with NUL.
@@ -85,6 +88,7 @@ impl ResumePoint {
             updates_topic: self.updates_topic.clone(),
             updates_offsets: self.updates_offsets.iter().map(|(&p, &o)| (p, o)).collect(),
             hlc_high_water: Some(hlc_to_pb(self.hlc_high_water)),
+            fences: self.fences.iter().map(|(&s, &e)| (s, e)).collect(),
         }
         .encode_to_vec()
     }
@@ -102,6 +106,7 @@ impl ResumePoint {
             hlc_high_water: hlc_from_pb(raw.hlc_high_water.ok_or(DecodeError::Missing {
                 field: "hlc_high_water",
             })?),
+            fences: raw.fences.into_iter().collect(),
         })
     }
 }

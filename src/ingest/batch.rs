@@ -56,8 +56,17 @@ pub fn owned_shard(lease: Option<&LeaseConfig>, key: &str) -> ShardId {
     lease.map_or(0, |l| l.shard_of_key(key))
 }
 
-/// The fence of owned keys: per shard, the highest lease epoch applied, read from the
-/// source on first use and raised by every admitted write or delta.
+/// The fence of owned keys: per shard, the highest lease epoch this region's own records
+/// applied, read from the source on first use and raised by every admitted record. An
+/// owned record below it is refused: its region had moved on to a later lease.
+///
+/// Merged deltas never raise it. The fence a record is judged by is then a function of the
+/// updates log alone (and of the stored fence it was replayed from: a checkpoint copy or a
+/// resume point, each taken at the offsets it resumes from), so a node that lost its disk
+/// and replays the log decides every record as the lost node did: none it acknowledged
+/// is refused, none it refused is applied. A record of a lease that ended is still refused
+/// its acknowledgement (`api`: the holder checks its lease after the apply), and its value
+/// loses, key by key, to any write of a later epoch.
 #[derive(Debug, Default)]
 pub struct Fences(pub BTreeMap<ShardId, u64>);
 
@@ -72,8 +81,8 @@ impl Fences {
         Ok(h)
     }
 
-    /// Admits a write or delta of `shard` at `epoch` (raising the fence), or answers the
-    /// higher epoch already applied.
+    /// Admits a record of `shard` at `epoch` (raising the fence), or answers the higher
+    /// epoch already applied.
     pub fn admit<S: StateSource>(
         &mut self,
         source: &S,
@@ -86,18 +95,6 @@ impl Fences {
         }
         self.0.insert(shard, epoch);
         Ok(Ok(()))
-    }
-
-    /// Raises the fence of `shard` to `epoch` if it is higher.
-    pub fn raise<S: StateSource>(
-        &mut self,
-        source: &S,
-        shard: ShardId,
-        epoch: u64,
-    ) -> Result<(), S::Error> {
-        let highest = self.highest(source, shard)?;
-        self.0.insert(shard, highest.max(epoch));
-        Ok(())
     }
 }
 
@@ -127,7 +124,8 @@ pub trait StateSource {
     fn state(&self, key: &str) -> Result<Option<CrdtValue>, Self::Error>;
     /// The idempotency ids most recently applied to `key`, oldest first.
     fn recent_ids(&self, key: &str) -> Result<VecDeque<String>, Self::Error>;
-    /// The highest lease epoch applied for an owned shard (0: none).
+    /// The fence of an owned shard: the highest lease epoch its own records applied (0:
+    /// none).
     fn fence(&self, _shard: ShardId) -> Result<u64, Self::Error> {
         Ok(0)
     }

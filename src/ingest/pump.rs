@@ -11,13 +11,17 @@
 //! Dead letters are produced and acknowledged before the batch commits: a crash between
 //! the two may dead-letter a record twice, never lose it. A record's fate depends only on
 //! its bytes and the state before it, so a replay after a crash decides exactly the same.
+//!
+//! The task also says when it has replayed what the topic held when the node started
+//! ([`IngestShared::replayed`]): the records an earlier node of the region may have
+//! applied and acknowledged. The shipper sends no heartbeat before that.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rdkafka::consumer::StreamConsumer;
+use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::error::KafkaError;
 use rdkafka::producer::FutureRecord;
 use tokio::sync::{broadcast, watch};
@@ -35,6 +39,8 @@ use crate::store::{Commit, Store, StoreError};
 /// Rejections remembered for `Update` callers waiting on their record.
 const RECENT_REJECTIONS: usize = 4096;
 const RETRY_PAUSE: Duration = Duration::from_millis(200);
+/// How often a replaying ingest task with nothing to read checks whether it is done.
+const REPLAY_POLL: Duration = Duration::from_millis(100);
 
 #[derive(Debug, thiserror::Error)]
 pub enum IngestError {
@@ -62,6 +68,8 @@ pub struct IngestShared {
     /// deltas): two writers reading the same key and each writing back their result would
     /// lose the other's update.
     pub state_writer: tokio::sync::Mutex<()>,
+    /// True once every record the updates topic held when the node started is applied.
+    pub replayed: watch::Sender<bool>,
 }
 
 impl IngestShared {
@@ -74,6 +82,7 @@ impl IngestShared {
             events_dead_lettered: AtomicU64::new(0),
             committed: Arc::new(tokio::sync::Notify::new()),
             state_writer: tokio::sync::Mutex::new(()),
+            replayed: watch::Sender::new(false),
         }
     }
 
@@ -108,6 +117,8 @@ pub struct Ingestor {
     pub source: ConsumerSpec,
     pub dlq: RenewingProducer,
     pub shared: Arc<IngestShared>,
+    /// Per partition that had records to apply at start-up, its end offset then.
+    pub replay_to: BTreeMap<i32, i64>,
 }
 
 impl Ingestor {
@@ -116,10 +127,14 @@ impl Ingestor {
         let max_events = self.config.ingest.batch_max_events;
         let max_wait = self.config.ingest.batch_max_wait;
         loop {
+            self.note_replayed();
             let mut records = Vec::new();
+            let replaying = !*self.shared.replayed.borrow();
             let first = tokio::select! {
                 () = stopped(&mut shutdown) => return Ok(()),
                 message = self.consumer.recv() => message.map(|m| Record::from_message(&m)),
+                // the last records may be ones nobody applies (a transaction marker)
+                () = tokio::time::sleep(REPLAY_POLL), if replaying => continue,
             };
             let mut failed = None;
             match first {
@@ -141,6 +156,27 @@ impl Ingestor {
                 tokio::time::sleep(RETRY_PAUSE).await;
                 self.restart_consumer(&e);
             }
+        }
+    }
+
+    /// Sets [`IngestShared::replayed`] once every partition of `replay_to` is applied, or
+    /// consumed, up to its end offset at start-up.
+    fn note_replayed(&self) {
+        if *self.shared.replayed.borrow() {
+            return;
+        }
+        let applied = self.shared.applied.borrow().clone();
+        let positions = self.consumer.position().ok();
+        let done = self.replay_to.iter().all(|(&p, &end)| {
+            let consumed = positions
+                .as_ref()
+                .and_then(|l| l.find_partition(&self.config.kafka.updates_topic, p))
+                .and_then(|e| e.offset().to_raw());
+            applied.get(&p).is_some_and(|&o| o + 1 >= end) || consumed.is_some_and(|o| o >= end)
+        });
+        if done {
+            tracing::info!(ends = ?self.replay_to, "replayed the updates topic as it was at start-up");
+            self.shared.replayed.send_replace(true);
         }
     }
 

@@ -293,23 +293,30 @@ impl ConsumerSpec {
     }
 }
 
-/// The end offset (next offset to be written) of every partition (blocking, run off the
-/// async threads).
+/// The end offset (next offset to be written) of every partition.
 pub async fn end_offsets(
     kafka: &KafkaConfig,
     topic: &str,
     partitions: Vec<i32>,
 ) -> Result<BTreeMap<i32, i64>, LogError> {
+    let marks = watermarks(kafka, topic, partitions).await?;
+    Ok(marks.into_iter().map(|(p, (_, end))| (p, end)).collect())
+}
+
+/// The first and the end offset of every partition (the blocking calls run off the async
+/// threads).
+pub async fn watermarks(
+    kafka: &KafkaConfig,
+    topic: &str,
+    partitions: Vec<i32>,
+) -> Result<BTreeMap<i32, (i64, i64)>, LogError> {
     let config = client_config(kafka);
     let topic = topic.to_owned();
     tokio::task::spawn_blocking(move || {
         let probe: BaseConsumer = config.create()?;
         partitions
             .into_iter()
-            .map(|p| {
-                let (_, high) = probe.fetch_watermarks(&topic, p, METADATA_TIMEOUT)?;
-                Ok((p, high))
-            })
+            .map(|p| Ok((p, probe.fetch_watermarks(&topic, p, METADATA_TIMEOUT)?)))
             .collect()
     })
     .await?

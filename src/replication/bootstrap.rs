@@ -3,7 +3,7 @@
 //! ```text
 //!  own geostate.deltas ──read_committed, from the beginning to the end──► merge_batch
 //!        ──► the region's past incarnations' own parts, the last ResumePoint
-//!  store ◄── states; updates offsets := resume point; clock ≥ its high-water mark
+//!  store ◄── states; updates offsets and fences := resume point; clock ≥ its high-water
 //!  then: a NEW incarnation; remote deltas topics read to their ends before serving
 //! ```
 //!
@@ -169,6 +169,12 @@ pub async fn recover_own_past(
             hlc.clone(),
         );
         tokio::task::spawn_blocking(move || {
+            // the records after the resume point are judged by the fence as of it
+            let mut fences = store.fences()?;
+            for (&shard, &epoch) in &resume.fences {
+                let fence = fences.entry(shard).or_default();
+                *fence = (*fence).max(epoch);
+            }
             store.commit(&Commit {
                 topic: &updates_topic,
                 states: &BTreeMap::new(),
@@ -177,7 +183,7 @@ pub async fn recover_own_past(
                 recent_ids: &BTreeMap::<String, VecDeque<String>>::new(),
                 hlc_high_water: hlc.now(),
                 remote_applied: None,
-                fences: &BTreeMap::new(),
+                fences: &fences,
             })
         })
         .await

@@ -11,7 +11,9 @@
 //! the remote offsets are committed with the merged states, so a restart resumes exactly
 //! after the last merged delta; a merge never writes the outbox (deltas do not echo back);
 //! a delta stamped further ahead than `max-clock-offset` is refused and counted, and its
-//! content arrives with the remote's next delta for the key once clocks agree again.
+//! content arrives with the remote's next delta for the key once clocks agree again. An
+//! owned key's delta below the epoch of the key's value is refused (fenced); a merge never
+//! raises the fence local records are judged by (see `ingest::batch::Fences`).
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
@@ -25,9 +27,9 @@ use tokio::sync::watch;
 
 use super::{Freshness, RemoteProgress};
 use crate::clock::{ClockError, Hlc, HlcTimestamp};
-use crate::config::{Config, LeaseConfig, Namespaces, Ownership, RemoteConfig};
+use crate::config::{Config, Namespaces, Ownership, RemoteConfig};
 use crate::crdt::{CrdtError, CrdtValue, DecodeError, Delta, RESUME_KEY, RegionId, ResumePoint};
-use crate::ingest::batch::{Fences, StateSource, owned_shard};
+use crate::ingest::batch::StateSource;
 use crate::ingest::pump::{Change, IngestShared};
 use crate::log;
 use crate::log::Record;
@@ -85,8 +87,6 @@ pub struct Merged {
     pub heartbeats: BTreeMap<i32, u64>,
     /// The last resume point among the records (not a delta: never merged).
     pub resume: Option<ResumePoint>,
-    /// The owned shards' fences after the batch.
-    pub fences: Fences,
 }
 
 /// Merges `records` (deltas of `remote`) on top of what `source` holds.
@@ -95,7 +95,6 @@ pub fn merge_batch<S: StateSource>(
     source: &S,
     remote: &RegionId,
     namespaces: &Namespaces,
-    lease: Option<&LeaseConfig>,
     hlc: &Hlc,
 ) -> Result<Merged, S::Error> {
     let mut out = Merged::default();
@@ -167,9 +166,6 @@ pub fn merge_batch<S: StateSource>(
                 ));
                 continue;
             }
-            // the shard's fence rises, so a late local write of an older holder is refused
-            let shard = owned_shard(lease, &delta.key);
-            out.fences.raise(source, shard, epoch)?;
         }
         let merged = match slot.take() {
             None => Ok(delta.state.clone()),
@@ -245,14 +241,7 @@ pub async fn merge_and_commit(
     positions: Option<String>,
 ) -> Result<Merged, StoreError> {
     tokio::task::spawn_blocking(move || {
-        let merged = merge_batch(
-            &records,
-            store.as_ref(),
-            &origin,
-            &config.namespaces,
-            config.lease.as_ref(),
-            &hlc,
-        )?;
+        let merged = merge_batch(&records, store.as_ref(), &origin, &config.namespaces, &hlc)?;
         let no_offsets = BTreeMap::new();
         store.commit(&Commit {
             topic: positions.as_deref().unwrap_or_default(),
@@ -270,7 +259,7 @@ pub async fn merge_and_commit(
                 .then_some(merged.newest)
                 .flatten()
                 .map(|newest| (&origin, newest)),
-            fences: &merged.fences.0,
+            fences: &BTreeMap::new(),
         })?;
         Ok(merged)
     })
@@ -561,8 +550,8 @@ mod tests {
             in_order[0].clone(),
             in_order[1].clone(),
         ];
-        let a = merge_batch(&in_order, &stored, &remote, &namespaces(), None, &hlc).unwrap();
-        let b = merge_batch(&shuffled, &stored, &remote, &namespaces(), None, &hlc).unwrap();
+        let a = merge_batch(&in_order, &stored, &remote, &namespaces(), &hlc).unwrap();
+        let b = merge_batch(&shuffled, &stored, &remote, &namespaces(), &hlc).unwrap();
         assert_eq!(a.states, b.states);
         match &a.states["requests/a"] {
             CrdtValue::GCounter(c) => assert_eq!(c.value(), 9, "local 4 + remote 5"),
@@ -599,7 +588,7 @@ mod tests {
             beat("us-east-1", 2, 0, 9 * SEC),
         ];
         let stored: BTreeMap<String, CrdtValue> = BTreeMap::new();
-        let out = merge_batch(&records, &stored, &remote, &namespaces(), None, &hlc).unwrap();
+        let out = merge_batch(&records, &stored, &remote, &namespaces(), &hlc).unwrap();
         assert_eq!(out.heartbeats, BTreeMap::from([(0, 8 * SEC), (1, 9 * SEC)]));
         assert_eq!(out.merged, 1);
         assert_eq!(out.states.len(), 1);
@@ -656,15 +645,7 @@ mod tests {
             owned(3, "1.6", 30),
             late,
         ];
-        let out = merge_batch(
-            &records,
-            &BTreeMap::new(),
-            &remote,
-            &namespaces(),
-            None,
-            &hlc,
-        )
-        .unwrap();
+        let out = merge_batch(&records, &BTreeMap::new(), &remote, &namespaces(), &hlc).unwrap();
         let refused: Vec<_> = out
             .refused
             .iter()
@@ -679,9 +660,6 @@ mod tests {
             out.states.contains_key("surge/9q8yz"),
             "the late write merges"
         );
-        // the shard's fence rose with the merges: a late local write of an old holder is
-        // refused at ingest
-        assert_eq!(out.fences.0[&0], 3);
     }
 
     #[test]
@@ -701,15 +679,7 @@ mod tests {
             delta("eu-west-1", "requests/a", 1, 100 * SEC + 600_000_000),
             delta("eu-west-1", "requests/a", 1, 100 * SEC + 400_000_000),
         ];
-        let out = merge_batch(
-            &records,
-            &BTreeMap::new(),
-            &remote,
-            &namespaces(),
-            None,
-            &hlc,
-        )
-        .unwrap();
+        let out = merge_batch(&records, &BTreeMap::new(), &remote, &namespaces(), &hlc).unwrap();
         let codes: Vec<&str> = out.refused.iter().map(|(_, _, why)| why.code()).collect();
         assert_eq!(
             codes,

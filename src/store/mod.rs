@@ -101,6 +101,8 @@ pub struct OutboxSnapshot {
     pub entries: Vec<OutboxEntry>,
     pub offsets: BTreeMap<i32, i64>,
     pub hlc_high_water: Option<HlcTimestamp>,
+    /// Every owned shard's fence as of `offsets`.
+    pub fences: BTreeMap<u32, u64>,
 }
 
 pub struct Store {
@@ -337,8 +339,8 @@ impl Store {
             .transpose()
     }
 
-    /// The idempotency ids most recently applied to `key`, oldest first.
-    /// The highest lease epoch applied for an owned shard (0: none yet).
+    /// The highest lease epoch this region's own records applied for an owned shard (0:
+    /// none yet): the fence its next records are judged by.
     pub fn fence(&self, shard: u32) -> Result<u64, StoreError> {
         match self.db.get_cf(self.cf(CF_META), fence_key(shard))? {
             None => Ok(0),
@@ -350,6 +352,31 @@ impl Store {
         }
     }
 
+    /// Every owned shard's fence.
+    pub fn fences(&self) -> Result<BTreeMap<u32, u64>, StoreError> {
+        self.fences_with(ReadOptions::default())
+    }
+
+    fn fences_with(&self, read: ReadOptions) -> Result<BTreeMap<u32, u64>, StoreError> {
+        let mut out = BTreeMap::new();
+        let iter = self.db.iterator_cf_opt(
+            self.cf(CF_META),
+            read,
+            IteratorMode::From(META_FENCE.as_bytes(), Direction::Forward),
+        );
+        for item in iter {
+            let (k, v) = item?;
+            let Some(shard) = k.strip_prefix(META_FENCE.as_bytes()) else {
+                break;
+            };
+            let bad = |_| StoreError::BadLength { what: "fence" };
+            let shard = u32::from_be_bytes(shard.try_into().map_err(bad)?);
+            out.insert(shard, u64::from_be_bytes(v[..].try_into().map_err(bad)?));
+        }
+        Ok(out)
+    }
+
+    /// The idempotency ids most recently applied to `key`, oldest first.
     pub fn recent_ids(&self, key: &str) -> Result<VecDeque<String>, StoreError> {
         let mut ids = VecDeque::new();
         let Some(bytes) = self.db.get_pinned_cf(self.cf(CF_DEDUP), key.as_bytes())? else {
@@ -459,10 +486,14 @@ impl Store {
             .transpose()?;
         let mut read = ReadOptions::default();
         read.set_snapshot(&snapshot);
+        let offsets = self.source_offsets_with(topic, read)?;
+        let mut read = ReadOptions::default();
+        read.set_snapshot(&snapshot);
         Ok(OutboxSnapshot {
             entries,
-            offsets: self.source_offsets_with(topic, read)?,
+            offsets,
             hlc_high_water,
+            fences: self.fences_with(read)?,
         })
     }
 

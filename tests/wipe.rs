@@ -1,0 +1,298 @@
+//! An owned write its holder acknowledged survives the loss of the holder's disk before the
+//! write was shipped:
+//!
+//! - a region holds a shard (handed to it by the shard's home), and its deltas topic takes
+//!   no writes (`min.insync.replicas` above the topic's replicas: every shipping round
+//!   fails and is retried);
+//! - it applies a backlog of counter events, then acknowledges "acked" for an owned key;
+//! - its node is killed and its data dir deleted; the home region takes the shard at a
+//!   later epoch and writes another key of the same shard;
+//! - the node starts again on the empty dir (S3 checkpoint, own deltas topic, then a replay
+//!   of its updates topic). Every leaseholder read the new holder answers from then on
+//!   must return "acked", never the value from before, and both regions end with it.
+//!
+//! It fails if the restarted node sends a heartbeat before its replay has applied and
+//! shipped what the lost node acknowledged (the new holder then serves the older value),
+//! or if the replay refuses "acked" as fenced because the node merged the new holder's
+//! write to another key of the shard first (then it never arrives).
+//!
+//! Its own test binary: it kills and wipes a node the other tests use, and starts it again.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, anyhow, bail, ensure};
+use common::failover::{epoch_of, key_homed_at, regions, set, wait_held};
+use common::{cluster, cluster_script, produce_all, producer, unique};
+use geostate::config::Config;
+use geostate::ingest::event::{Op, Update};
+use geostate::pb;
+use geostate::pb::state_client::StateClient;
+use rdkafka::ClientConfig;
+use rdkafka::admin::{AdminClient, AdminOptions, AlterConfig, ConfigSource, ResourceSpecifier};
+use rdkafka::client::DefaultClientContext;
+use tonic::Code;
+
+/// Counter events the holder applies, and does not ship, before the owned write: its
+/// replay after the wipe takes a while.
+const BACKLOG: usize = 50_000;
+
+fn at_holder(key: &str) -> pb::GetRequest {
+    pb::GetRequest {
+        key: key.into(),
+        leaseholder: true,
+    }
+}
+
+fn register(v: &pb::Value) -> Option<&[u8]> {
+    match &v.value {
+        Some(pb::value::Value::Register(b)) => Some(b),
+        _ => None,
+    }
+}
+
+/// A topic that takes no writes (acks=all with `min.insync.replicas` above its replicas)
+/// until dropped; its other settings are kept.
+struct Unwritable {
+    bootstrap: String,
+    topic: String,
+    kept: Vec<(String, String)>,
+}
+
+impl Unwritable {
+    async fn new(bootstrap: &str, topic: &str) -> anyhow::Result<Self> {
+        let described = admin(bootstrap)?
+            .describe_configs(&[ResourceSpecifier::Topic(topic)], &AdminOptions::new())
+            .await?;
+        let resource = described
+            .into_iter()
+            .next()
+            .context("no answer describing the topic")?
+            .map_err(|e| anyhow!("describing {topic}: {e:?}"))?;
+        let kept = resource
+            .entries
+            .into_iter()
+            .filter(|e| e.source == ConfigSource::DynamicTopic && e.name != MIN_ISR)
+            .filter_map(|e| Some((e.name, e.value?)))
+            .collect();
+        let this = Self {
+            bootstrap: bootstrap.into(),
+            topic: topic.into(),
+            kept,
+        };
+        alter(&this.bootstrap, &this.topic, &this.kept, Some("2")).await?;
+        Ok(this)
+    }
+}
+
+impl Drop for Unwritable {
+    fn drop(&mut self) {
+        let (bootstrap, topic, kept) = (
+            self.bootstrap.clone(),
+            self.topic.clone(),
+            self.kept.clone(),
+        );
+        let restored = std::thread::spawn(move || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?
+                .block_on(alter(&bootstrap, &topic, &kept, None))
+        })
+        .join();
+        match restored {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => eprintln!("making {} writable again: {e}", self.topic),
+            Err(_) => eprintln!("making {} writable again panicked", self.topic),
+        }
+    }
+}
+
+const MIN_ISR: &str = "min.insync.replicas";
+
+fn admin(bootstrap: &str) -> anyhow::Result<AdminClient<DefaultClientContext>> {
+    Ok(ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()?)
+}
+
+/// Sets `topic`'s configuration to `kept` plus, if given, `min.insync.replicas`.
+async fn alter(
+    bootstrap: &str,
+    topic: &str,
+    kept: &[(String, String)],
+    min_isr: Option<&str>,
+) -> anyhow::Result<()> {
+    let mut config = AlterConfig::new(ResourceSpecifier::Topic(topic));
+    for (name, value) in kept {
+        config = config.set(name, value);
+    }
+    if let Some(n) = min_isr {
+        config = config.set(MIN_ISR, n);
+    }
+    for result in admin(bootstrap)?
+        .alter_configs(&[config], &AdminOptions::new())
+        .await?
+    {
+        result.map_err(|(_, e)| anyhow!("altering {topic}: {e:?}"))?;
+    }
+    Ok(())
+}
+
+/// Starts every dead node of the cluster however the test ends.
+struct RestartNodes;
+
+impl Drop for RestartNodes {
+    fn drop(&mut self) {
+        if let Err(e) = cluster_script(&["up", "--no-build"]) {
+            eprintln!("restarting the nodes: {e}");
+        }
+    }
+}
+
+/// Waits until `state` answers `key` (a plain read) with `value`.
+async fn wait_value(
+    state: &mut StateClient<tonic::transport::Channel>,
+    key: &str,
+    value: &str,
+    within: Duration,
+) -> anyhow::Result<()> {
+    let deadline = Instant::now() + within;
+    loop {
+        let read = state
+            .get(pb::GetRequest {
+                key: key.into(),
+                ..Default::default()
+            })
+            .await;
+        let last = match read {
+            Ok(v) if register(v.get_ref()) == Some(value.as_bytes()) => return Ok(()),
+            Ok(v) => format!("{:?}", register(v.get_ref()).map(String::from_utf8_lossy)),
+            Err(s) => s.to_string(),
+        };
+        ensure!(
+            Instant::now() < deadline,
+            "{key} is not {value:?} within {within:?}: {last}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acknowledged_owned_write_survives_its_holders_disk_loss() -> anyhow::Result<()> {
+    let cluster = cluster()?;
+    let (mut regions, lease) = regions(&cluster).await?;
+    ensure!(regions.len() == 2, "the test needs two regions");
+    let mut home = regions.pop().context("region")?;
+    let mut holder = regions.pop().context("region")?;
+    let label = unique("wipe");
+    let (key, shard) = key_homed_at(&lease, &home.name, &label);
+    let other_key = (0..)
+        .map(|i| format!("surge/{label}-other-{i}"))
+        .find(|k| lease.shard_of_key(k) == shard)
+        .context("a second key of the shard")?;
+    // the home hands the shard over; once it takes it back it keeps it
+    wait_held(&mut home, shard, Duration::from_secs(30)).await?;
+    home.admin
+        .transfer_lease(pb::TransferLeaseRequest {
+            shard,
+            to_region: holder.name.clone(),
+        })
+        .await?;
+    wait_held(&mut holder, shard, Duration::from_secs(30)).await?;
+    holder.state.update(set(&key, "before")).await?;
+    wait_value(&mut home.state, &key, "before", Duration::from_secs(60)).await?;
+
+    // from here the holder applies and acknowledges, and ships nothing
+    let node = &cluster.regions[&holder.name];
+    let config = Config::load(node.config.as_ref().context("node config")?)?;
+    let unwritable = Unwritable::new(&node.kafka, &config.kafka.deltas_topic).await?;
+    let backlog: Vec<(String, Vec<u8>)> = (0..BACKLOG)
+        .map(|i| {
+            let key = format!("requests/{label}-{}", i % 1000);
+            let event = Update {
+                key: key.clone(),
+                op: Op::Add(1),
+                id: None,
+                event_time_ms: None,
+                hlc: None,
+                epoch: None,
+            };
+            (key, event.encode(config.kafka.format))
+        })
+        .collect();
+    produce_all(
+        &producer(&node.kafka)?,
+        &config.kafka.updates_topic,
+        &backlog,
+    )
+    .await?;
+    let acked = holder.state.update(set(&key, "acked")).await?.into_inner();
+    let old_epoch = epoch_of(&acked);
+
+    // the holder's disk is lost
+    let _restart = RestartNodes;
+    std::process::Command::new("kill")
+        .args(["-KILL", &holder.pid.to_string()])
+        .status()?;
+    while std::path::Path::new(&format!("/proc/{}", holder.pid)).exists() {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    std::fs::remove_dir_all(&config.data_dir)
+        .with_context(|| format!("wiping {}", config.data_dir.display()))?;
+
+    // the home takes the shard and writes another of its keys (a blind write: no wait)
+    let new_epoch = wait_held(&mut home, shard, Duration::from_secs(60)).await?;
+    ensure!(new_epoch > old_epoch, "epoch {old_epoch} -> {new_epoch}");
+    let other = home
+        .state
+        .update(set(&other_key, "other"))
+        .await?
+        .into_inner();
+    ensure!(epoch_of(&other) == new_epoch, "{other:?}");
+    println!(
+        "{} acknowledged \"acked\" at epoch {old_epoch} and lost its disk; {} holds shard {shard} at epoch {new_epoch}",
+        holder.name, home.name
+    );
+
+    // the node starts again on the empty dir; meanwhile the new holder's leaseholder reads
+    // wait, and the first it answers must hold "acked"
+    drop(unwritable);
+    let started = Instant::now();
+    let restart = tokio::task::spawn_blocking(|| cluster_script(&["up", "--no-build"]));
+    let mut waited = 0;
+    loop {
+        match home.state.get(at_holder(&key)).await {
+            Ok(v) => {
+                let v = v.into_inner();
+                ensure!(
+                    register(&v) == Some(b"acked"),
+                    "the new holder served {:?} after {waited} refusals, not the acknowledged \"acked\"",
+                    register(&v).map(String::from_utf8_lossy)
+                );
+                break;
+            }
+            Err(s) if s.code() == Code::Unavailable => waited += 1,
+            Err(s) => bail!("a leaseholder read at the new holder answered {s}"),
+        }
+        ensure!(
+            started.elapsed() < Duration::from_secs(180),
+            "the new holder did not serve {key} within 180 s of the restart"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    println!(
+        "the new holder served \"acked\" {:?} after the restart began ({waited} refusals before)",
+        started.elapsed()
+    );
+    restart.await??;
+
+    // both regions end with both writes
+    let grpc = node.grpc.as_ref().context("node grpc")?;
+    let mut restarted = StateClient::connect(format!("http://{grpc}")).await?;
+    for (k, v) in [(&key, "acked"), (&other_key, "other")] {
+        wait_value(&mut restarted, k, v, Duration::from_secs(60)).await?;
+        wait_value(&mut home.state, k, v, Duration::from_secs(60)).await?;
+    }
+    Ok(())
+}
