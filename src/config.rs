@@ -115,6 +115,8 @@ pub struct IngestConfig {
     pub batch_max_wait: Duration,
     pub max_key_bytes: usize,
     pub max_value_bytes: usize,
+    /// Longer idempotency ids are refused (at most 65535: how long a stored id can be).
+    pub max_id_bytes: usize,
     /// Idempotency ids remembered per key: a record whose id is among them is skipped.
     pub dedup_window: usize,
 }
@@ -340,6 +342,8 @@ struct RawIngest {
     max_key_bytes: usize,
     #[serde(default = "default_max_value_bytes")]
     max_value_bytes: usize,
+    #[serde(default = "default_max_id_bytes")]
+    max_id_bytes: usize,
     #[serde(default = "default_dedup_window")]
     dedup_window: usize,
 }
@@ -351,6 +355,7 @@ impl Default for RawIngest {
             batch_max_wait: default_batch_max_wait(),
             max_key_bytes: default_max_key_bytes(),
             max_value_bytes: default_max_value_bytes(),
+            max_id_bytes: default_max_id_bytes(),
             dedup_window: default_dedup_window(),
         }
     }
@@ -411,6 +416,9 @@ fn default_max_key_bytes() -> usize {
 fn default_max_value_bytes() -> usize {
     64 * 1024
 }
+fn default_max_id_bytes() -> usize {
+    256
+}
 fn default_dedup_window() -> usize {
     64
 }
@@ -438,6 +446,12 @@ impl RawConfig {
             return Err(invalid(
                 "ingest.max-key-bytes",
                 "size limits must be positive",
+            ));
+        }
+        if !(1..=usize::from(u16::MAX)).contains(&self.ingest.max_id_bytes) {
+            return Err(invalid(
+                "ingest.max-id-bytes",
+                "must be 1 to 65535 (ids are stored with a 16-bit length)",
             ));
         }
         let mut remotes: Vec<RemoteConfig> = Vec::new();
@@ -503,6 +517,7 @@ impl RawConfig {
                 )?,
                 max_key_bytes: self.ingest.max_key_bytes,
                 max_value_bytes: self.ingest.max_value_bytes,
+                max_id_bytes: self.ingest.max_id_bytes,
                 dedup_window: self.ingest.dedup_window,
             },
             api: ApiConfig {

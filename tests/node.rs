@@ -122,11 +122,16 @@ async fn bad_records_are_dead_lettered_and_the_partition_keeps_flowing() -> anyh
     node.start().await?;
 
     let oversize = format!(r#"{{"key":"zones/big","set":"{}"}}"#, "x".repeat(70_000));
+    let long_id = format!(
+        r#"{{"key":"requests/after","add":1,"id":"{}"}}"#,
+        "i".repeat(70_000)
+    );
     let bad = [
         ("{not json", "malformed"),
         (r#"{"key":"nowhere/x","add":1}"#, "no_namespace"),
         (r#"{"key":"requests/x","set":"1"}"#, "wrong_op"),
         (oversize.as_str(), "value_too_large"),
+        (long_id.as_str(), "id_too_long"),
     ];
     let producer = producer(&kafka)?;
     for (payload, _) in &bad {
@@ -264,6 +269,37 @@ async fn update_then_get_reads_the_write_and_watch_sees_it() -> anyhow::Result<(
         retried.id = "order-17".into();
         state.update(retried).await?;
     }
+    // a counter's value stays in int64: the add that would leave it is refused, and the
+    // key still reads
+    state
+        .update(update(
+            "drivers/full",
+            pb::update_request::Op::Add(i64::MAX),
+        ))
+        .await?;
+    let over = state
+        .update(update(
+            "drivers/full",
+            pb::update_request::Op::Add(i64::MAX),
+        ))
+        .await
+        .expect_err("an add past int64");
+    assert_eq!(over.code(), tonic::Code::OutOfRange, "{over}");
+    let full = state
+        .get(pb::GetRequest {
+            key: "drivers/full".into(),
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    assert_eq!(counter(&full), i64::MAX);
+    assert!(!full.saturated);
+    // an id longer than `ingest.max-id-bytes` is refused, nothing applied
+    let mut long_id = update("requests/idem", pb::update_request::Op::Add(2));
+    long_id.id = "i".repeat(257);
+    let refused = state.update(long_id).await.expect_err("an id too long");
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused}");
+    assert!(refused.message().contains("idempotency id"), "{refused}");
     let value = state
         .get(pb::GetRequest {
             key: "requests/idem".into(),
@@ -361,7 +397,7 @@ async fn update_then_get_reads_the_write_and_watch_sees_it() -> anyhow::Result<(
             .iter()
             .map(|v| v.key.as_str())
             .collect::<Vec<_>>(),
-        ["requests/idem", "zones/9q8yy"]
+        ["drivers/full", "requests/idem", "zones/9q8yy"]
     );
     assert!(rest.next_page_token.is_empty());
 

@@ -38,13 +38,16 @@ pub enum ApiError {
     NotFound { key: String },
     #[error("{0}")]
     InvalidArgument(String),
-    #[error("the counter's value {value} does not fit in an int64")]
-    OutOfRange { value: String },
     #[error("kafka is unreachable: {0}")]
     Unavailable(String),
     /// The checkpoint store failed or the node is stopping.
     #[error("{0}")]
     NotNow(String),
+    /// So many records were refused since this one that its own outcome is forgotten.
+    #[error(
+        "appended at {partition}/{offset} and passed by ingest, but so many records were refused since that this node no longer knows whether it was applied: outcome unknown"
+    )]
+    OutcomeForgotten { partition: i32, offset: i64 },
     #[error(
         "appended at {partition}/{offset} but not applied within {seconds}s (applied up to {applied:?} on that partition)"
     )]
@@ -79,11 +82,11 @@ impl ApiError {
             ApiError::Refused(Rejection::Overflow(_)) => Code::OutOfRange,
             ApiError::Refused(_) | ApiError::InvalidArgument(_) => Code::InvalidArgument,
             ApiError::NotFound { .. } => Code::NotFound,
-            ApiError::OutOfRange { .. } => Code::OutOfRange,
             ApiError::Unavailable(_)
             | ApiError::NotNow(_)
             | ApiError::Settling { .. }
-            | ApiError::LeaseEnded { .. } => Code::Unavailable,
+            | ApiError::LeaseEnded { .. }
+            | ApiError::OutcomeForgotten { .. } => Code::Unavailable,
             ApiError::NotApplied { .. } => Code::DeadlineExceeded,
             ApiError::Store(_) | ApiError::Internal(_) => Code::Internal,
             ApiError::Forwarded(s) => s.code(),

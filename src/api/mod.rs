@@ -23,7 +23,7 @@ use crate::clock::Hlc;
 use crate::config::{Config, Ownership, RecordFormat};
 use crate::crdt::CrdtType;
 use crate::ingest::event::{Op, Update};
-use crate::ingest::pump::IngestShared;
+use crate::ingest::pump::{IngestShared, Outcome};
 use crate::lease::manager::{Leases, NotHolder, ShardStatus, TransferError};
 use crate::lease::network::Channels;
 use crate::metrics as m;
@@ -351,8 +351,10 @@ impl Handler {
                 });
             }
         }
-        if let Some(why) = api.shared.rejection(partition, offset) {
-            return Err(ApiError::Refused(why));
+        match api.shared.outcome(partition, offset) {
+            Outcome::Applied => {}
+            Outcome::Refused(why) => return Err(ApiError::Refused(why)),
+            Outcome::Forgotten => return Err(ApiError::OutcomeForgotten { partition, offset }),
         }
         // acknowledged only if applied under the lease it was accepted with (what a new
         // holder waits for, see `settled`)

@@ -290,6 +290,19 @@ pub fn apply_batch<S: StateSource>(
     Ok(out)
 }
 
+/// A counter's value domain: every region keeps its own part (the sum of its writes)
+/// within int64, so a write that would take it out is refused and nothing applied. Its
+/// own part depends on its own records alone, so a replay decides the same. Parts of
+/// several regions can still add up beyond int64: reads then saturate, flagged.
+fn within_int64(own: i128) -> Result<(), Rejection> {
+    if i64::try_from(own).is_err() {
+        return Err(Rejection::Overflow(format!(
+            "this region's part of the counter would be {own}, outside int64"
+        )));
+    }
+    Ok(())
+}
+
 fn apply_op(
     current: Option<&CrdtValue>,
     crdt: CrdtType,
@@ -313,6 +326,7 @@ fn apply_op(
             };
             c.increment(actor, u64::try_from(*n).unwrap_or(0))
                 .map_err(overflow)?;
+            within_int64(i128::try_from(c.own_part(&actor.region).value()).unwrap_or(i128::MAX))?;
             Ok(CrdtValue::GCounter(c))
         }
         (CrdtType::PnCounter, Op::Add(n)) => {
@@ -322,6 +336,7 @@ fn apply_op(
                 Some(other) => return Err(mismatch(other)),
             };
             c.add(actor, *n).map_err(overflow)?;
+            within_int64(c.own_part(&actor.region).value())?;
             Ok(CrdtValue::PnCounter(c))
         }
         (CrdtType::LwwRegister, Op::Set(value)) => {
@@ -525,10 +540,33 @@ mod tests {
             &BTreeMap::new(),
         );
         let huge = format!(r#"{{"key":"requests/a","add":{}}}"#, i64::MAX);
-        let once = run(vec![record(0, 1, &huge)], &first.states);
-        let twice = run(vec![record(0, 2, &huge)], &once.states);
-        assert_eq!(twice.rejected.len(), 1, "the second huge add overflows");
-        assert!(twice.states.is_empty() && twice.outbox.is_empty());
+        let refused = run(vec![record(0, 1, &huge)], &first.states);
+        assert_eq!(refused.rejected.len(), 1, "5 + i64::MAX leaves int64");
+        assert!(refused.states.is_empty() && refused.outbox.is_empty());
+    }
+
+    #[test]
+    fn a_write_that_takes_the_regions_part_out_of_int64_is_refused_and_parts_may_add_up_beyond() {
+        let add =
+            |offset, n: i64| record(0, offset, &format!(r#"{{"key":"drivers/a","add":{n}}}"#));
+        let full = run(vec![add(0, i64::MAX)], &BTreeMap::new());
+        let over = run(vec![add(1, 1)], &full.states);
+        let codes: Vec<_> = over.rejected.iter().map(|(_, why)| why.code()).collect();
+        assert_eq!(codes, ["overflow"]);
+        assert!(over.states.is_empty(), "nothing applied");
+        let back = run(vec![add(2, -1)], &full.states);
+        assert!(back.rejected.is_empty());
+        // another region's part at int64's top does not stop this region writing its own
+        let other = Actor::new(RegionId::new("eu-west-1").unwrap(), 1);
+        let mut theirs = PnCounter::new();
+        theirs.add(&other, i64::MAX).unwrap();
+        let stored = BTreeMap::from([("drivers/a".to_string(), CrdtValue::PnCounter(theirs))]);
+        let both = run(vec![add(3, i64::MAX)], &stored);
+        assert!(both.rejected.is_empty());
+        match &both.states["drivers/a"] {
+            CrdtValue::PnCounter(c) => assert_eq!(c.value(), 2 * i128::from(i64::MAX)),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

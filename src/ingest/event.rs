@@ -67,6 +67,8 @@ pub enum Rejection {
     KeyTooLong { len: usize, max: usize },
     #[error("value is {len} bytes, more than the {max} allowed")]
     ValueTooLarge { len: usize, max: usize },
+    #[error("idempotency id is {len} bytes, more than the {max} allowed")]
+    IdTooLong { len: usize, max: usize },
     #[error(
         "{key:?} is in an owned namespace: owned writes carry their lease epoch, so they go through the gRPC API of the region holding the key's lease"
     )]
@@ -103,6 +105,7 @@ impl Rejection {
             Rejection::NonPositiveIncrement { .. } => "non_positive_increment",
             Rejection::KeyTooLong { .. } => "key_too_long",
             Rejection::ValueTooLarge { .. } => "value_too_large",
+            Rejection::IdTooLong { .. } => "id_too_long",
             Rejection::OwnedWithoutLease { .. } => "owned_without_lease",
             Rejection::Fenced { .. } => "fenced",
             Rejection::Overflow(_) => "overflow",
@@ -269,6 +272,13 @@ impl Update {
                 max: limits.max_key_bytes,
             });
         }
+        // a longer id would be cut when stored, and a retry carrying it applied twice
+        if let Some(id) = self.id.as_ref().filter(|id| id.len() > limits.max_id_bytes) {
+            return Err(Rejection::IdTooLong {
+                len: id.len(),
+                max: limits.max_id_bytes,
+            });
+        }
         let ns = namespaces
             .lookup(&self.key)
             .ok_or_else(|| Rejection::NoNamespace {
@@ -374,6 +384,17 @@ mod tests {
         assert_eq!(code(&big), "value_too_large");
         let long = format!(r#"{{"key":"zones/{}","set":"x"}}"#, "k".repeat(2_000));
         assert_eq!(code(&long), "key_too_long");
+        // an id longer than any stored one (a retry of it would apply twice) is refused;
+        // one at the limit passes
+        let id = |len: usize| {
+            format!(
+                r#"{{"key":"drivers/x","add":1,"id":"{}"}}"#,
+                "i".repeat(len)
+            )
+        };
+        assert_eq!(code(&id(70_000)), "id_too_long");
+        assert_eq!(code(&id(257)), "id_too_long");
+        assert_eq!(check(&id(256)), Ok(CrdtType::PnCounter));
     }
 
     #[test]

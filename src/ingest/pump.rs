@@ -59,7 +59,7 @@ pub struct IngestShared {
     pub applied: watch::Sender<BTreeMap<i32, i64>>,
     /// Every batch's changed keys.
     pub changes: broadcast::Sender<Arc<Vec<Change>>>,
-    rejected: Mutex<VecDeque<((i32, i64), Rejection)>>,
+    rejected: Mutex<Rejections>,
     pub events_applied: AtomicU64,
     pub events_dead_lettered: AtomicU64,
     /// Notified after every committed batch (wakes the outbound shipper).
@@ -77,7 +77,7 @@ impl IngestShared {
         Self {
             applied: watch::Sender::new(applied),
             changes: broadcast::Sender::new(1024),
-            rejected: Mutex::new(VecDeque::new()),
+            rejected: Mutex::default(),
             events_applied: AtomicU64::new(0),
             events_dead_lettered: AtomicU64::new(0),
             committed: Arc::new(tokio::sync::Notify::new()),
@@ -86,23 +86,64 @@ impl IngestShared {
         }
     }
 
-    /// Why the record at `(partition, offset)` was refused, if it was, recently.
-    pub fn rejection(&self, partition: i32, offset: i64) -> Option<Rejection> {
-        let recent = self.rejected.lock().unwrap_or_else(|p| p.into_inner());
-        recent
-            .iter()
-            .rev()
-            .find(|(at, _)| *at == (partition, offset))
-            .map(|(_, why)| why.clone())
+    /// What became of the record at `(partition, offset)`, once it is applied (see
+    /// [`Rejections::outcome`]).
+    pub fn outcome(&self, partition: i32, offset: i64) -> Outcome {
+        let rejected = self.rejected.lock().unwrap_or_else(|p| p.into_inner());
+        rejected.outcome(partition, offset)
     }
 
     fn remember_rejections(&self, rejected: &[(Record, Rejection)]) {
         let mut recent = self.rejected.lock().unwrap_or_else(|p| p.into_inner());
         for (record, why) in rejected {
-            if recent.len() == RECENT_REJECTIONS {
-                recent.pop_front();
-            }
-            recent.push_back(((record.partition, record.offset), why.clone()));
+            recent.remember(record.partition, record.offset, why.clone());
+        }
+    }
+}
+
+/// What became of a record the ingest task has passed.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Outcome {
+    Applied,
+    Refused(Rejection),
+    /// Refused or applied: its rejection, if any, is no longer remembered.
+    Forgotten,
+}
+
+/// The last [`RECENT_REJECTIONS`] rejections, and per partition the highest offset whose
+/// rejection was forgotten: a record at or below it that is not remembered may have been
+/// refused, so its outcome is unknown, never "applied".
+#[derive(Debug, Default)]
+struct Rejections {
+    recent: VecDeque<((i32, i64), Rejection)>,
+    forgotten: BTreeMap<i32, i64>,
+}
+
+impl Rejections {
+    fn remember(&mut self, partition: i32, offset: i64, why: Rejection) {
+        if self.recent.len() == RECENT_REJECTIONS
+            && let Some(((p, o), _)) = self.recent.pop_front()
+        {
+            let at = self.forgotten.entry(p).or_insert(o);
+            *at = (*at).max(o);
+        }
+        self.recent.push_back(((partition, offset), why));
+    }
+
+    /// The outcome of a record the ingest task has passed: its rejection if remembered,
+    /// else applied unless a rejection at or after its offset was forgotten.
+    fn outcome(&self, partition: i32, offset: i64) -> Outcome {
+        if let Some((_, why)) = self
+            .recent
+            .iter()
+            .rev()
+            .find(|(at, _)| *at == (partition, offset))
+        {
+            return Outcome::Refused(why.clone());
+        }
+        match self.forgotten.get(&partition) {
+            Some(&through) if offset <= through => Outcome::Forgotten,
+            _ => Outcome::Applied,
         }
     }
 }
@@ -310,5 +351,34 @@ impl StateSource for Store {
     }
     fn fence(&self, shard: u32) -> Result<u64, StoreError> {
         Store::fence(self, shard)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refusal_pushed_out_by_later_ones_is_never_answered_as_applied() {
+        let mut rejections = Rejections::default();
+        let why = Rejection::Malformed("bad".into());
+        // partition 0: every even offset refused; partition 1: only offset 5
+        for o in 0..2 * RECENT_REJECTIONS as i64 {
+            rejections.remember(0, 2 * o, why.clone());
+        }
+        rejections.remember(1, 5, why.clone());
+        // the oldest refusals are forgotten: unknown, not applied
+        assert_eq!(rejections.outcome(0, 0), Outcome::Forgotten);
+        assert_eq!(rejections.outcome(0, 1), Outcome::Forgotten);
+        assert_eq!(
+            rejections.outcome(0, 2 * RECENT_REJECTIONS as i64 - 2),
+            Outcome::Forgotten
+        );
+        // the recent ones are known, and so is what lies after the forgotten ones
+        let last = 2 * (2 * RECENT_REJECTIONS as i64 - 1);
+        assert_eq!(rejections.outcome(0, last), Outcome::Refused(why.clone()));
+        assert_eq!(rejections.outcome(0, last - 1), Outcome::Applied);
+        assert_eq!(rejections.outcome(1, 5), Outcome::Refused(why));
+        assert_eq!(rejections.outcome(1, 4), Outcome::Applied);
     }
 }

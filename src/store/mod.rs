@@ -549,7 +549,7 @@ impl Store {
         for (key, ids) in commit.recent_ids {
             let mut v = Vec::new();
             for id in ids {
-                // ids longer than 64 KiB are cut; they still identify the record well
+                // never cut: ingest refuses ids over `ingest.max-id-bytes` (≤ 65535)
                 let id = &id.as_bytes()[..id.len().min(u16::MAX as usize)];
                 v.extend_from_slice(&(id.len() as u16).to_be_bytes());
                 v.extend_from_slice(id);
