@@ -18,17 +18,12 @@ mod common;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
-use common::failover::{Frozen, epoch_of, key_homed_at, regions, set, wait_held};
+use common::failover::{
+    Frozen, at_holder, epoch_of, key_homed_at, regions, register, set, wait_held,
+};
 use common::{RestartMirror, cluster, cluster_script, unique};
 use geostate::pb;
 use tonic::Code;
-
-fn at_holder(key: &str) -> pb::GetRequest {
-    pb::GetRequest {
-        key: key.into(),
-        leaseholder: true,
-    }
-}
 
 fn cas(key: &str, expected: &str, value: &str) -> pb::UpdateRequest {
     pb::UpdateRequest {
@@ -38,13 +33,6 @@ fn cas(key: &str, expected: &str, value: &str) -> pb::UpdateRequest {
             value: value.as_bytes().to_vec(),
         })),
         id: String::new(),
-    }
-}
-
-fn register(v: &pb::Value) -> Option<&[u8]> {
-    match &v.value {
-        Some(pb::value::Value::Register(b)) => Some(b),
-        _ => None,
     }
 }
 

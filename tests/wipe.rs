@@ -23,7 +23,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow, bail, ensure};
-use common::failover::{epoch_of, key_homed_at, regions, set, wait_held};
+use common::failover::{at_holder, epoch_of, key_homed_at, regions, register, set, wait_held};
 use common::{cluster, cluster_script, produce_all, producer, unique};
 use geostate::config::Config;
 use geostate::ingest::event::{Op, Update};
@@ -37,20 +37,6 @@ use tonic::Code;
 /// Counter events the holder applies, and does not ship, before the owned write: its
 /// replay after the wipe takes a while.
 const BACKLOG: usize = 50_000;
-
-fn at_holder(key: &str) -> pb::GetRequest {
-    pb::GetRequest {
-        key: key.into(),
-        leaseholder: true,
-    }
-}
-
-fn register(v: &pb::Value) -> Option<&[u8]> {
-    match &v.value {
-        Some(pb::value::Value::Register(b)) => Some(b),
-        _ => None,
-    }
-}
 
 /// A topic that takes no writes (acks=all with `min.insync.replicas` above its replicas)
 /// until dropped; its other settings are kept.

@@ -80,51 +80,34 @@ mod tests {
 
     #[test]
     fn counters_whose_parts_add_up_beyond_int64_read_saturated_and_flagged() {
-        let mut pn = PnCounter::new();
-        pn.add(&actor("us-east-1"), i64::MAX).unwrap();
-        pn.add(&actor("eu-west-1"), i64::MAX).unwrap();
-        let v = value(
-            "drivers/a",
-            CrdtType::PnCounter,
-            Some(&CrdtValue::PnCounter(pn)),
-        )
-        .unwrap();
-        assert_eq!(v.value, Some(pb::value::Value::Counter(i64::MAX)));
-        assert!(v.saturated);
-
-        let mut low = PnCounter::new();
-        low.add(&actor("us-east-1"), i64::MIN).unwrap();
-        low.add(&actor("eu-west-1"), -5).unwrap();
-        let v = value(
-            "drivers/b",
-            CrdtType::PnCounter,
-            Some(&CrdtValue::PnCounter(low)),
-        )
-        .unwrap();
-        assert_eq!(v.value, Some(pb::value::Value::Counter(i64::MIN)));
-        assert!(v.saturated);
-
+        let pn = |parts: [(&str, i64); 2]| {
+            let mut c = PnCounter::new();
+            for (region, n) in parts {
+                c.add(&actor(region), n).unwrap();
+            }
+            CrdtValue::PnCounter(c)
+        };
         let mut g = GCounter::new();
         g.increment(&actor("us-east-1"), i64::MAX as u64).unwrap();
         g.increment(&actor("eu-west-1"), 1).unwrap();
-        let v = value(
-            "requests/a",
-            CrdtType::GCounter,
-            Some(&CrdtValue::GCounter(g)),
-        )
-        .unwrap();
-        assert_eq!(v.value, Some(pb::value::Value::Counter(i64::MAX)));
-        assert!(v.saturated);
-
-        let mut fits = PnCounter::new();
-        fits.add(&actor("us-east-1"), -3).unwrap();
-        let v = value(
-            "drivers/c",
-            CrdtType::PnCounter,
-            Some(&CrdtValue::PnCounter(fits)),
-        )
-        .unwrap();
-        assert_eq!(v.value, Some(pb::value::Value::Counter(-3)));
-        assert!(!v.saturated);
+        let cases = [
+            (
+                pn([("us-east-1", i64::MAX), ("eu-west-1", i64::MAX)]),
+                i64::MAX,
+                true,
+            ),
+            (
+                pn([("us-east-1", i64::MIN), ("eu-west-1", -5)]),
+                i64::MIN,
+                true,
+            ),
+            (CrdtValue::GCounter(g), i64::MAX, true),
+            (pn([("us-east-1", -3), ("eu-west-1", 0)]), -3, false),
+        ];
+        for (state, reads, saturated) in cases {
+            let v = value("drivers/a", state.crdt_type(), Some(&state)).unwrap();
+            assert_eq!(v.value, Some(pb::value::Value::Counter(reads)), "{state:?}");
+            assert_eq!(v.saturated, saturated, "{state:?}");
+        }
     }
 }

@@ -58,6 +58,22 @@ pub fn set(key: &str, value: &str) -> pb::UpdateRequest {
     }
 }
 
+/// A leaseholder read of `key`.
+pub fn at_holder(key: &str) -> pb::GetRequest {
+    pb::GetRequest {
+        key: key.into(),
+        leaseholder: true,
+    }
+}
+
+/// A register's value, if `v` is a register.
+pub fn register(v: &pb::Value) -> Option<&[u8]> {
+    match &v.value {
+        Some(pb::value::Value::Register(b)) => Some(b),
+        _ => None,
+    }
+}
+
 /// The epoch an accepted owned write was stamped with.
 pub fn epoch_of(r: &pb::UpdateResponse) -> u64 {
     r.stamp.as_ref().map_or(0, |s| s.epoch)
