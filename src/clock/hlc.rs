@@ -68,7 +68,25 @@ pub enum ClockError {
         ahead: Duration,
         max: Duration,
     },
+    /// A remote stamp whose logical counter no real clock reaches (the clock adds one to
+    /// what it observes, so `u32::MAX` would overflow it).
+    #[error("remote timestamp {remote} has a logical counter above {max}: no clock issues that")]
+    LogicalTooLarge { remote: HlcTimestamp, max: u32 },
 }
+
+impl ClockError {
+    /// The reason label of a refused remote stamp.
+    pub fn code(&self) -> &'static str {
+        match self {
+            ClockError::AheadOfLocal { .. } => "clock_ahead",
+            ClockError::LogicalTooLarge { .. } => "logical_too_large",
+        }
+    }
+}
+
+/// The largest logical counter accepted from elsewhere. A real one stays tiny: it counts
+/// the stamps issued within one nanosecond of wall time.
+pub const MAX_LOGICAL: u32 = u32::MAX / 2;
 
 /// Adapts an injected [`Clock`] to the `hybrid-clocks` source trait.
 struct Source(Arc<dyn Clock>);
@@ -123,6 +141,12 @@ impl Hlc {
     /// Accepts a stamp from another region: later local stamps are greater than it.
     /// Refuses (and ignores) one more than `max_offset` ahead of the local physical clock.
     pub fn observe(&self, remote: HlcTimestamp) -> Result<(), ClockError> {
+        if remote.logical > MAX_LOGICAL {
+            return Err(ClockError::LogicalTooLarge {
+                remote,
+                max: MAX_LOGICAL,
+            });
+        }
         let mut inner = self.lock();
         inner.observe(&remote.to_hybrid()).map_err(|_| {
             let local = self.physical.now_nanos();
@@ -137,6 +161,12 @@ impl Hlc {
     /// Moves the clock past a stamp this region itself issued before (a restored
     /// high-water mark), without the offset guard: our own past is never refused.
     pub fn advance_past(&self, high_water: HlcTimestamp) {
+        // past a corrupt logical counter by the next nanosecond instead (no overflow)
+        let high_water = if high_water.logical > MAX_LOGICAL {
+            HlcTimestamp::new(high_water.wall_nanos.saturating_add(1), 0)
+        } else {
+            high_water
+        };
         self.lock().inner_mut().observe(&high_water.to_hybrid());
     }
 
@@ -192,6 +222,20 @@ mod tests {
         let remote = HlcTimestamp::new(100 * SEC + 400_000_000, 7);
         hlc.observe(remote).unwrap();
         assert!(hlc.now() > remote);
+    }
+
+    #[test]
+    fn a_logical_counter_no_clock_issues_is_refused_and_never_overflows_the_clock() {
+        let (_clock, hlc) = hlc(100 * SEC, Duration::from_millis(500));
+        let forged = HlcTimestamp::new(100 * SEC, u32::MAX);
+        assert_eq!(hlc.observe(forged).unwrap_err().code(), "logical_too_large");
+        assert!(
+            hlc.now() < forged,
+            "a refused stamp must not move the clock"
+        );
+        // our own past (a restored high-water mark) is never refused, and never overflows
+        hlc.advance_past(forged);
+        assert!(hlc.now() > forged);
     }
 
     #[test]

@@ -48,7 +48,7 @@ pub enum Refusal {
     #[error("delta from {found} on {expected}'s topic")]
     WrongOrigin { expected: RegionId, found: RegionId },
     #[error(transparent)]
-    ClockAhead(ClockError),
+    Clock(ClockError),
     #[error("key {key:?} is in no namespace here")]
     NoNamespace { key: String },
     #[error("key {key:?}: {source}")]
@@ -66,7 +66,7 @@ impl Refusal {
         match self {
             Refusal::Malformed(_) => "malformed",
             Refusal::WrongOrigin { .. } => "wrong_origin",
-            Refusal::ClockAhead(_) => "clock_ahead",
+            Refusal::Clock(e) => e.code(),
             Refusal::NoNamespace { .. } => "no_namespace",
             Refusal::Type { .. } => "type_mismatch",
             Refusal::Fenced { .. } => "fenced",
@@ -223,8 +223,7 @@ fn check(
             },
         });
     }
-    hlc.observe(delta.origin_time)
-        .map_err(Refusal::ClockAhead)?;
+    hlc.observe(delta.origin_time).map_err(Refusal::Clock)?;
     Ok((delta, ns.ownership))
 }
 
