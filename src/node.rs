@@ -244,17 +244,12 @@ pub async fn run(
     // delta the lost node could have seen: a compare-and-set replayed on less than the
     // lost node had merged could fail where the lost node's succeeded (and was
     // acknowledged).
-    let remotes_read: Vec<_> = remotes.iter().map(|r| r.caught_up.subscribe()).collect();
+    let remotes_read = all_caught_up(&remotes);
     let mut ingest_stop = stop_rx.clone();
     let mut ingest_task = tokio::spawn(async move {
         if bootstrapping {
-            let read = async {
-                for mut done in remotes_read {
-                    let _ = done.wait_for(|&done| done).await;
-                }
-            };
             tokio::select! {
-                () = read => {}
+                () = remotes_read => {}
                 () = stopped(&mut ingest_stop) => return Ok(()),
             }
         }
@@ -301,13 +296,8 @@ pub async fn run(
             remotes = remotes.len(),
             "reading every remote deltas topic before serving"
         );
-        let caught_up = async {
-            for progress in &remotes {
-                let _ = progress.caught_up.subscribe().wait_for(|&done| done).await;
-            }
-        };
         tokio::select! {
-            () = caught_up => tracing::info!("bootstrap done: serving"),
+            () = all_caught_up(&remotes) => tracing::info!("bootstrap done: serving"),
             () = &mut shutdown => {
                 let _ = stop_tx.send(true);
                 metrics_task.abort();
@@ -368,6 +358,17 @@ pub async fn run(
     let result = stop(ingest_task, shipper_task, merger_tasks, failed).await;
     grpc_result??;
     result
+}
+
+/// Completes once every remote's merger has read its topic to the end (owns what it
+/// watches, so a spawned task can wait on it).
+fn all_caught_up(remotes: &[Arc<RemoteProgress>]) -> impl Future<Output = ()> + Send + 'static {
+    let receivers: Vec<_> = remotes.iter().map(|r| r.caught_up.subscribe()).collect();
+    async move {
+        for mut done in receivers {
+            let _ = done.wait_for(|&done| done).await;
+        }
+    }
 }
 
 /// Waits for the lease manager (told to stop, it releases what it holds through the

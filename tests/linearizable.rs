@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
 use common::failover::{
-    Frozen, at_holder, epoch_of, key_homed_at, regions, register, set, wait_held,
+    Frozen, at_holder, epoch_of, key_homed_at, regions, register, set, wait_held, wait_value,
 };
 use common::{RestartMirror, cluster, cluster_script, unique};
 use geostate::pb;
@@ -58,24 +58,7 @@ async fn a_new_holder_waits_for_the_old_holders_acknowledged_writes() -> anyhow:
 
     // "seen" reaches the other region; then the mirror stops and "acked" does not
     holder.state.update(set(&key, "seen")).await?;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let v = other
-            .state
-            .get(pb::GetRequest {
-                key: key.clone(),
-                ..Default::default()
-            })
-            .await;
-        if v.is_ok_and(|v| register(v.get_ref()) == Some(b"seen")) {
-            break;
-        }
-        ensure!(
-            Instant::now() < deadline,
-            "\"seen\" did not replicate in 60 s"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_value(&mut other.state, &key, "seen", Duration::from_secs(60)).await?;
     cluster_script(&["mirror", "stop"])?;
     let _restart = RestartMirror;
     let acked = holder.state.update(set(&key, "acked")).await?.into_inner();

@@ -23,7 +23,9 @@ mod common;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow, bail, ensure};
-use common::failover::{at_holder, epoch_of, key_homed_at, regions, register, set, wait_held};
+use common::failover::{
+    at_holder, epoch_of, key_homed_at, regions, register, set, signal, wait_held, wait_value,
+};
 use common::{cluster, cluster_script, produce_all, producer, unique};
 use geostate::config::Config;
 use geostate::ingest::event::{Op, Update};
@@ -136,34 +138,6 @@ impl Drop for RestartNodes {
     }
 }
 
-/// Waits until `state` answers `key` (a plain read) with `value`.
-async fn wait_value(
-    state: &mut StateClient<tonic::transport::Channel>,
-    key: &str,
-    value: &str,
-    within: Duration,
-) -> anyhow::Result<()> {
-    let deadline = Instant::now() + within;
-    loop {
-        let read = state
-            .get(pb::GetRequest {
-                key: key.into(),
-                ..Default::default()
-            })
-            .await;
-        let last = match read {
-            Ok(v) if register(v.get_ref()) == Some(value.as_bytes()) => return Ok(()),
-            Ok(v) => format!("{:?}", register(v.get_ref()).map(String::from_utf8_lossy)),
-            Err(s) => s.to_string(),
-        };
-        ensure!(
-            Instant::now() < deadline,
-            "{key} is not {value:?} within {within:?}: {last}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acknowledged_owned_write_survives_its_holders_disk_loss() -> anyhow::Result<()> {
     let cluster = cluster()?;
@@ -218,9 +192,7 @@ async fn an_acknowledged_owned_write_survives_its_holders_disk_loss() -> anyhow:
 
     // the holder's disk is lost
     let _restart = RestartNodes;
-    std::process::Command::new("kill")
-        .args(["-KILL", &holder.pid.to_string()])
-        .status()?;
+    signal("-KILL", holder.pid)?;
     while std::path::Path::new(&format!("/proc/{}", holder.pid)).exists() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

@@ -77,6 +77,14 @@ impl GCounter {
         )
     }
 
+    /// The value of `region`'s part (`own_part(region).value()`, without building it).
+    pub fn own_value(&self, region: &RegionId) -> u128 {
+        self.entries()
+            .filter(|(actor, _)| &actor.region == region)
+            .map(|(_, count)| u128::from(count))
+            .sum()
+    }
+
     /// Sets `actor`'s entry to `max(entry, count)`.
     fn raise(&mut self, actor: Actor, count: u64) {
         if count > 0 {
@@ -173,6 +181,14 @@ impl PnCounter {
                 .filter(|(actor, _)| &actor.region == region)
                 .map(|(actor, entry)| (actor.clone(), entry)),
         )
+    }
+
+    /// The value of `region`'s part (`own_part(region).value()`, without building it).
+    pub fn own_value(&self, region: &RegionId) -> i128 {
+        self.entries()
+            .filter(|(actor, _)| &actor.region == region)
+            .map(|(_, e)| i128::from(e.increments) - i128::from(e.decrements))
+            .sum()
     }
 
     /// Sets `actor`'s totals to the per-side max of the current ones and `entry`.

@@ -211,6 +211,15 @@ proptest! {
         prop_assert_eq!(Delta::decode(&delta.encode()).unwrap(), delta);
     }
 
+    /// A region's own value is the value of its own part.
+    #[test]
+    fn own_value_is_the_value_of_the_own_part(g in arb_g_counter(), pn in arb_pn_counter()) {
+        for r in 0..REGIONS.len() {
+            prop_assert_eq!(g.own_value(&region(r)), g.own_part(&region(r)).value());
+            prop_assert_eq!(pn.own_value(&region(r)), pn.own_part(&region(r)).value());
+        }
+    }
+
     /// The own part is the whole of what a region contributed: merging every region's own
     /// part rebuilds the state, and an own part holds nothing of any other region.
     #[test]

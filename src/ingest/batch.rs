@@ -326,7 +326,7 @@ fn apply_op(
             };
             c.increment(actor, u64::try_from(*n).unwrap_or(0))
                 .map_err(overflow)?;
-            within_int64(i128::try_from(c.own_part(&actor.region).value()).unwrap_or(i128::MAX))?;
+            within_int64(i128::try_from(c.own_value(&actor.region)).unwrap_or(i128::MAX))?;
             Ok(CrdtValue::GCounter(c))
         }
         (CrdtType::PnCounter, Op::Add(n)) => {
@@ -336,7 +336,7 @@ fn apply_op(
                 Some(other) => return Err(mismatch(other)),
             };
             c.add(actor, *n).map_err(overflow)?;
-            within_int64(c.own_part(&actor.region).value())?;
+            within_int64(c.own_value(&actor.region))?;
             Ok(CrdtValue::PnCounter(c))
         }
         (CrdtType::LwwRegister, Op::Set(value)) => {

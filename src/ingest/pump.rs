@@ -206,7 +206,7 @@ impl Ingestor {
         if *self.shared.replayed.borrow() {
             return;
         }
-        let applied = self.shared.applied.borrow().clone();
+        let applied = self.shared.applied.borrow();
         let positions = self.consumer.position().ok();
         let done = self.replay_to.iter().all(|(&p, &end)| {
             let consumed = positions
@@ -215,6 +215,7 @@ impl Ingestor {
                 .and_then(|e| e.offset().to_raw());
             applied.get(&p).is_some_and(|&o| o + 1 >= end) || consumed.is_some_and(|o| o >= end)
         });
+        drop(applied);
         if done {
             tracing::info!(ends = ?self.replay_to, "replayed the updates topic as it was at start-up");
             self.shared.replayed.send_replace(true);

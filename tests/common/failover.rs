@@ -6,7 +6,7 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, bail};
+use anyhow::{Context, bail, ensure};
 use geostate::config::{Config, LeaseConfig};
 use geostate::pb;
 use geostate::pb::admin_client::AdminClient;
@@ -134,7 +134,8 @@ impl Drop for Frozen {
     }
 }
 
-fn signal(sig: &str, pid: u32) -> anyhow::Result<()> {
+/// `kill <sig> <pid>`.
+pub fn signal(sig: &str, pid: u32) -> anyhow::Result<()> {
     let status = Command::new("kill")
         .args([sig, &pid.to_string()])
         .status()?;
@@ -211,6 +212,34 @@ pub async fn make_a_region_lead(regions: &mut [Region], witness_pid: u32) -> any
         if Instant::now() > deadline {
             bail!("no region became the lease group leader within 30 s (leader: member {leader})");
         }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits until `state` answers `key` (a plain read) with `value`.
+pub async fn wait_value(
+    state: &mut StateClient<Channel>,
+    key: &str,
+    value: &str,
+    within: Duration,
+) -> anyhow::Result<()> {
+    let deadline = Instant::now() + within;
+    loop {
+        let read = state
+            .get(pb::GetRequest {
+                key: key.into(),
+                ..Default::default()
+            })
+            .await;
+        let last = match read {
+            Ok(v) if register(v.get_ref()) == Some(value.as_bytes()) => return Ok(()),
+            Ok(v) => format!("{:?}", register(v.get_ref()).map(String::from_utf8_lossy)),
+            Err(s) => s.to_string(),
+        };
+        ensure!(
+            Instant::now() < deadline,
+            "{key} is not {value:?} within {within:?}: {last}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
