@@ -22,6 +22,8 @@ pub struct Config {
     /// The largest clock difference tolerated between regions: a remote stamp further
     /// ahead is refused, and leases end this much early.
     pub max_clock_offset: Duration,
+    /// Drills and tests only: this node's wall clock is shifted by this many nanoseconds.
+    pub clock_offset_nanos: i64,
     pub kafka: KafkaConfig,
     pub ingest: IngestConfig,
     pub api: ApiConfig,
@@ -245,6 +247,8 @@ struct RawConfig {
     data_dir: PathBuf,
     #[serde(default = "default_max_clock_offset")]
     max_clock_offset: String,
+    #[serde(default)]
+    clock_offset: Option<String>,
     kafka: RawKafka,
     #[serde(default)]
     ingest: RawIngest,
@@ -427,6 +431,18 @@ impl RawConfig {
     fn validate(self) -> Result<Config, ConfigError> {
         let region = RegionId::new(self.region).map_err(|e| invalid("region", e.to_string()))?;
         let max_clock_offset = parse_duration("max-clock-offset", &self.max_clock_offset)?;
+        let clock_offset_nanos = match self.clock_offset.as_deref().map(str::trim) {
+            None => 0,
+            Some(text) => {
+                let (sign, magnitude) = match text.strip_prefix('-') {
+                    Some(rest) => (-1, rest),
+                    None => (1, text),
+                };
+                let d = parse_duration("clock-offset", magnitude)?;
+                sign * i64::try_from(d.as_nanos())
+                    .map_err(|_| invalid("clock-offset", "must be within 292 years"))?
+            }
+        };
         for (field, topic) in [
             ("kafka.updates-topic", &self.kafka.updates_topic),
             ("kafka.deltas-topic", &self.kafka.deltas_topic),
@@ -501,6 +517,7 @@ impl RawConfig {
             region,
             data_dir: self.data_dir,
             max_clock_offset,
+            clock_offset_nanos,
             kafka: KafkaConfig {
                 bootstrap: self.kafka.bootstrap,
                 updates_topic: self.kafka.updates_topic,
@@ -706,6 +723,17 @@ mod tests {
             MINIMAL.replace("region =", "max-clock-offset = \"5 parsecs\"\nregion =");
         let err = Config::parse(&bad_duration).unwrap_err().to_string();
         assert!(err.contains("max-clock-offset"), "{err}");
+        let shifted = |offset: &str| {
+            Config::parse(&MINIMAL.replace(
+                "region =",
+                &format!("clock-offset = \"{offset}\"\nregion ="),
+            ))
+            .map(|c| c.clock_offset_nanos)
+        };
+        assert_eq!(shifted("2s").unwrap(), 2_000_000_000);
+        assert_eq!(shifted("-250ms").unwrap(), -250_000_000);
+        assert_eq!(Config::parse(MINIMAL).unwrap().clock_offset_nanos, 0);
+        assert!(shifted("--1s").is_err());
         let bad_addr =
             MINIMAL.replace("grpc-listen = \"127.0.0.1:0\"", "grpc-listen = \"nowhere\"");
         let err = Config::parse(&bad_addr).unwrap_err().to_string();

@@ -23,6 +23,9 @@ pub const DELTA_BYTES_SHIPPED: &str = "geostate_delta_bytes_shipped_total";
 pub const DELTAS_MERGED: &str = "geostate_deltas_merged_total";
 /// Remote deltas refused, labels `region`, `reason` (counter).
 pub const DELTAS_REFUSED: &str = "geostate_deltas_refused_total";
+/// Times a remote partition was held at a delta stamped too far ahead, to be read again
+/// once the local clock allows, labels `region`, `reason` (counter).
+pub const DELTAS_HELD: &str = "geostate_deltas_held_total";
 /// From a remote region's apply to ours, label `region` (histogram).
 pub const REPLICATION_LAG_SECONDS: &str = "geostate_replication_lag_seconds";
 /// Seconds to apply and commit one batch (histogram).

@@ -13,7 +13,7 @@ use tokio::task::JoinHandle;
 use crate::api::{self, Api};
 use crate::checkpoint::objects::Objects;
 use crate::checkpoint::{self, CheckpointError, CheckpointStatus, Checkpointer};
-use crate::clock::{Clock, Hlc, SystemClock};
+use crate::clock::{Clock, Hlc, ShiftedClock, SystemClock};
 use crate::config::Config;
 use crate::crdt::Actor;
 use crate::ingest::pump::{IngestError, IngestShared, Ingestor};
@@ -104,7 +104,16 @@ pub async fn run(
         path: config.data_dir.display().to_string(),
         source,
     })?;
-    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let clock: Arc<dyn Clock> = match config.clock_offset_nanos {
+        0 => Arc::new(SystemClock),
+        offset_nanos => {
+            tracing::warn!(
+                offset_ms = offset_nanos / 1_000_000,
+                "clock-offset: this node's wall clock is shifted on purpose"
+            );
+            Arc::new(ShiftedClock { offset_nanos })
+        }
+    };
     let objects = Objects::connect(&config.checkpoint.target).await;
     if config.checkpoint.restore_on_empty && checkpoint::is_empty_dir(&config.data_dir)? {
         let started = std::time::Instant::now();
@@ -195,6 +204,7 @@ pub async fn run(
                 lease,
                 &raft_dir(&config.data_dir),
                 config.max_clock_offset.as_millis() as u64,
+                clock.clone(),
             )
             .await?;
             let leases = Arc::new(Leases::new(
@@ -203,6 +213,7 @@ pub async fn run(
                 config.max_clock_offset,
                 member.view.clone(),
                 member.proposer.clone(),
+                clock.clone(),
             ));
             let task = tokio::spawn(leases.clone().run(stop_rx.clone()));
             tracing::info!(member = lease.member_id, listen = %lease.listen, shards = lease.all_shards().end, "lease group member started");

@@ -1,6 +1,6 @@
 //! A region whose wall clock runs 2 s ahead (beyond `max-clock-offset`, 500 ms) must not
 //! hold leases: it would judge the other region's leases ended early and take their
-//! shards while the holder still writes. Its node restarted under libfaketime:
+//! shards while the holder still writes. Its node restarted with `clock-offset = "2000ms"`:
 //!
 //! - it reports its clock off (`geostate_clock_off 1`), holds no shard, and refuses owned
 //!   writes, while the other region takes its home shard and writes it;

@@ -7,9 +7,11 @@
 mod common;
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
+use geostate::clock::SystemClock;
 use geostate::crdt::RegionId;
 use geostate::lease::config::{LeaseConfig, Member as MemberConfig};
 use geostate::lease::member::Member;
@@ -131,7 +133,7 @@ async fn leases_are_granted_by_the_majority_after_the_leader_stops() -> anyhow::
         let id = i as u64 + 1;
         members.insert(
             id,
-            Member::start(&config(id, &ports), dir.path(), 100).await?,
+            Member::start(&config(id, &ports), dir.path(), 100, Arc::new(SystemClock)).await?,
         );
     }
 
@@ -172,6 +174,7 @@ async fn leases_are_granted_by_the_majority_after_the_leader_stops() -> anyhow::
         &config(old_leader, &ports),
         dirs[old_leader as usize - 1].path(),
         100,
+        Arc::new(SystemClock),
     )
     .await?;
     members.insert(old_leader, back);

@@ -55,7 +55,7 @@ enum Drill {
     /// packets dropped by iptables (`cluster.py net isolate`), both directions.
     IsolateRegion,
     /// The region's node restarted with its wall clock 2 s ahead (beyond
-    /// `max-clock-offset`) for 15 s, then restarted with the clock right (libfaketime).
+    /// `max-clock-offset`) for 15 s, then restarted with the clock right (`clock-offset`).
     ClockSkew,
 }
 

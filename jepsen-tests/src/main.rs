@@ -96,7 +96,7 @@ enum Nemesis {
     PartitionOneWay,
     /// Restart a node with its wall clock 300 ms ahead (within `max-clock-offset`, 500 ms)
     /// for 8 s, then restart it with the clock right (`cluster.py node restart
-    /// --clock-offset`, libfaketime).
+    /// --clock-offset`, the node's `clock-offset`).
     ClockWithin,
     /// Like `clock-within`, 2 s ahead: beyond `max-clock-offset` (the guard that refuses
     /// a remote delta stamped too far ahead; README says what the runs showed).

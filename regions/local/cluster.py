@@ -72,8 +72,6 @@ APT_PACKAGES = {
     "protobuf-compiler": "/usr/bin/protoc",
     "iproute2": "/usr/sbin/ip",
     "iptables": "/usr/sbin/iptables",
-    # a node's wall clock set off by N ms (`node restart REGION --clock-offset N`)
-    "libfaketime": "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
 }
 
 
@@ -567,10 +565,11 @@ def start_witness(cluster: dict) -> None:
 
 
 def node_config(region: str, kafka: str, grpc: int, metrics: int, data_dir: Path,
-                s3: dict, cluster: dict) -> Path:
+                s3: dict, cluster: dict, clock_offset_ms: int = 0) -> Path:
     """A copy of regions/<region>.toml with this cluster's addresses filled in, checkpointing
     to the cluster's S3 server and restoring from it when the data dir is empty, and a
-    member of the cluster's lease group."""
+    member of the cluster's lease group; with `clock_offset_ms`, the node's wall clock is
+    shifted by that much (`clock-offset`)."""
     template = (REPO / "regions" / f"{region}.toml").read_text()
     member_id = sorted(cluster["regions"]).index(region) + 1
     text = "\n".join(with_lease(template, member_id, cluster["regions"][region]["lease"],
@@ -593,6 +592,8 @@ def node_config(region: str, kafka: str, grpc: int, metrics: int, data_dir: Path
             if key in replacements:
                 line = f"{key} = {replacements[key]}"
         out.append(line)
+        if key == "max-clock-offset" and clock_offset_ms:
+            out.append(f'clock-offset = "{"-" if clock_offset_ms < 0 else ""}{abs(clock_offset_ms)}ms"')
     out += ["", "[checkpoint.s3]",
             f'bucket = "{s3["bucket"]}"',
             f'prefix = "{region}/"',
@@ -614,17 +615,17 @@ def node_ready(grpc: str) -> bool:
 
 
 def start_node(region: str, r: dict, s3: dict, cluster: dict,
-               env: dict | None = None) -> None:
+               clock_offset_ms: int = 0) -> None:
     """Starts (or restarts) the node of `region`, keeping its data dir and ports."""
     if r.get("pid") and pid_alive(r["pid"]):
         stop_pid(f"node-{region}", r["pid"])
     grpc = int(r["grpc"].rsplit(":", 1)[1]) if r.get("grpc") else free_port()
     metrics = int(r["metrics"].rsplit(":", 1)[1]) if r.get("metrics") else free_port()
     data_dir = Path(r["data_dir"])
-    config = node_config(region, r["kafka"], grpc, metrics, data_dir, s3, cluster)
+    config = node_config(region, r["kafka"], grpc, metrics, data_dir, s3, cluster,
+                         clock_offset_ms)
     pid = spawn(f"node-{region}", [str(geostate_bin()), "run", "--config", str(config)],
-                env={"RUST_LOG": os.environ.get("RUST_LOG", "info,openraft=warn"),
-                     **(env or {})})
+                env={"RUST_LOG": os.environ.get("RUST_LOG", "info,openraft=warn")})
     r.update({"grpc": f"127.0.0.1:{grpc}", "metrics": f"127.0.0.1:{metrics}", "pid": pid,
               "config": str(config)})
     log(f"node {region}: pid {pid}, grpc {r['grpc']}, metrics {r['metrics']}")
@@ -1038,7 +1039,8 @@ def cmd_net(args: argparse.Namespace) -> None:
 
 def cmd_node(args: argparse.Namespace) -> None:
     """Restart a region's node (data kept), optionally with its wall clock set off by
-    `--clock-offset` ms (libfaketime; the monotonic clock is left alone). A later plain
+    `--clock-offset` ms (the node's `clock-offset`: every wall-clock reading of the node is
+    shifted, its monotonic clock is not). A later plain
     `node restart` puts the clock right again; `up` restarts only dead nodes."""
     cluster = read_cluster()
     if cluster is None:
@@ -1046,12 +1048,7 @@ def cmd_node(args: argparse.Namespace) -> None:
     if args.region not in cluster["regions"]:
         die(f"no region {args.region!r}")
     r = cluster["regions"][args.region]
-    env = {}
-    if args.clock_offset:
-        env = {"LD_PRELOAD": APT_PACKAGES["libfaketime"],
-               "FAKETIME": f"{args.clock_offset / 1000:+.3f}",
-               "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
-    start_node(args.region, r, cluster["s3"], cluster, env)
+    start_node(args.region, r, cluster["s3"], cluster, args.clock_offset)
     write_cluster(cluster)
     wait_node(args.region, r)
     log(f"node {args.region}: restarted, clock offset {args.clock_offset} ms")

@@ -35,6 +35,25 @@ impl Clock for SystemClock {
     }
 }
 
+/// The operating system's wall clock shifted by a fixed offset (`clock-offset`): a node
+/// whose clock is wrong, made on purpose for drills and tests. Every wall-clock reading of
+/// the node goes through it (stamps, leases, the clock check); monotonic time does not.
+#[derive(Debug, Clone, Copy)]
+pub struct ShiftedClock {
+    pub offset_nanos: i64,
+}
+
+impl Clock for ShiftedClock {
+    fn now_nanos(&self) -> u64 {
+        let now = SystemClock.now_nanos();
+        if self.offset_nanos >= 0 {
+            now.saturating_add(self.offset_nanos.unsigned_abs())
+        } else {
+            now.saturating_sub(self.offset_nanos.unsigned_abs())
+        }
+    }
+}
+
 /// A clock that moves only when told to; for tests and simulations.
 #[derive(Debug, Default)]
 pub struct ManualClock {

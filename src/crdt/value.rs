@@ -67,6 +67,16 @@ impl CrdtValue {
         }
     }
 
+    /// Whether all of this state is `region`'s own (what a delta of `region` may carry):
+    /// every counter entry one of its actors', the register its write.
+    pub fn is_all_from(&self, region: &RegionId) -> bool {
+        match self {
+            CrdtValue::GCounter(c) => c.entries().all(|(a, _)| &a.region == region),
+            CrdtValue::PnCounter(c) => c.entries().all(|(a, _)| &a.region == region),
+            CrdtValue::LwwRegister(r) => r.is_from(region),
+        }
+    }
+
     /// `region`'s own-origin part of this state — every counter entry of any of the
     /// region's incarnations, or the register if `region` wrote it — or `None` if the
     /// region contributed nothing. This is the replication delta: merging it anywhere is

@@ -10,13 +10,13 @@
 //! is beyond the threshold by more than that uncertainty.
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tonic::Request;
 
 use super::network::Channels;
-use crate::clock::{Clock, SystemClock};
+use crate::clock::Clock;
 use crate::pb;
 use crate::pb::lease_raft_client::LeaseRaftClient;
 
@@ -72,11 +72,18 @@ pub struct ClockCheck {
     threshold: u64,
     channels: Channels,
     readings: Mutex<BTreeMap<u64, (Reading, Instant)>>,
+    /// This member's wall clock.
+    wall: Arc<dyn Clock>,
 }
 
 impl ClockCheck {
-    pub fn new(peers: BTreeMap<u64, String>, max_clock_offset: Duration) -> Self {
+    pub fn new(
+        peers: BTreeMap<u64, String>,
+        max_clock_offset: Duration,
+        wall: Arc<dyn Clock>,
+    ) -> Self {
         Self {
+            wall,
             peers,
             threshold: (max_clock_offset.as_nanos() as f64 * SHARE) as u64,
             channels: Channels::default(),
@@ -101,13 +108,14 @@ impl ClockCheck {
         let mut client = LeaseRaftClient::new(self.channels.get(addr).ok()?);
         let mut request = Request::new(pb::ClockReading { wall_nanos: 0 });
         request.set_timeout(TIMEOUT);
-        let clock = SystemClock;
-        let (sent, started) = (clock.now_nanos(), Instant::now());
+        let (sent, started) = (self.wall.now_nanos(), Instant::now());
         let peer = client.clock(request).await.ok()?.into_inner().wall_nanos;
         let round_trip = started.elapsed().as_nanos() as u64;
-        let middle = sent + round_trip / 2;
+        let middle = sent.saturating_add(round_trip / 2);
         Some(Reading {
-            offset: peer as i64 - middle as i64,
+            // whatever a peer answers: no overflow
+            offset: i64::try_from(i128::from(peer) - i128::from(middle))
+                .unwrap_or(if peer > middle { i64::MAX } else { i64::MIN }),
             uncertainty: round_trip / 2,
         })
     }

@@ -14,7 +14,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::Mutex;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
@@ -24,6 +24,7 @@ use super::holder::Holdings;
 use super::network::{ProposeError, Proposer};
 use super::raft_store::TableView;
 use super::table::{Command, Lease, Outcome, Refusal, ShardId};
+use crate::clock::Clock;
 use crate::crdt::RegionId;
 use crate::metrics as m;
 use crate::shutdown::stopped;
@@ -89,13 +90,13 @@ pub struct Leases {
     began: Mutex<BTreeMap<ShardId, (u64, u64)>>,
     /// The other members' clocks as read from here.
     clock: ClockCheck,
+    /// This region's wall clock.
+    wall: Arc<dyn Clock>,
 }
 
-fn wall_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or_default()
+/// Milliseconds as a signed number (a time from the table can be anything).
+fn signed_ms(ms: u64) -> i64 {
+    i64::try_from(ms).unwrap_or(i64::MAX)
 }
 
 impl Leases {
@@ -105,6 +106,7 @@ impl Leases {
         max_clock_offset: Duration,
         view: TableView,
         proposer: Proposer,
+        wall: Arc<dyn Clock>,
     ) -> Self {
         let peers = config
             .members
@@ -113,7 +115,8 @@ impl Leases {
             .map(|(id, m)| (*id, m.addr.clone()))
             .collect();
         Self {
-            clock: ClockCheck::new(peers, max_clock_offset),
+            clock: ClockCheck::new(peers, max_clock_offset, wall.clone()),
+            wall,
             holdings: Mutex::new(Holdings::new(
                 region.clone(),
                 max_clock_offset.as_millis() as u64,
@@ -141,6 +144,10 @@ impl Leases {
         &self.config
     }
 
+    fn wall_ms(&self) -> u64 {
+        self.wall.now_nanos() / 1_000_000
+    }
+
     fn mono_ms(&self) -> u64 {
         self.started.elapsed().as_millis() as u64
     }
@@ -161,7 +168,7 @@ impl Leases {
                 holder: self
                     .view
                     .lease(shard)
-                    .filter(|l| l.expires_at_ms > wall_ms()),
+                    .filter(|l| l.expires_at_ms > self.wall_ms()),
             }),
         }
     }
@@ -191,9 +198,9 @@ impl Leases {
                 .checked_sub(self.config.shards)
                 .and_then(|i| self.config.homes.get(i as usize))
                 .map(|(p, _)| p.clone()),
-            expires_in_ms: lease
-                .as_ref()
-                .map_or(0, |l| l.expires_at_ms as i64 - wall_ms() as i64),
+            expires_in_ms: lease.as_ref().map_or(0, |l| {
+                signed_ms(l.expires_at_ms) - signed_ms(self.wall_ms())
+            }),
             lease,
             held_here,
         }
@@ -280,7 +287,7 @@ impl Leases {
                         shard,
                         region: self.region.clone(),
                         epoch,
-                        now_ms: wall_ms(),
+                        now_ms: self.wall_ms(),
                     })
                 })
                 .collect()
@@ -298,7 +305,7 @@ impl Leases {
 
     /// One round: a command per shard that needs one, all in one log entry.
     async fn round(&self, running_for: Duration) {
-        let now_wall = wall_ms();
+        let now_wall = self.wall_ms();
         let duration_ms = self.config.duration.as_millis() as u64;
         let mut commands = Vec::new();
         for shard in self.config.all_shards() {
@@ -311,7 +318,7 @@ impl Leases {
                         && !at_home
                         && l.wanted_by.is_some()
                         && l.wanted_by == home
-                        && now_wall < l.wanted_at_ms + 2 * duration_ms;
+                        && now_wall < l.wanted_at_ms.saturating_add(duration_ms.saturating_mul(2));
                     match (&home, home_wants_it) {
                         (Some(home), true) => {
                             // stop writing first, then hand it over
@@ -422,7 +429,7 @@ impl Leases {
         if let Some(epoch) = after {
             let mut began = self.began.lock().unwrap_or_else(|p| p.into_inner());
             if began.get(&shard).is_none_or(|(e, _)| *e != epoch) {
-                began.insert(shard, (epoch, wall_ms()));
+                began.insert(shard, (epoch, self.wall_ms()));
             }
         }
         if before != after {
@@ -465,7 +472,7 @@ impl Leases {
                 from: self.region.clone(),
                 to,
                 epoch,
-                now_ms: wall_ms(),
+                now_ms: self.wall_ms(),
             }])
             .await?;
         match outcomes

@@ -15,6 +15,7 @@ use tokio_stream::wrappers::TcpListenerStream;
 use super::config::LeaseConfig;
 use super::network::{Network, Proposer, Service};
 use super::raft_store::{self, LeaseRaft, TableView};
+use crate::clock::Clock;
 
 #[derive(Debug, thiserror::Error)]
 pub enum MemberError {
@@ -47,6 +48,7 @@ impl Member {
         config: &LeaseConfig,
         dir: &Path,
         max_offset_ms: u64,
+        wall: Arc<dyn Clock>,
     ) -> Result<Self, MemberError> {
         let listener =
             TcpListener::bind(config.listen)
@@ -73,7 +75,7 @@ impl Member {
         .await
         .map_err(|e| MemberError::Raft(e.to_string()))?;
         let (stop, stopped) = oneshot::channel::<()>();
-        let service = Service::server(raft.clone());
+        let service = Service::server(raft.clone(), wall);
         let server = tokio::spawn(async move {
             if let Err(e) = tonic::transport::Server::builder()
                 .add_service(service)

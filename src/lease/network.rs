@@ -5,6 +5,7 @@
 //! openraft backs off instead of spinning.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use openraft::error::{
@@ -148,11 +149,13 @@ impl RaftNetwork<LeaseRaft> for Peer {
 /// The `LeaseRaft` gRPC service of one group member.
 pub struct Service {
     raft: Raft<LeaseRaft>,
+    /// This member's wall clock, for the other members' clock checks.
+    wall: Arc<dyn Clock>,
 }
 
 impl Service {
-    pub fn server(raft: Raft<LeaseRaft>) -> LeaseRaftServer<Self> {
-        LeaseRaftServer::new(Self { raft })
+    pub fn server(raft: Raft<LeaseRaft>, wall: Arc<dyn Clock>) -> LeaseRaftServer<Self> {
+        LeaseRaftServer::new(Self { raft, wall })
             .max_decoding_message_size(MAX_MESSAGE)
             .max_encoding_message_size(MAX_MESSAGE)
     }
@@ -197,7 +200,7 @@ impl pb::lease_raft_server::LeaseRaft for Service {
         _request: Request<pb::ClockReading>,
     ) -> Result<Response<pb::ClockReading>, Status> {
         Ok(Response::new(pb::ClockReading {
-            wall_nanos: crate::clock::SystemClock.now_nanos(),
+            wall_nanos: self.wall.now_nanos(),
         }))
     }
 

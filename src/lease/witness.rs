@@ -3,9 +3,11 @@
 //! majority that survives the loss of any one of them; it never holds a lease.
 
 use std::future::Future;
+use std::sync::Arc;
 
 use super::config::WitnessConfig;
 use super::member::{Member, MemberError};
+use crate::clock::SystemClock;
 
 /// Runs the witness until `shutdown` completes.
 pub async fn run(
@@ -16,6 +18,7 @@ pub async fn run(
         &config.lease,
         &config.data_dir,
         config.max_clock_offset.as_millis() as u64,
+        Arc::new(SystemClock),
     )
     .await?;
     tracing::info!(

@@ -128,7 +128,8 @@ pub async fn recover_own_past(
             None,
         )
         .await?;
-        let (superseded, fatal) = sort_refusals(merged.refused);
+        let held = merged.held.into_iter().map(|(p, (o, why))| (p, o, why));
+        let (superseded, fatal) = sort_refusals(merged.refused.into_iter().chain(held).collect());
         if let Some((partition, offset, reason)) = fatal {
             return Err(BootstrapError::Refused {
                 topic,

@@ -14,6 +14,14 @@
 //! content arrives with the remote's next delta for the key once clocks agree again. An
 //! owned key's delta below the epoch of the key's value is refused (fenced); a merge never
 //! raises the fence local records are judged by (see `ingest::batch::Fences`).
+//!
+//! A delta stamped (its origin time, or a register's own stamp) further ahead of the local
+//! clock than `max-clock-offset` is not refused but held: its partition is not merged past
+//! it, and it is read again once the clock allows (a refused delta would be lost: its
+//! origin never ships that content again unless it writes the key again). A delta may only
+//! carry its origin's own part (counter entries of its origin's actors, a register its
+//! origin wrote), under its own key, within the ingest size limits: anything else is
+//! refused and counted, never merged.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
@@ -27,7 +35,7 @@ use tokio::sync::watch;
 
 use super::{Freshness, RemoteProgress};
 use crate::clock::{ClockError, Hlc, HlcTimestamp};
-use crate::config::{Config, Namespaces, Ownership, RemoteConfig};
+use crate::config::{Config, IngestConfig, Namespaces, Ownership, RemoteConfig};
 use crate::crdt::{CrdtError, CrdtValue, DecodeError, Delta, RESUME_KEY, RegionId, ResumePoint};
 use crate::ingest::batch::StateSource;
 use crate::ingest::pump::{Change, IngestShared};
@@ -39,6 +47,10 @@ use crate::store::{Commit, Store, StoreError};
 
 const RETRY_PAUSE: Duration = Duration::from_millis(500);
 const MAX_BATCH: usize = 1000;
+/// A held partition is read again after its delta's excess over `max-clock-offset`, within
+/// these bounds (the others are not read meanwhile).
+const HOLD_MIN: Duration = Duration::from_millis(50);
+const HOLD_MAX: Duration = Duration::from_secs(1);
 
 /// Why a remote delta was not merged.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -53,6 +65,15 @@ pub enum Refusal {
     NoNamespace { key: String },
     #[error("key {key:?}: {source}")]
     Type { key: String, source: CrdtError },
+    #[error("delta of {origin} for key {key:?} carries state that is not {origin}'s own")]
+    NotOwnPart { key: String, origin: RegionId },
+    #[error("key {key:?}: {what} of {bytes} bytes is over the limit of {limit}")]
+    TooLarge {
+        key: String,
+        what: &'static str,
+        bytes: usize,
+        limit: usize,
+    },
     #[error("owned key {key:?} at epoch {epoch}, below epoch {highest} of its current value")]
     Fenced {
         key: String,
@@ -69,7 +90,20 @@ impl Refusal {
             Refusal::Clock(e) => e.code(),
             Refusal::NoNamespace { .. } => "no_namespace",
             Refusal::Type { .. } => "type_mismatch",
+            Refusal::NotOwnPart { .. } => "not_own_part",
+            Refusal::TooLarge { .. } => "too_large",
             Refusal::Fenced { .. } => "fenced",
+        }
+    }
+
+    /// Whether the delta is held and read again later instead (its stamp is ahead of the
+    /// local clock now, but the clock will get there).
+    pub fn holds(&self) -> Option<Duration> {
+        match self {
+            Refusal::Clock(ClockError::AheadOfLocal { ahead, max, .. }) => {
+                Some(ahead.saturating_sub(*max))
+            }
+            _ => None,
         }
     }
 }
@@ -87,6 +121,16 @@ pub struct Merged {
     pub heartbeats: BTreeMap<i32, u64>,
     /// The last resume point among the records (not a delta: never merged).
     pub resume: Option<ResumePoint>,
+    /// Per partition, the delta it is held at and why: neither it nor anything after it
+    /// in its partition is merged, and `offsets` stops just before it.
+    pub held: BTreeMap<i32, (i64, Refusal)>,
+}
+
+impl Merged {
+    /// How long until the clock has passed every held delta's bound (`None`: none held).
+    pub fn hold_for(&self) -> Option<Duration> {
+        self.held.values().filter_map(|(_, why)| why.holds()).max()
+    }
 }
 
 /// Merges `records` (deltas of `remote`) on top of what `source` holds.
@@ -95,11 +139,15 @@ pub fn merge_batch<S: StateSource>(
     source: &S,
     remote: &RegionId,
     namespaces: &Namespaces,
+    limits: &IngestConfig,
     hlc: &Hlc,
 ) -> Result<Merged, S::Error> {
     let mut out = Merged::default();
     let mut loaded: BTreeMap<String, Option<CrdtValue>> = BTreeMap::new();
     for record in records {
+        if out.held.contains_key(&record.partition) {
+            continue;
+        }
         out.offsets
             .entry(record.partition)
             .and_modify(|o| *o = (*o).max(record.offset))
@@ -132,8 +180,14 @@ pub fn merge_batch<S: StateSource>(
             }
             continue;
         }
-        let (delta, ownership) = match check(record, remote, namespaces, hlc) {
+        let (delta, ownership) = match check(record, remote, namespaces, limits, hlc) {
             Ok(checked) => checked,
+            Err(why) if why.holds().is_some() => {
+                // read again from here: everything before it in the partition is done
+                out.offsets.insert(record.partition, record.offset - 1);
+                out.held.insert(record.partition, (record.offset, why));
+                continue;
+            }
             Err(why) => {
                 out.refused.push((record.partition, record.offset, why));
                 continue;
@@ -199,6 +253,7 @@ fn check(
     record: &Record,
     remote: &RegionId,
     namespaces: &Namespaces,
+    limits: &IngestConfig,
     hlc: &Hlc,
 ) -> Result<(Delta, Ownership), Refusal> {
     let delta =
@@ -207,6 +262,32 @@ fn check(
         return Err(Refusal::WrongOrigin {
             expected: remote.clone(),
             found: delta.origin,
+        });
+    }
+    if record.key.as_deref() != Some(delta.key.as_bytes()) {
+        return Err(Refusal::Malformed(DecodeError::Invalid {
+            field: "key",
+            reason: "the record's key is not the delta's key".into(),
+        }));
+    }
+    let too_large = |what, bytes, limit| Refusal::TooLarge {
+        key: delta.key.clone(),
+        what,
+        bytes,
+        limit,
+    };
+    if delta.key.len() > limits.max_key_bytes {
+        return Err(too_large("key", delta.key.len(), limits.max_key_bytes));
+    }
+    if let CrdtValue::LwwRegister(r) = &delta.state
+        && r.value().len() > limits.max_value_bytes
+    {
+        return Err(too_large("value", r.value().len(), limits.max_value_bytes));
+    }
+    if !delta.state.is_all_from(remote) {
+        return Err(Refusal::NotOwnPart {
+            key: delta.key.clone(),
+            origin: remote.clone(),
         });
     }
     let ns = namespaces
@@ -224,6 +305,10 @@ fn check(
         });
     }
     hlc.observe(delta.origin_time).map_err(Refusal::Clock)?;
+    // the stamp that decides a register's winner is bounded too
+    if let CrdtValue::LwwRegister(r) = &delta.state {
+        hlc.observe(r.stamp().hlc).map_err(Refusal::Clock)?;
+    }
     Ok((delta, ns.ownership))
 }
 
@@ -240,7 +325,14 @@ pub async fn merge_and_commit(
     positions: Option<String>,
 ) -> Result<Merged, StoreError> {
     tokio::task::spawn_blocking(move || {
-        let merged = merge_batch(&records, store.as_ref(), &origin, &config.namespaces, &hlc)?;
+        let merged = merge_batch(
+            &records,
+            store.as_ref(),
+            &origin,
+            &config.namespaces,
+            &config.ingest,
+            &hlc,
+        )?;
         let no_offsets = BTreeMap::new();
         store.commit(&Commit {
             topic: positions.as_deref().unwrap_or_default(),
@@ -329,7 +421,19 @@ impl Merger {
                     Err(_) => break,
                 }
             }
-            self.merge(records).await?;
+            if let Some((held, wait)) = self.merge(records).await? {
+                // not at their end until the held deltas are merged; what the client
+                // fetched after them is read again with them
+                for p in held {
+                    at_end.remove(&p);
+                }
+                tokio::select! {
+                    () = stopped(&mut stop) => return Ok(()),
+                    () = tokio::time::sleep(wait.clamp(HOLD_MIN, HOLD_MAX)) => {}
+                }
+                self.reread(&mut consumer, &source)?;
+                continue;
+            }
             if at_end.len() == partitions.len() {
                 self.progress.caught_up.send_replace(true);
             }
@@ -361,6 +465,22 @@ impl Merger {
             }
         }
         metrics::counter!(m::CONSUMER_RESTARTS, "consumer" => "merge").increment(1);
+        Ok(())
+    }
+
+    /// After a hold, a new client reads on after the stored merged offsets: from the held
+    /// deltas on.
+    fn reread(
+        &self,
+        consumer: &mut StreamConsumer,
+        source: &log::ConsumerSpec,
+    ) -> Result<(), StoreError> {
+        let merged = self
+            .store
+            .source_offsets(&Self::offsets_id(self.remote()))?;
+        if let Err(e) = source.restart(consumer, &merged) {
+            tracing::warn!(remote = %self.remote().region, error = %e, "reading held deltas again failed; retrying");
+        }
         Ok(())
     }
 
@@ -426,7 +546,12 @@ impl Merger {
         }
     }
 
-    async fn merge(&self, records: Vec<Record>) -> Result<(), StoreError> {
+    /// Merges one batch; answers the partitions held, and how long until the local clock
+    /// allows what they are held at.
+    async fn merge(
+        &self,
+        records: Vec<Record>,
+    ) -> Result<Option<(Vec<i32>, Duration)>, StoreError> {
         // read-modify-write of state: no local batch or other merge may interleave
         let writer = self.shared.state_writer.lock().await;
         let merged = merge_and_commit(
@@ -473,6 +598,14 @@ impl Merger {
                 metrics::counter!(m::FENCED, "path" => "merge").increment(1);
             }
         }
+        for (partition, (offset, why)) in &merged.held {
+            metrics::counter!(m::DELTAS_HELD, "region" => region.clone(), "reason" => why.code())
+                .increment(1);
+            tracing::warn!(remote = %region, partition, offset, reason = %why, "delta held until the local clock allows it");
+        }
+        let held = merged
+            .hold_for()
+            .map(|wait| (merged.held.keys().copied().collect(), wait));
         if let Some(newest) = merged.newest {
             let lag = self.freshness.record(
                 &self.remote().region,
@@ -486,7 +619,7 @@ impl Merger {
             let changes: Vec<Change> = merged.states.into_iter().collect();
             let _ = self.shared.changes.send(Arc::new(changes));
         }
-        Ok(())
+        Ok(held)
     }
 }
 
@@ -502,7 +635,7 @@ mod tests {
             partition: 0,
             offset: at as i64,
             timestamp_ms: None,
-            key: None,
+            key: Some(d.key.as_bytes().to_vec()),
             payload: Some(d.encode()),
         }
     }
@@ -521,9 +654,23 @@ mod tests {
         record(&d, at)
     }
 
-    fn namespaces() -> Namespaces {
+    /// `merge_batch` with the example region's namespaces and limits.
+    fn merge<S: StateSource>(
+        records: &[Record],
+        stored: &S,
+        remote: &RegionId,
+        hlc: &Hlc,
+    ) -> Result<Merged, S::Error> {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("regions/us-east-1.toml");
-        Config::load(&path).unwrap().namespaces
+        let config = Config::load(&path).unwrap();
+        merge_batch(
+            records,
+            stored,
+            remote,
+            &config.namespaces,
+            &config.ingest,
+            hlc,
+        )
     }
 
     const SEC: u64 = 1_000_000_000;
@@ -549,8 +696,8 @@ mod tests {
             in_order[0].clone(),
             in_order[1].clone(),
         ];
-        let a = merge_batch(&in_order, &stored, &remote, &namespaces(), &hlc).unwrap();
-        let b = merge_batch(&shuffled, &stored, &remote, &namespaces(), &hlc).unwrap();
+        let a = merge(&in_order, &stored, &remote, &hlc).unwrap();
+        let b = merge(&shuffled, &stored, &remote, &hlc).unwrap();
         assert_eq!(a.states, b.states);
         match &a.states["requests/a"] {
             CrdtValue::GCounter(c) => assert_eq!(c.value(), 9, "local 4 + remote 5"),
@@ -587,7 +734,7 @@ mod tests {
             beat("us-east-1", 2, 0, 9 * SEC),
         ];
         let stored: BTreeMap<String, CrdtValue> = BTreeMap::new();
-        let out = merge_batch(&records, &stored, &remote, &namespaces(), &hlc).unwrap();
+        let out = merge(&records, &stored, &remote, &hlc).unwrap();
         assert_eq!(out.heartbeats, BTreeMap::from([(0, 8 * SEC), (1, 9 * SEC)]));
         assert_eq!(out.merged, 1);
         assert_eq!(out.states.len(), 1);
@@ -638,13 +785,14 @@ mod tests {
         let mut d = Delta::decode(late.payload.as_deref().unwrap_or_default()).unwrap();
         d.key = "surge/9q8yz".into();
         late.payload = Some(d.encode());
+        late.key = Some(d.key.as_bytes().to_vec());
         let records = [
             owned(3, "1.5", 10),
             owned(2, "9.9", 20),
             owned(3, "1.6", 30),
             late,
         ];
-        let out = merge_batch(&records, &BTreeMap::new(), &remote, &namespaces(), &hlc).unwrap();
+        let out = merge(&records, &BTreeMap::new(), &remote, &hlc).unwrap();
         let refused: Vec<_> = out
             .refused
             .iter()
@@ -670,15 +818,36 @@ mod tests {
         let remote = RegionId::new("eu-west-1").unwrap();
         let mut garbage = delta("eu-west-1", "requests/a", 1, 1);
         garbage.payload = Some(b"\xff\xff".to_vec());
+        // a counter delta that also carries another region's entry (it would inflate it)
+        let mut c = GCounter::new();
+        for region in ["eu-west-1", "us-east-1"] {
+            c.increment(&Actor::new(RegionId::new(region).unwrap(), 1), 7)
+                .unwrap();
+        }
+        let foreign = record(
+            &Delta {
+                key: "requests/b".into(),
+                origin: remote.clone(),
+                state: CrdtValue::GCounter(c),
+                origin_time: HlcTimestamp::new(5, 0),
+                epoch: 0,
+            },
+            5,
+        );
+        let mut rekeyed = delta("eu-west-1", "requests/a", 1, 6);
+        rekeyed.key = Some(b"requests/other".to_vec());
+        let long_key = format!("requests/{}", "k".repeat(2000));
         let records = [
             garbage,
             delta("ap-south-1", "requests/a", 1, 2),
             delta("eu-west-1", "nowhere/a", 1, 3),
             delta("eu-west-1", "zones/a", 1, 4),
-            delta("eu-west-1", "requests/a", 1, 100 * SEC + 600_000_000),
+            foreign,
+            rekeyed,
+            delta("eu-west-1", &long_key, 1, 7),
             delta("eu-west-1", "requests/a", 1, 100 * SEC + 400_000_000),
         ];
-        let out = merge_batch(&records, &BTreeMap::new(), &remote, &namespaces(), &hlc).unwrap();
+        let out = merge(&records, &BTreeMap::new(), &remote, &hlc).unwrap();
         let codes: Vec<&str> = out.refused.iter().map(|(_, _, why)| why.code()).collect();
         assert_eq!(
             codes,
@@ -687,14 +856,76 @@ mod tests {
                 "wrong_origin",
                 "no_namespace",
                 "type_mismatch",
-                "clock_ahead"
+                "not_own_part",
+                "malformed",
+                "too_large"
             ]
         );
         assert_eq!(out.merged, 1, "the delta within max-clock-offset merges");
+        assert!(out.held.is_empty());
         assert_eq!(
             out.offsets[&0],
-            100 * SEC as i64 + 600_000_000,
+            100 * SEC as i64 + 400_000_000,
             "refused deltas are consumed"
         );
+    }
+
+    /// A delta stamped beyond `max-clock-offset` holds its partition (nothing after it
+    /// there merges, the offsets stop before it); other partitions go on; once the clock
+    /// allows, it and what followed merge. A register's own stamp is bounded the same way.
+    #[test]
+    fn a_delta_ahead_of_the_clock_is_held_not_dropped() {
+        let clock = Arc::new(ManualClock::new(100 * SEC));
+        let hlc = Hlc::new(clock.clone(), Duration::from_millis(500));
+        let remote = RegionId::new("eu-west-1").unwrap();
+        let on = |partition, mut r: Record, offset| {
+            r.partition = partition;
+            r.offset = offset;
+            r
+        };
+        // a register whose envelope is fine but whose own stamp is 2 s ahead
+        let mut register = owned(1, "2.0", 100 * SEC);
+        let mut d = Delta::decode(register.payload.as_deref().unwrap_or_default()).unwrap();
+        if let CrdtValue::LwwRegister(r) = &mut d.state {
+            *r = crate::crdt::LwwRegister::new(
+                b"2.0".to_vec(),
+                crate::crdt::OrderStamp {
+                    epoch: 1,
+                    hlc: HlcTimestamp::new(102 * SEC, 0),
+                    origin: remote.clone(),
+                },
+            );
+        }
+        register.payload = Some(d.encode());
+        let records = vec![
+            on(0, delta("eu-west-1", "requests/a", 1, 99 * SEC), 10),
+            on(0, delta("eu-west-1", "requests/b", 1, 102 * SEC), 11),
+            on(0, delta("eu-west-1", "requests/c", 1, 99 * SEC), 12),
+            on(1, delta("eu-west-1", "requests/d", 1, 99 * SEC), 40),
+            on(2, register, 7),
+        ];
+        let out = merge(&records, &BTreeMap::new(), &remote, &hlc).unwrap();
+        assert!(out.refused.is_empty(), "{:?}", out.refused);
+        let merged: Vec<&str> = out.states.keys().map(String::as_str).collect();
+        assert_eq!(merged, ["requests/a", "requests/d"]);
+        assert_eq!(out.offsets, BTreeMap::from([(0, 10), (1, 40), (2, 6)]));
+        let held: Vec<(i32, i64, &str)> = out
+            .held
+            .iter()
+            .map(|(p, (o, why))| (*p, *o, why.code()))
+            .collect();
+        assert_eq!(held, [(0, 11, "clock_ahead"), (2, 7, "clock_ahead")]);
+        assert_eq!(out.hold_for(), Some(Duration::from_millis(1500)));
+
+        // read again from the held offsets once the clock allows: everything merges
+        clock.advance(Duration::from_millis(1500));
+        let again: Vec<Record> = records
+            .into_iter()
+            .filter(|r| r.offset > out.offsets[&r.partition])
+            .collect();
+        let out = merge(&again, &BTreeMap::new(), &remote, &hlc).unwrap();
+        assert!(out.held.is_empty() && out.refused.is_empty());
+        let merged: Vec<&str> = out.states.keys().map(String::as_str).collect();
+        assert_eq!(merged, ["requests/b", "requests/c", "surge/9q8yy"]);
     }
 }
