@@ -516,6 +516,7 @@ fn apply_in_memory(
         limits: &config.ingest,
         origin_time: geostate::clock::HlcTimestamp::new(1, 0),
         lease: None,
+        max_clock_offset: config.max_clock_offset,
     };
     let applied = apply_batch(records, state, &ctx).unwrap_or_else(|e| match e {});
     state.extend(applied.states);

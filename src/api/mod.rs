@@ -322,12 +322,16 @@ impl Handler {
             update.hlc = Some(api.hlc.now());
         }
         let payload = update.encode(api.config.kafka.format);
+        // the record's timestamp from the clock that stamped it (ingest bounds the stamp by it)
+        let written_ms =
+            i64::try_from(api.hlc.physical().now_nanos() / 1_000_000).unwrap_or(i64::MAX);
         let delivery = api
             .producer
             .send(
                 FutureRecord::to(&api.config.kafka.updates_topic)
                     .key(&update.key)
-                    .payload(&payload),
+                    .payload(&payload)
+                    .timestamp(written_ms),
                 Duration::from_secs(10),
             )
             .await

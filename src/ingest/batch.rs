@@ -8,6 +8,7 @@
 //! ```
 
 use std::collections::{BTreeMap, VecDeque};
+use std::time::Duration;
 
 use super::event::{Op, Rejection, Update};
 use crate::clock::HlcTimestamp;
@@ -49,6 +50,32 @@ pub struct BatchContext<'a> {
     pub origin_time: HlcTimestamp,
     /// How owned keys map to lease shards (`None`: one shard).
     pub lease: Option<&'a LeaseConfig>,
+    /// How far a record's own stamp may be ahead of its Kafka timestamp.
+    pub max_clock_offset: Duration,
+}
+
+/// A record that brings its own order stamp (the gRPC API stamps registers before it
+/// appends them) may not place it more than `max` ahead of the record's Kafka timestamp,
+/// which the writer sets from the same clock and the broker bounds
+/// (`message.timestamp.after.max.ms`): a stamp far in the future would win every merge of
+/// its register, in every region, for ever. A function of the record alone, so a replay
+/// decides the same.
+pub fn stamp_within(stamp: HlcTimestamp, record: &Record, max: Duration) -> Result<(), Rejection> {
+    let written_ms = record.timestamp_ms.unwrap_or(0);
+    // one more millisecond: the timestamp is the writer's clock cut to milliseconds
+    let bound = u64::try_from(written_ms)
+        .unwrap_or(0)
+        .saturating_add(1)
+        .saturating_mul(1_000_000)
+        .saturating_add(u64::try_from(max.as_nanos()).unwrap_or(u64::MAX));
+    if stamp.wall_nanos > bound {
+        return Err(Rejection::StampAhead {
+            stamp,
+            written_ms,
+            max,
+        });
+    }
+    Ok(())
 }
 
 /// The ownership shard of an owned key.
@@ -173,6 +200,13 @@ pub fn apply_batch<S: StateSource>(
         let checked = update.and_then(|u| {
             u.check(ctx.namespaces, ctx.limits)
                 .map(|ns| (u, ns.crdt, ns.ownership))
+        });
+        let checked = checked.and_then(|(u, crdt, ownership)| {
+            match u.hlc {
+                Some(stamp) => stamp_within(stamp, &record, ctx.max_clock_offset),
+                None => Ok(()),
+            }
+            .map(|()| (u, crdt, ownership))
         });
         let (update, crdt, ownership) = match checked {
             Ok(ok) => ok,
@@ -379,6 +413,37 @@ mod tests {
         }
     }
 
+    /// A record's own stamp may lead its Kafka timestamp by max-clock-offset (500 ms here)
+    /// and no more: one further ahead would win its register for ever.
+    #[test]
+    fn a_stamp_far_ahead_of_its_record_is_refused() {
+        let written_ns: u64 = 1_700_000_000_000 * 1_000_000;
+        let set = |offset, value: &str, ahead_ms: u64| {
+            let wall = written_ns + ahead_ms * 1_000_000;
+            record(
+                0,
+                offset,
+                &format!(
+                    r#"{{"key":"zones/z","set":"{value}","hlc":{{"wall_nanos":{wall},"logical":0}}}}"#
+                ),
+            )
+        };
+        let out = run(
+            vec![set(1, "near", 400), set(2, "far", 60_000)],
+            &BTreeMap::new(),
+        );
+        let codes: Vec<_> = out
+            .rejected
+            .iter()
+            .map(|(r, why)| (r.offset, why.code()))
+            .collect();
+        assert_eq!(codes, [(2, "stamp_ahead")]);
+        let CrdtValue::LwwRegister(r) = &out.states["zones/z"] else {
+            panic!("a register")
+        };
+        assert_eq!(r.value(), b"near");
+    }
+
     fn run<S: StateSource>(records: Vec<Record>, stored: &S) -> Applied
     where
         S::Error: std::fmt::Debug,
@@ -392,6 +457,7 @@ mod tests {
             limits: &c.ingest,
             origin_time: HlcTimestamp::new(5, 0),
             lease: c.lease.as_ref(),
+            max_clock_offset: c.max_clock_offset,
         };
         apply_batch(records, stored, &ctx).unwrap()
     }

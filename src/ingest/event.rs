@@ -81,6 +81,14 @@ pub enum Rejection {
         epoch: u64,
         highest: u64,
     },
+    #[error(
+        "stamp {stamp} is more than max-clock-offset ({max:?}) ahead of the record's Kafka timestamp ({written_ms} ms): a writer may not choose a stamp beyond that"
+    )]
+    StampAhead {
+        stamp: HlcTimestamp,
+        written_ms: i64,
+        max: std::time::Duration,
+    },
     #[error("counter would overflow: {0}")]
     Overflow(String),
     #[error(
@@ -110,6 +118,7 @@ impl Rejection {
             Rejection::Fenced { .. } => "fenced",
             Rejection::Overflow(_) => "overflow",
             Rejection::CasOnShared { .. } => "cas_on_shared",
+            Rejection::StampAhead { .. } => "stamp_ahead",
             Rejection::CompareFailed { .. } => "compare_failed",
         }
     }

@@ -252,6 +252,7 @@ impl Ingestor {
                 limits: &config.ingest,
                 origin_time,
                 lease: config.lease.as_ref(),
+                max_clock_offset: config.max_clock_offset,
             };
             apply_batch(records, store.as_ref(), &ctx)
         })
