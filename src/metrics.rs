@@ -15,6 +15,9 @@ pub const EVENTS_APPLIED: &str = "geostate_events_applied_total";
 pub const EVENTS_DUPLICATE: &str = "geostate_events_duplicate_total";
 /// Records sent to the dead-letter topic, label `reason` (counter).
 pub const EVENTS_DEAD_LETTERED: &str = "geostate_events_dead_lettered_total";
+/// Refused records the dead-letter topic itself refused (logged with their source
+/// position, which still holds them), label `reason` (counter).
+pub const DEAD_LETTERS_PARKED: &str = "geostate_dead_letters_parked_total";
 /// Deltas this region shipped to its deltas topic (counter).
 pub const DELTAS_SHIPPED: &str = "geostate_deltas_shipped_total";
 /// Bytes of deltas shipped (counter).

@@ -14,6 +14,7 @@ use geostate::workload::Rng;
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::{Headers, Message};
+use rdkafka::producer::FutureProducer;
 use rdkafka::producer::FutureRecord;
 use tokio_stream::StreamExt;
 
@@ -112,6 +113,9 @@ async fn kill_9_during_ingest_loses_nothing_and_applies_nothing_twice() -> anyho
 }
 
 /// Bad records go to the dead-letter topic with their reason; records after them apply.
+/// One is as large as the broker takes (1 MB, more than the node's producer sends): its
+/// dead letter carries the first 512 KiB and the original length, and does not wedge the
+/// partition.
 #[tokio::test]
 async fn bad_records_are_dead_lettered_and_the_partition_keeps_flowing() -> anyhow::Result<()> {
     let cluster = cluster()?;
@@ -126,14 +130,22 @@ async fn bad_records_are_dead_lettered_and_the_partition_keeps_flowing() -> anyh
         r#"{{"key":"requests/after","add":1,"id":"{}"}}"#,
         "i".repeat(70_000)
     );
+    let huge = format!(
+        r#"{{"key":"zones/huge","set":"{}"}}"#,
+        "x".repeat(1_040_000)
+    );
     let bad = [
         ("{not json", "malformed"),
         (r#"{"key":"nowhere/x","add":1}"#, "no_namespace"),
         (r#"{"key":"requests/x","set":"1"}"#, "wrong_op"),
         (oversize.as_str(), "value_too_large"),
         (long_id.as_str(), "id_too_long"),
+        (huge.as_str(), "value_too_large"),
     ];
-    let producer = producer(&kafka)?;
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", &kafka)
+        .set("message.max.bytes", "1048000")
+        .create()?;
     for (payload, _) in &bad {
         producer
             .send(
@@ -191,6 +203,15 @@ async fn bad_records_are_dead_lettered_and_the_partition_keeps_flowing() -> anyh
         };
         assert!(header("geostate.error").is_some_and(|r| !r.is_empty()));
         assert!(header("geostate.source").is_some_and(|s| s.starts_with(&topics.updates)));
+        let length = message.payload().map_or(0, <[u8]>::len);
+        if length == 512 * 1024 {
+            assert_eq!(
+                header("geostate.truncated"),
+                Some(format!("key=0,value={}", huge.len()))
+            );
+        } else {
+            assert_eq!(header("geostate.truncated"), None, "{length} bytes");
+        }
         codes.push(header("geostate.error.code").unwrap_or_default());
     }
     let expected: Vec<&str> = bad.iter().map(|(_, code)| *code).collect();

@@ -31,7 +31,7 @@ use super::event::Rejection;
 use crate::clock::Hlc;
 use crate::config::Config;
 use crate::crdt::{Actor, CrdtValue};
-use crate::log::{ConsumerSpec, RenewingProducer, dlq_headers};
+use crate::log::{ConsumerSpec, DLQ_TRUNCATED_HEADER, RenewingProducer, dlq_headers};
 use crate::metrics as m;
 use crate::shutdown::stopped;
 use crate::store::{Commit, Store, StoreError};
@@ -317,15 +317,31 @@ impl Ingestor {
                 self.config.kafka.updates_topic, record.partition, record.offset
             );
             let reason = why.to_string();
+            let letter = DeadLetter::of(record, &reason);
             loop {
+                let mut headers = dlq_headers(why.code(), letter.reason, &source);
+                if let Some(cut) = &letter.truncated {
+                    headers = headers.insert(rdkafka::message::Header {
+                        key: DLQ_TRUNCATED_HEADER,
+                        value: Some(cut),
+                    });
+                }
                 let mut out = FutureRecord::to(topic)
-                    .payload(record.payload.as_deref().unwrap_or_default())
-                    .headers(dlq_headers(why.code(), &reason, &source));
-                if let Some(key) = &record.key {
-                    out = out.key(key.as_slice());
+                    .payload(letter.payload)
+                    .headers(headers);
+                if let Some(key) = letter.key {
+                    out = out.key(key);
                 }
                 match self.dlq.send(out, Duration::from_secs(30)).await {
                     Ok(_) => break,
+                    Err(e) if never_accepted(&e) => {
+                        // retrying cannot help, and the partition must move on: the record
+                        // stays in the updates topic at `source`
+                        tracing::error!(error = %e, %source, reason = %why, "the dead-letter topic refuses this record; parked (logged and counted, not dead-lettered)");
+                        metrics::counter!(m::DEAD_LETTERS_PARKED, "reason" => why.code())
+                            .increment(1);
+                        break;
+                    }
                     Err(e) => {
                         tracing::warn!(error = %e, %source, "dead-lettering failed; retrying");
                         tokio::time::sleep(RETRY_PAUSE).await;
@@ -341,6 +357,61 @@ impl Ingestor {
                 .fetch_add(1, Ordering::Relaxed);
         }
     }
+}
+
+/// The most of a refused record a dead letter carries: its key and value are cut to these
+/// (the producer refuses records over `message.max.bytes`, 1,000,000 by default, and the
+/// reason and source ride along as headers), the original lengths noted in
+/// `geostate.truncated`.
+pub const DLQ_MAX_VALUE: usize = 512 * 1024;
+pub const DLQ_MAX_KEY: usize = 4 * 1024;
+const DLQ_MAX_REASON: usize = 4 * 1024;
+
+/// What goes to the dead-letter topic for one refused record.
+#[derive(Debug, PartialEq)]
+struct DeadLetter<'a> {
+    key: Option<&'a [u8]>,
+    payload: &'a [u8],
+    reason: &'a str,
+    /// `key=<bytes>,value=<bytes>`: the original lengths, if anything was cut.
+    truncated: Option<String>,
+}
+
+impl<'a> DeadLetter<'a> {
+    fn of(record: &'a Record, reason: &'a str) -> Self {
+        let key = record.key.as_deref();
+        let payload = record.payload.as_deref().unwrap_or_default();
+        let key_len = key.map_or(0, <[u8]>::len);
+        let mut reason_end = reason.len().min(DLQ_MAX_REASON);
+        while !reason.is_char_boundary(reason_end) {
+            reason_end -= 1;
+        }
+        Self {
+            key: key.map(|k| &k[..k.len().min(DLQ_MAX_KEY)]),
+            payload: &payload[..payload.len().min(DLQ_MAX_VALUE)],
+            reason: &reason[..reason_end],
+            truncated: (key_len > DLQ_MAX_KEY || payload.len() > DLQ_MAX_VALUE)
+                .then(|| format!("key={key_len},value={}", payload.len())),
+        }
+    }
+}
+
+/// Produce errors no retry can cure: the record (or its topic) is refused as such.
+fn never_accepted(error: &KafkaError) -> bool {
+    use rdkafka::types::RDKafkaErrorCode as C;
+    matches!(
+        error,
+        KafkaError::MessageProduction(
+            C::MessageSizeTooLarge
+                | C::InvalidMessageSize
+                | C::MessageBatchTooLarge
+                | C::InvalidMessage
+                | C::InvalidRecord
+                | C::UnknownTopic
+                | C::TopicAuthorizationFailed
+                | C::InvalidTopic
+        )
+    )
 }
 
 impl StateSource for Store {
@@ -359,6 +430,31 @@ impl StateSource for Store {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_dead_letter_carries_at_most_what_the_producer_accepts() {
+        let record = |key: usize, value: usize| Record {
+            partition: 0,
+            offset: 9,
+            timestamp_ms: None,
+            key: Some(vec![b'k'; key]),
+            payload: Some(vec![b'v'; value]),
+        };
+        let small = record(10, 100);
+        let letter = DeadLetter::of(&small, "bad");
+        assert_eq!(
+            (letter.key.map(<[u8]>::len), letter.payload.len()),
+            (Some(10), 100)
+        );
+        assert_eq!(letter.truncated, None);
+        let big = record(5_000, 2_000_000);
+        let reason = "é".repeat(3_000);
+        let letter = DeadLetter::of(&big, &reason);
+        assert_eq!(letter.key.map(<[u8]>::len), Some(DLQ_MAX_KEY));
+        assert_eq!(letter.payload.len(), DLQ_MAX_VALUE);
+        assert!(letter.reason.len() <= DLQ_MAX_REASON && letter.reason.starts_with('é'));
+        assert_eq!(letter.truncated.as_deref(), Some("key=5000,value=2000000"));
+    }
 
     #[test]
     fn a_refusal_pushed_out_by_later_ones_is_never_answered_as_applied() {

@@ -323,6 +323,10 @@ pub async fn watermarks(
 }
 
 /// Headers of a dead-lettered record.
+/// On a dead letter whose key or value was cut: `key=<bytes>,value=<bytes>`, the original
+/// lengths.
+pub const DLQ_TRUNCATED_HEADER: &str = "geostate.truncated";
+
 pub fn dlq_headers(code: &str, reason: &str, source: &str) -> OwnedHeaders {
     OwnedHeaders::new()
         .insert(Header {
