@@ -75,6 +75,9 @@ pub struct S3Target {
 #[derive(Clone, Debug, Default)]
 pub struct ReplicationConfig {
     pub remotes: Vec<RemoteConfig>,
+    /// Ingest waits while the outbox holds this many keys: a shipping round (one Kafka
+    /// transaction) never carries more than this plus one batch.
+    pub max_outbox_keys: usize,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -304,11 +307,26 @@ struct RawS3 {
     secret_key: Option<String>,
 }
 
-#[derive(Deserialize, Default)]
+#[derive(Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 struct RawReplication {
     #[serde(default, rename = "remote")]
     remotes: Vec<RawRemote>,
+    #[serde(default = "default_max_outbox_keys")]
+    max_outbox_keys: usize,
+}
+
+impl Default for RawReplication {
+    fn default() -> Self {
+        Self {
+            remotes: Vec::new(),
+            max_outbox_keys: default_max_outbox_keys(),
+        }
+    }
+}
+
+fn default_max_outbox_keys() -> usize {
+    100_000
 }
 
 #[derive(Deserialize)]
@@ -470,6 +488,10 @@ impl RawConfig {
                 "must be 1 to 65535 (ids are stored with a 16-bit length)",
             ));
         }
+        let max_outbox_keys = self.replication.max_outbox_keys;
+        if max_outbox_keys == 0 {
+            return Err(invalid("replication.max-outbox-keys", "must be at least 1"));
+        }
         let mut remotes: Vec<RemoteConfig> = Vec::new();
         for raw in self.replication.remotes {
             let remote = RegionId::new(raw.region)
@@ -542,7 +564,10 @@ impl RawConfig {
                 metrics_listen: parse_addr("api.metrics-listen", &self.api.metrics_listen)?,
             },
             namespaces,
-            replication: ReplicationConfig { remotes },
+            replication: ReplicationConfig {
+                remotes,
+                max_outbox_keys,
+            },
         })
     }
 }

@@ -274,6 +274,7 @@ pub async fn run(
         updates_topic: config.kafka.updates_topic.clone(),
         actor,
         wake: shared.committed.clone(),
+        shipped: shared.shipped.clone(),
         clock: hlc.physical().clone(),
         replayed: shared.replayed.subscribe(),
     };

@@ -9,7 +9,8 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, bail};
+use anyhow::{Context, bail, ensure};
+use common::unwritable::Unwritable;
 use common::{Node, Topics, cluster, counter, http_get, produce_all, producer};
 use geostate::crdt::{Actor, CrdtValue, Delta, GCounter, RegionId};
 use geostate::pb;
@@ -540,5 +541,107 @@ async fn a_rebuilt_node_refuses_again_what_its_lost_node_refused_as_fenced() -> 
         register_of(&node, "surge/a").await?.as_deref(),
         Some("five")
     );
+    Ok(())
+}
+
+/// With `replication.max-outbox-keys = 500` and batches of 100, a region whose deltas
+/// topic takes no writes stops ingesting once its outbox holds 500 keys; once the topic
+/// takes writes again it ships a backlog of 20,000 keys in rounds (Kafka transactions) of
+/// at most 600 deltas, every key arriving. Without the bound the outbox, and the one round
+/// that ships it, grow with the backlog: past what a transaction can carry within its
+/// timeout, replication from the region stops for good. `GEOSTATE_BACKLOG="1000000
+/// 100000"` runs it with a million keys and the default bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backlog_ships_in_bounded_rounds() -> anyhow::Result<()> {
+    let setting = std::env::var("GEOSTATE_BACKLOG").unwrap_or_else(|_| "20000 500".into());
+    let mut numbers = setting.split_whitespace().map(str::parse::<usize>);
+    let (Some(Ok(keys)), Some(Ok(bound))) = (numbers.next(), numbers.next()) else {
+        bail!("GEOSTATE_BACKLOG={setting:?} is not \"<keys> <bound>\"");
+    };
+    const BATCH: u64 = 100;
+    let cluster = cluster()?;
+    let kafka = cluster.regions["us-east-1"].kafka.clone();
+    let topics = Topics::create(&kafka, "outbox", 1).await?;
+    let dir = tempfile::tempdir()?;
+    let mut node = Node::configure(dir.path(), &kafka, &topics)?;
+    node.edit("max-outbox-keys", Some(&bound.to_string()))?;
+    node.edit("batch-max-events", Some(&BATCH.to_string()))?;
+    let stuck = Unwritable::new(&kafka, &topics.deltas).await?;
+    node.start().await?;
+    let started = Instant::now();
+    let records: Vec<(String, Vec<u8>)> = (0..keys)
+        .map(|i| {
+            let key = format!("requests/backlog-{i}");
+            let payload = format!(r#"{{"key":"{key}","add":1}}"#).into_bytes();
+            (key, payload)
+        })
+        .collect();
+    produce_all(&producer(&kafka)?, &topics.updates, &records).await?;
+
+    // ingest stops at the bound (one batch may cross it)
+    let bound = bound as u64;
+    let deadline = Instant::now() + Duration::from_secs(600);
+    let stopped_at = loop {
+        let applied = node.status().await?.events_applied;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let again = node.status().await?.events_applied;
+        if again == applied && applied >= bound {
+            break applied;
+        }
+        if Instant::now() > deadline {
+            bail!("ingest never stopped: {again} events applied");
+        }
+    };
+    assert!(
+        stopped_at <= bound + BATCH,
+        "{stopped_at} keys applied while the outbox could not ship (bound {bound} + a batch of {BATCH})"
+    );
+
+    drop(stuck);
+    let writable = Instant::now();
+    node.caught_up(Duration::from_secs(1800)).await?;
+    let deadline = Instant::now() + Duration::from_secs(600);
+    while !http_get(&node.metrics, "/metrics")?
+        .lines()
+        .any(|l| l == "geostate_outbox_keys 0")
+    {
+        ensure!(Instant::now() < deadline, "the outbox never emptied");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let drained = writable.elapsed();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let (rounds, shipped) = loop {
+        let all = read_all(&kafka, &topics.deltas).await?;
+        let mut rounds = vec![0usize];
+        let mut shipped = std::collections::BTreeSet::new();
+        for (key, _) in &all {
+            match key.first() {
+                // a resume point ends a round; heartbeats are not deltas
+                Some(0) if key.as_slice() == geostate::crdt::RESUME_KEY => rounds.push(0),
+                Some(0) => {}
+                _ => {
+                    shipped.insert(key.clone());
+                    if let Some(last) = rounds.last_mut() {
+                        *last += 1;
+                    }
+                }
+            }
+        }
+        if shipped.len() == keys {
+            break (rounds, shipped.len());
+        }
+        if Instant::now() > deadline {
+            bail!("{} of {keys} keys shipped", shipped.len());
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    };
+    let largest = rounds.iter().copied().max().unwrap_or(0) as u64;
+    println!(
+        "{shipped} keys shipped in {} rounds, the largest {largest} deltas; ingest stopped at {stopped_at} keys while the topic took no writes; {:.1} s from writable to an empty outbox ({:.1} s in all)",
+        rounds.len() - 1,
+        drained.as_secs_f64(),
+        started.elapsed().as_secs_f64()
+    );
+    assert!(largest <= bound + BATCH, "a round of {largest} deltas");
     Ok(())
 }

@@ -2,8 +2,7 @@
 //! write was shipped:
 //!
 //! - a region holds a shard (handed to it by the shard's home), and its deltas topic takes
-//!   no writes (`min.insync.replicas` above the topic's replicas: every shipping round
-//!   fails and is retried);
+//!   no writes (`max.message.bytes` = 1: every shipping round fails and is retried);
 //! - it applies a backlog of counter events, then acknowledges "acked" for an owned key;
 //! - its node is killed and its data dir deleted; the home region takes the shard at a
 //!   later epoch and writes another key of the same shard;
@@ -22,110 +21,21 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, anyhow, bail, ensure};
+use anyhow::{Context, bail, ensure};
 use common::failover::{
     at_holder, epoch_of, key_homed_at, regions, register, set, signal, wait_held, wait_value,
 };
+use common::unwritable::Unwritable;
 use common::{cluster, cluster_script, produce_all, producer, unique};
 use geostate::config::Config;
 use geostate::ingest::event::{Op, Update};
 use geostate::pb;
 use geostate::pb::state_client::StateClient;
-use rdkafka::ClientConfig;
-use rdkafka::admin::{AdminClient, AdminOptions, AlterConfig, ConfigSource, ResourceSpecifier};
-use rdkafka::client::DefaultClientContext;
 use tonic::Code;
 
 /// Counter events the holder applies, and does not ship, before the owned write: its
 /// replay after the wipe takes a while.
 const BACKLOG: usize = 50_000;
-
-/// A topic that takes no writes (acks=all with `min.insync.replicas` above its replicas)
-/// until dropped; its other settings are kept.
-struct Unwritable {
-    bootstrap: String,
-    topic: String,
-    kept: Vec<(String, String)>,
-}
-
-impl Unwritable {
-    async fn new(bootstrap: &str, topic: &str) -> anyhow::Result<Self> {
-        let described = admin(bootstrap)?
-            .describe_configs(&[ResourceSpecifier::Topic(topic)], &AdminOptions::new())
-            .await?;
-        let resource = described
-            .into_iter()
-            .next()
-            .context("no answer describing the topic")?
-            .map_err(|e| anyhow!("describing {topic}: {e:?}"))?;
-        let kept = resource
-            .entries
-            .into_iter()
-            .filter(|e| e.source == ConfigSource::DynamicTopic && e.name != MIN_ISR)
-            .filter_map(|e| Some((e.name, e.value?)))
-            .collect();
-        let this = Self {
-            bootstrap: bootstrap.into(),
-            topic: topic.into(),
-            kept,
-        };
-        alter(&this.bootstrap, &this.topic, &this.kept, Some("2")).await?;
-        Ok(this)
-    }
-}
-
-impl Drop for Unwritable {
-    fn drop(&mut self) {
-        let (bootstrap, topic, kept) = (
-            self.bootstrap.clone(),
-            self.topic.clone(),
-            self.kept.clone(),
-        );
-        let restored = std::thread::spawn(move || {
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()?
-                .block_on(alter(&bootstrap, &topic, &kept, None))
-        })
-        .join();
-        match restored {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => eprintln!("making {} writable again: {e}", self.topic),
-            Err(_) => eprintln!("making {} writable again panicked", self.topic),
-        }
-    }
-}
-
-const MIN_ISR: &str = "min.insync.replicas";
-
-fn admin(bootstrap: &str) -> anyhow::Result<AdminClient<DefaultClientContext>> {
-    Ok(ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .create()?)
-}
-
-/// Sets `topic`'s configuration to `kept` plus, if given, `min.insync.replicas`.
-async fn alter(
-    bootstrap: &str,
-    topic: &str,
-    kept: &[(String, String)],
-    min_isr: Option<&str>,
-) -> anyhow::Result<()> {
-    let mut config = AlterConfig::new(ResourceSpecifier::Topic(topic));
-    for (name, value) in kept {
-        config = config.set(name, value);
-    }
-    if let Some(n) = min_isr {
-        config = config.set(MIN_ISR, n);
-    }
-    for result in admin(bootstrap)?
-        .alter_configs(&[config], &AdminOptions::new())
-        .await?
-    {
-        result.map_err(|(_, e)| anyhow!("altering {topic}: {e:?}"))?;
-    }
-    Ok(())
-}
 
 /// Starts every dead node of the cluster however the test ends.
 struct RestartNodes;

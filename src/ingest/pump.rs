@@ -41,6 +41,8 @@ const RECENT_REJECTIONS: usize = 4096;
 const RETRY_PAUSE: Duration = Duration::from_millis(200);
 /// How often a replaying ingest task with nothing to read checks whether it is done.
 const REPLAY_POLL: Duration = Duration::from_millis(100);
+/// How often ingest looks at a full outbox again (it is also woken by every shipped round).
+const OUTBOX_POLL: Duration = Duration::from_millis(100);
 
 #[derive(Debug, thiserror::Error)]
 pub enum IngestError {
@@ -64,6 +66,8 @@ pub struct IngestShared {
     pub events_dead_lettered: AtomicU64,
     /// Notified after every committed batch (wakes the outbound shipper).
     pub committed: Arc<tokio::sync::Notify>,
+    /// Notified after every shipped round (wakes ingest waiting for outbox room).
+    pub shipped: Arc<tokio::sync::Notify>,
     /// Held across every read-modify-write of state (a local batch, a merge of remote
     /// deltas): two writers reading the same key and each writing back their result would
     /// lose the other's update.
@@ -81,6 +85,7 @@ impl IngestShared {
             events_applied: AtomicU64::new(0),
             events_dead_lettered: AtomicU64::new(0),
             committed: Arc::new(tokio::sync::Notify::new()),
+            shipped: Arc::new(tokio::sync::Notify::new()),
             state_writer: tokio::sync::Mutex::new(()),
             replayed: watch::Sender::new(false),
         }
@@ -191,11 +196,45 @@ impl Ingestor {
                 }
             }
             if !records.is_empty() {
+                if !self.outbox_room(&mut shutdown).await {
+                    return Ok(());
+                }
                 self.apply(records).await?;
             }
             if let Some(e) = failed {
                 tokio::time::sleep(RETRY_PAUSE).await;
                 self.restart_consumer(&e);
+            }
+        }
+    }
+
+    /// Waits while the outbox holds `replication.max-outbox-keys` keys or more, so that a
+    /// shipping round stays bounded (false: asked to stop meanwhile).
+    async fn outbox_room(&self, shutdown: &mut watch::Receiver<bool>) -> bool {
+        let max = self.config.replication.max_outbox_keys;
+        let mut waited = false;
+        loop {
+            let shipped = self.shared.shipped.notified();
+            let keys = self.store.outbox_len();
+            metrics::gauge!(m::OUTBOX_KEYS).set(keys as f64);
+            if keys < max {
+                if waited {
+                    tracing::info!(keys, max, "outbox below its bound again; ingest goes on");
+                }
+                return true;
+            }
+            if !waited {
+                tracing::warn!(
+                    keys,
+                    max,
+                    "outbox full (replication.max-outbox-keys): ingest waits for shipping"
+                );
+                waited = true;
+            }
+            tokio::select! {
+                () = stopped(shutdown) => return false,
+                () = shipped => {}
+                () = tokio::time::sleep(OUTBOX_POLL) => {}
             }
         }
     }

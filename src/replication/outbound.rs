@@ -2,7 +2,8 @@
 //!
 //! Guarantee: every outbox entry reaches the deltas topic, and what a region shipped is
 //! always a prefix of what it applied. Each round reads the whole outbox and the source
-//! offsets from one store snapshot and ships them in ONE Kafka transaction: the entries,
+//! offsets from one store snapshot and ships them in ONE Kafka transaction (bounded:
+//! ingest waits while the outbox holds `replication.max-outbox-keys` keys): the entries,
 //! then a [`ResumePoint`] saying which offsets they cover, then commit. Readers use
 //! `read_committed`, so a round is seen whole or not at all — a node that lost its disk
 //! merges its committed deltas and resumes ingest after the last resume point without
@@ -67,6 +68,8 @@ pub struct Shipper {
     pub actor: Actor,
     /// Notified after every committed batch.
     pub wake: Arc<Notify>,
+    /// Notified after every shipped round whose entries were cleared.
+    pub shipped: Arc<Notify>,
     /// The physical clock heartbeats carry.
     pub clock: Arc<dyn Clock>,
     /// True once ingest replayed what the updates topic held at start-up; no heartbeat
@@ -127,6 +130,8 @@ impl Shipper {
             tokio::task::spawn_blocking(move || store.clear_outbox(&snapshot.entries))
                 .await
                 .unwrap_or_else(|e| Err(StoreError::Task(e.to_string())))?;
+            metrics::gauge!(m::OUTBOX_KEYS).set(self.store.outbox_len() as f64);
+            self.shipped.notify_waiters();
         }
     }
 

@@ -497,6 +497,11 @@ impl Store {
         })
     }
 
+    /// How many keys the outbox holds.
+    pub fn outbox_len(&self) -> usize {
+        self.lock_outbox().entries.len()
+    }
+
     /// Removes shipped outbox entries — each only if it was not rewritten since it was
     /// read: a batch that wrote a newer delta for the key meanwhile keeps its entry, so
     /// the newer state is shipped too, never lost.
