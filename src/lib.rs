@@ -25,6 +25,7 @@
 //!  config       TOML → validated Config
 //!  metrics      every metric name; the Prometheus endpoint
 //!  shutdown     the stop signal tasks watch
+//!  supervise    the background tasks a node stops without
 //!  crdt         PURE counters, LWW register, order stamps, deltas and their encoding
 //!  clock        PURE injected physical clock, hybrid logical clock with max-offset guard
 //!  pb           generated protobuf code (proto/)
@@ -45,4 +46,5 @@ pub mod pb;
 pub mod replication;
 pub mod shutdown;
 pub mod store;
+pub mod supervise;
 pub mod workload;

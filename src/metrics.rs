@@ -18,6 +18,9 @@ pub const EVENTS_DEAD_LETTERED: &str = "geostate_events_dead_lettered_total";
 /// Refused records the dead-letter topic itself refused (logged with their source
 /// position, which still holds them), label `reason` (counter).
 pub const DEAD_LETTERS_PARKED: &str = "geostate_dead_letters_parked_total";
+/// A background task (merger, lease manager, checkpointer, metrics server) that ended while
+/// the node ran, which then stops, label `task` (counter).
+pub const TASK_FAILURES: &str = "geostate_task_failures_total";
 /// Keys waiting in the outbox to be shipped, as ingest or the shipper last saw it (gauge).
 pub const OUTBOX_KEYS: &str = "geostate_outbox_keys";
 /// Deltas this region shipped to its deltas topic (counter).

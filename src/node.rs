@@ -27,6 +27,7 @@ use crate::replication::outbound::{ShipError, Shipper};
 use crate::replication::{Freshness, RemoteProgress};
 use crate::shutdown::stopped;
 use crate::store::{Store, StoreError};
+use crate::supervise::Essential;
 
 /// How long shutdown waits for gRPC clients to finish and disconnect.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
@@ -73,6 +74,8 @@ pub enum NodeError {
     Join(#[from] tokio::task::JoinError),
     #[error(transparent)]
     Lease(#[from] MemberError),
+    #[error("{0}")]
+    TaskEnded(String),
 }
 
 /// Where the lease group member keeps its Raft log: beside the data dir, not in it (the
@@ -196,6 +199,7 @@ pub async fn run(
     tracing::info!(region = %config.region, incarnation, partitions = partitions.len(), "node starting");
 
     let (stop_tx, stop_rx) = watch::channel(false);
+    let mut essential = Essential::default();
     // The lease group member and this region's leases run from here on, bootstrap or not.
     let (member, leases) = match &config.lease {
         None => (None, None),
@@ -215,13 +219,13 @@ pub async fn run(
                 member.proposer.clone(),
                 clock.clone(),
             ));
-            let task = tokio::spawn(leases.clone().run(stop_rx.clone()));
+            let run = leases.clone().run(stop_rx.clone());
+            essential.spawn("the lease manager", returns(run));
             tracing::info!(member = lease.member_id, listen = %lease.listen, shards = lease.all_shards().end, "lease group member started");
-            (Some((member, task)), Some(leases))
+            (Some(member), Some(leases))
         }
     };
     let freshness = Arc::new(Freshness::new(store.remote_applied()?));
-    let mut merger_tasks = Vec::new();
     let mut remotes = Vec::new();
     for remote in &config.replication.remotes {
         let progress = Arc::new(RemoteProgress::new(
@@ -237,7 +241,10 @@ pub async fn run(
             freshness: freshness.clone(),
             progress,
         };
-        merger_tasks.push(tokio::spawn(merger.run(stop_rx.clone())));
+        essential.spawn(
+            format!("merging {}'s deltas", remote.region),
+            merger.run(stop_rx.clone()),
+        );
     }
 
     let ingest = Ingestor {
@@ -289,10 +296,16 @@ pub async fn run(
         status: checkpoint_status.clone(),
         requests,
     };
-    let checkpoint_task = tokio::spawn(checkpointer.run(stop_rx.clone()));
+    let checkpoint_task = essential.spawn(
+        "the checkpointer",
+        returns(checkpointer.run(stop_rx.clone())),
+    );
 
     let handle = m::install();
-    let metrics_task = tokio::spawn(m::serve(listeners.metrics, handle));
+    let metrics_task = essential.spawn(
+        "the metrics server",
+        returns(m::serve(listeners.metrics, handle)),
+    );
     let lag_task = tokio::spawn(report_lag(
         config.clone(),
         partitions.clone(),
@@ -308,15 +321,21 @@ pub async fn run(
             remotes = remotes.len(),
             "reading every remote deltas topic before serving"
         );
-        tokio::select! {
-            () = all_caught_up(&remotes) => tracing::info!("bootstrap done: serving"),
-            () = &mut shutdown => {
-                let _ = stop_tx.send(true);
-                metrics_task.abort();
-                checkpoint_task.abort();
-                stop_leases(member).await;
-                return stop(ingest_task, shipper_task, merger_tasks, None).await;
+        let failed = tokio::select! {
+            () = all_caught_up(&remotes) => {
+                tracing::info!("bootstrap done: serving");
+                None
             }
+            () = &mut shutdown => Some(None),
+            Some(ended) = essential.next_ended() => Some(Some(Failed::Task(Essential::failure(ended)))),
+        };
+        if let Some(failed) = failed {
+            let _ = stop_tx.send(true);
+            metrics_task.abort();
+            checkpoint_task.abort();
+            lag_task.abort();
+            stop_tasks(essential, member).await;
+            return stop(ingest_task, shipper_task, failed).await;
         }
     }
 
@@ -343,11 +362,12 @@ pub async fn run(
         stopped(&mut grpc_stop).await;
     }));
 
-    // Wait for the shutdown signal, or for ingest or shipping to fail.
+    // Wait for the shutdown signal, or for ingest, shipping or an essential task to end.
     let failed = tokio::select! {
         () = &mut shutdown => None,
         result = &mut ingest_task => Some(Failed::Ingest(result)),
         result = &mut shipper_task => Some(Failed::Shipper(result)),
+        Some(ended) = essential.next_ended() => Some(Failed::Task(Essential::failure(ended))),
     };
     tracing::info!("node stopping");
     let _ = stop_tx.send(true);
@@ -366,8 +386,8 @@ pub async fn run(
     lag_task.abort();
     // a checkpoint cut short is harmless: its manifest is never written
     checkpoint_task.abort();
-    stop_leases(member).await;
-    let result = stop(ingest_task, shipper_task, merger_tasks, failed).await;
+    stop_tasks(essential, member).await;
+    let result = stop(ingest_task, shipper_task, failed).await;
     grpc_result??;
     result
 }
@@ -383,43 +403,49 @@ fn all_caught_up(remotes: &[Arc<RemoteProgress>]) -> impl Future<Output = ()> + 
     }
 }
 
-/// Waits for the lease manager (told to stop, it releases what it holds through the
-/// group), then stops the member.
-async fn stop_leases(lease: Option<(Member, JoinHandle<()>)>) {
-    if let Some((member, task)) = lease {
-        let _ = task.await;
+/// Waits for the essential tasks (told to stop: the mergers finish their batch, the lease
+/// manager releases what it holds through the group), then stops the lease group member.
+async fn stop_tasks(essential: Essential, member: Option<Member>) {
+    essential.finish().await;
+    if let Some(member) = member {
         member.stop().await;
     }
+}
+
+/// A task that returns nothing: ending at all, before shutdown, is its failure.
+async fn returns(task: impl Future<Output = ()>) -> Result<(), std::convert::Infallible> {
+    task.await;
+    Ok(())
 }
 
 /// A task that ended before shutdown was asked for.
 enum Failed {
     Ingest(Result<Result<(), IngestError>, tokio::task::JoinError>),
     Shipper(Result<Result<(), ShipError>, tokio::task::JoinError>),
+    /// An essential task, and how it ended.
+    Task(String),
 }
 
 /// Waits for the pipeline tasks (already told to stop) and reports the first failure.
 async fn stop(
     ingest_task: JoinHandle<Result<(), IngestError>>,
     shipper_task: JoinHandle<Result<(), ShipError>>,
-    merger_tasks: Vec<JoinHandle<Result<(), StoreError>>>,
     failed: Option<Failed>,
 ) -> Result<(), NodeError> {
-    let (ingest_result, shipper_result) = match failed {
-        Some(Failed::Ingest(r)) => (r, shipper_task.await),
-        Some(Failed::Shipper(r)) => (ingest_task.await, r),
-        None => (ingest_task.await, shipper_task.await),
+    let (ingest_result, shipper_result, task) = match failed {
+        Some(Failed::Ingest(r)) => (r, shipper_task.await, None),
+        Some(Failed::Shipper(r)) => (ingest_task.await, r, None),
+        Some(Failed::Task(why)) => (ingest_task.await, shipper_task.await, Some(why)),
+        None => (ingest_task.await, shipper_task.await, None),
     };
     tracing::info!("ingest and shipping stopped");
-    for task in merger_tasks {
-        if let Err(e) = task.await? {
-            tracing::error!(error = %e, "merging remote deltas failed");
-        }
-    }
     tracing::info!("node stopped");
     ingest_result??;
     shipper_result??;
-    Ok(())
+    match task {
+        Some(why) => Err(NodeError::TaskEnded(why)),
+        None => Ok(()),
+    }
 }
 
 /// Publishes the consumer lag per partition every few seconds.

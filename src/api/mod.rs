@@ -79,6 +79,12 @@ pub async fn serve(
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<StateServer<Handler>>().await;
     health.set_serving::<AdminServer<Handler>>().await;
+    // stopping (asked to, or a part failed): health says so to clients still connected
+    let shutdown = async move {
+        shutdown.await;
+        health.set_not_serving::<StateServer<Handler>>().await;
+        health.set_not_serving::<AdminServer<Handler>>().await;
+    };
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
