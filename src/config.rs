@@ -650,8 +650,15 @@ pub fn parse_duration(field: &'static str, text: &str) -> Result<Duration, Confi
         "h" => Duration::from_secs(n.checked_mul(3600).ok_or_else(bad)?),
         _ => return Err(bad()),
     };
+    // timers add durations to the monotonic clock: bounded, no sum overflows
+    if d > MAX_DURATION {
+        return Err(invalid(field, format!("{text:?} is longer than 10 years")));
+    }
     Ok(d)
 }
+
+/// The longest duration a setting may have.
+const MAX_DURATION: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 
 #[cfg(test)]
 mod tests {
@@ -748,6 +755,11 @@ mod tests {
             MINIMAL.replace("region =", "max-clock-offset = \"5 parsecs\"\nregion =");
         let err = Config::parse(&bad_duration).unwrap_err().to_string();
         assert!(err.contains("max-clock-offset"), "{err}");
+        assert!(parse_duration("interval", "87600h").is_ok());
+        let err = parse_duration("interval", "87601h")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("longer than 10 years"), "{err}");
         let shifted = |offset: &str| {
             Config::parse(&MINIMAL.replace(
                 "region =",

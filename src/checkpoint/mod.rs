@@ -434,7 +434,20 @@ async fn read_manifest(objects: &Objects, key: &str) -> Result<Manifest, Checkpo
             supported: FORMAT_VERSION,
         });
     }
+    // restore writes each file under its name into the restore dir: a name that is a
+    // path (`../x`, `/etc/x`) would write outside it
+    if let Some(file) = manifest.files.iter().find(|f| !is_plain_file_name(&f.name)) {
+        return Err(CheckpointError::Manifest {
+            key: key.to_owned(),
+            reason: format!("file name {:?} is not a plain file name", file.name),
+        });
+    }
     Ok(manifest)
+}
+
+/// A name RocksDB gives a file of its directory: no separator, not `.` or `..`, not empty.
+fn is_plain_file_name(name: &str) -> bool {
+    !name.is_empty() && name != "." && name != ".." && !name.contains(['/', '\\', '\0'])
 }
 
 /// The ids of every checkpoint in the store, oldest first.
@@ -524,4 +537,25 @@ pub async fn restore(
     .await
     .map_err(|e| CheckpointError::Task(e.to_string()))??;
     Ok(manifest)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_plain_file_names_are_restored() {
+        for ok in [
+            "000012.sst",
+            "MANIFEST-000005",
+            "CURRENT",
+            "OPTIONS-000007",
+            "..x",
+        ] {
+            assert!(is_plain_file_name(ok), "{ok}");
+        }
+        for bad in ["", ".", "..", "../x", "/etc/passwd", "a/b", "a\\b", "x\0"] {
+            assert!(!is_plain_file_name(bad), "{bad:?}");
+        }
+    }
 }

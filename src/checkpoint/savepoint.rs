@@ -217,10 +217,15 @@ fn load(
                 return Err(bad("a record length is corrupt"));
             }
         }
-        let mut buf = vec![0u8; usize::try_from(len).map_err(|_| bad("record too large"))?];
-        input
-            .read_exact(&mut buf)
-            .map_err(|_| bad("the file ends inside a record (truncated?)"))?;
+        // read what is there, never allocate what the (maybe corrupt) length claims
+        let mut buf = Vec::new();
+        (&mut input)
+            .take(len)
+            .read_to_end(&mut buf)
+            .map_err(io("reading the savepoint"))?;
+        if buf.len() as u64 != len {
+            return Err(bad("the file ends inside a record (truncated?)"));
+        }
         let record = pb::SavepointRecord::decode(buf.as_slice()).map_err(|e| bad(e.to_string()))?;
         record
             .kind
@@ -272,5 +277,24 @@ fn load(
             Some(Kind::Header(_)) => return Err(bad("a second header")),
             None => return Err(bad("the file ends without a footer (truncated?)")),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A record length no file holds (a corrupt varint of about 2^62) is an error, never
+    /// an allocation of that size (which aborted the process).
+    #[test]
+    fn a_corrupt_record_length_is_refused_without_allocating_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("corrupt.gsp");
+        let mut bytes = vec![0xff; 8];
+        bytes.extend_from_slice(&[0x3f, b'a', b'b', b'c']);
+        std::fs::write(&path, bytes).unwrap();
+        let err = load(&path, &dir.path().join("data"), "us-east-1", false)
+            .expect_err("a corrupt savepoint");
+        assert!(err.to_string().contains("truncated"), "{err}");
     }
 }

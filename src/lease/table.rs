@@ -128,6 +128,14 @@ pub enum Refusal {
     NotHolder,
     /// The holder sent a later command that is already applied.
     Superseded,
+    /// The shard's epoch is `u64::MAX`: no later one exists, so no new grant can fence the
+    /// last (only a forged command gets there).
+    EpochsExhausted,
+}
+
+/// The epoch of the next grant after `current` (`None`: there is none).
+fn next_epoch(current: Option<&Lease>) -> Option<u64> {
+    current.map_or(Some(1), |l| l.epoch.checked_add(1))
 }
 
 /// The lease table: the Raft state machine's data.
@@ -170,7 +178,7 @@ impl LeaseTable {
                 }
                 // a renewal of a lease still in force keeps its epoch
                 Some(l) if &l.holder == region && *now_ms < l.expires_at_ms => Lease {
-                    expires_at_ms: l.expires_at_ms.max(now_ms + duration_ms),
+                    expires_at_ms: l.expires_at_ms.max(now_ms.saturating_add(*duration_ms)),
                     last_ms: *now_ms,
                     ..l.clone()
                 },
@@ -184,8 +192,11 @@ impl LeaseTable {
                 }
                 _ => Lease {
                     holder: region.clone(),
-                    epoch: current.as_ref().map_or(1, |l| l.epoch + 1),
-                    expires_at_ms: now_ms + duration_ms,
+                    epoch: match next_epoch(current.as_ref()) {
+                        Some(epoch) => epoch,
+                        None => return refuse(Refusal::EpochsExhausted),
+                    },
+                    expires_at_ms: now_ms.saturating_add(*duration_ms),
                     last_ms: *now_ms,
                     wanted_by: None,
                     wanted_at_ms: 0,
@@ -202,7 +213,7 @@ impl LeaseTable {
                     return refuse(Refusal::Superseded);
                 }
                 Some(l) if &l.holder == region && l.epoch == *epoch => Lease {
-                    expires_at_ms: l.expires_at_ms.max(now_ms + duration_ms),
+                    expires_at_ms: l.expires_at_ms.max(now_ms.saturating_add(*duration_ms)),
                     last_ms: *now_ms,
                     ..l.clone()
                 },
@@ -219,7 +230,9 @@ impl LeaseTable {
                     return refuse(Refusal::Superseded);
                 }
                 Some(l) if &l.holder == region && l.epoch == *epoch => Lease {
-                    expires_at_ms: l.expires_at_ms.min(now_ms + self.max_offset_ms),
+                    expires_at_ms: l
+                        .expires_at_ms
+                        .min(now_ms.saturating_add(self.max_offset_ms)),
                     last_ms: *now_ms,
                     ..l.clone()
                 },
@@ -238,9 +251,14 @@ impl LeaseTable {
                 }
                 Some(l) if &l.holder == from && l.epoch == *epoch => Lease {
                     holder: to.clone(),
-                    epoch: l.epoch + 1,
+                    epoch: match next_epoch(Some(l)) {
+                        Some(epoch) => epoch,
+                        None => return refuse(Refusal::EpochsExhausted),
+                    },
                     // the new holder's renewals extend this; nobody else takes it before
-                    expires_at_ms: l.expires_at_ms.max(now_ms + self.max_offset_ms),
+                    expires_at_ms: l
+                        .expires_at_ms
+                        .max(now_ms.saturating_add(self.max_offset_ms)),
                     // the new holder's clock starts counting from its first renewal
                     last_ms: 0,
                     wanted_by: None,
@@ -270,6 +288,73 @@ mod tests {
             now_ms,
             duration_ms: 1000,
         }
+    }
+
+    /// Whatever times and epochs a command or a restored table holds, applying never
+    /// panics (a panic in the state machine is replayed by every member: a group-wide crash
+    /// loop), and no grant reuses an epoch.
+    #[test]
+    fn extreme_times_and_epochs_never_panic_and_never_reuse_an_epoch() {
+        let mut t = LeaseTable::new(u64::MAX);
+        let far = Command::Acquire {
+            shard: 0,
+            region: r("us-east-1"),
+            now_ms: u64::MAX - 1,
+            duration_ms: u64::MAX,
+        };
+        let Outcome::Granted(a) = t.apply(&far) else {
+            panic!()
+        };
+        assert_eq!(a.expires_at_ms, u64::MAX);
+        let renew = Command::Renew {
+            shard: 0,
+            region: r("us-east-1"),
+            epoch: 1,
+            now_ms: u64::MAX - 1,
+            duration_ms: u64::MAX,
+        };
+        assert!(matches!(t.apply(&renew), Outcome::Granted(_)));
+        let release = Command::Release {
+            shard: 0,
+            region: r("us-east-1"),
+            epoch: 1,
+            now_ms: u64::MAX,
+        };
+        assert!(matches!(t.apply(&release), Outcome::Granted(_)));
+
+        // a table whose shard reached the last epoch grants it to nobody else
+        t.shards.insert(
+            0,
+            Lease {
+                holder: r("us-east-1"),
+                epoch: u64::MAX,
+                expires_at_ms: 0,
+                last_ms: 0,
+                wanted_by: None,
+                wanted_at_ms: 0,
+            },
+        );
+        assert!(matches!(
+            t.apply(&acquire("eu-west-1", 10)),
+            Outcome::Refused {
+                reason: Refusal::EpochsExhausted,
+                ..
+            }
+        ));
+        let transfer = Command::Transfer {
+            shard: 0,
+            from: r("us-east-1"),
+            to: r("eu-west-1"),
+            epoch: u64::MAX,
+            now_ms: u64::MAX,
+        };
+        assert!(matches!(
+            t.apply(&transfer),
+            Outcome::Refused {
+                reason: Refusal::EpochsExhausted,
+                ..
+            }
+        ));
     }
 
     #[test]
