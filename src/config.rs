@@ -69,6 +69,9 @@ pub struct S3Target {
     /// Static credentials; default the standard AWS environment and profile chain.
     pub access_key: Option<String>,
     pub secret_key: Option<String>,
+    /// Longest wait for a connection, and for the first byte of an answer, per attempt: a
+    /// server that accepts and never answers fails the attempt instead of stalling.
+    pub timeout: Duration,
 }
 
 /// Where this region reads the other regions' deltas.
@@ -130,6 +133,10 @@ pub struct IngestConfig {
 pub struct ApiConfig {
     pub grpc_listen: SocketAddr,
     pub metrics_listen: SocketAddr,
+    /// Most keys one `BatchGet` may ask for.
+    pub max_batch_keys: usize,
+    /// Most `Watch` streams open at once.
+    pub max_watchers: usize,
 }
 
 /// Whether any region may write a namespace, or only the holder of the key's lease.
@@ -305,6 +312,12 @@ struct RawS3 {
     path_style: bool,
     access_key: Option<String>,
     secret_key: Option<String>,
+    #[serde(default = "default_s3_timeout")]
+    timeout: String,
+}
+
+fn default_s3_timeout() -> String {
+    "60s".into()
 }
 
 #[derive(Deserialize)]
@@ -388,6 +401,17 @@ impl Default for RawIngest {
 struct RawApi {
     grpc_listen: String,
     metrics_listen: String,
+    #[serde(default = "default_max_batch_keys")]
+    max_batch_keys: usize,
+    #[serde(default = "default_max_watchers")]
+    max_watchers: usize,
+}
+
+fn default_max_batch_keys() -> usize {
+    1000
+}
+fn default_max_watchers() -> usize {
+    1024
 }
 
 #[derive(Deserialize)]
@@ -488,6 +512,12 @@ impl RawConfig {
                 "must be 1 to 65535 (ids are stored with a 16-bit length)",
             ));
         }
+        if self.api.max_batch_keys == 0 || self.api.max_watchers == 0 {
+            return Err(invalid(
+                "api.max-batch-keys",
+                "request limits must be at least 1",
+            ));
+        }
         let max_outbox_keys = self.replication.max_outbox_keys;
         if max_outbox_keys == 0 {
             return Err(invalid("replication.max-outbox-keys", "must be at least 1"));
@@ -562,6 +592,8 @@ impl RawConfig {
             api: ApiConfig {
                 grpc_listen: parse_addr("api.grpc-listen", &self.api.grpc_listen)?,
                 metrics_listen: parse_addr("api.metrics-listen", &self.api.metrics_listen)?,
+                max_batch_keys: self.api.max_batch_keys,
+                max_watchers: self.api.max_watchers,
             },
             namespaces,
             replication: ReplicationConfig {
@@ -602,6 +634,7 @@ impl RawCheckpoint {
                     path_style: s3.path_style,
                     access_key: s3.access_key,
                     secret_key: s3.secret_key,
+                    timeout: parse_duration("checkpoint.s3.timeout", &s3.timeout)?,
                 })
             }
             (None, Some(dir)) => CheckpointTarget::Local(dir),

@@ -21,6 +21,8 @@ pub const DEAD_LETTERS_PARKED: &str = "geostate_dead_letters_parked_total";
 /// A background task (merger, lease manager, checkpointer, metrics server) that ended while
 /// the node ran, which then stops, label `task` (counter).
 pub const TASK_FAILURES: &str = "geostate_task_failures_total";
+/// `Watch` streams cut off because their client left too many values unread (counter).
+pub const WATCHERS_DROPPED: &str = "geostate_watchers_dropped_total";
 /// Keys waiting in the outbox to be shipped, as ingest or the shipper last saw it (gauge).
 pub const OUTBOX_KEYS: &str = "geostate_outbox_keys";
 /// Deltas this region shipped to its deltas topic (counter).

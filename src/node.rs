@@ -356,6 +356,7 @@ pub async fn run(
         objects,
         leases,
         peers: Default::default(),
+        ends: Default::default(),
     });
     let mut grpc_stop = stop_rx.clone();
     let mut grpc_task = tokio::spawn(api::serve(listeners.grpc, api, async move {

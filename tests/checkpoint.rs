@@ -300,6 +300,51 @@ async fn an_upload_cut_midway_leaves_the_previous_checkpoint_restorable() -> any
     assert_totals(&node, &expected).await
 }
 
+/// An S3 endpoint that accepts connections and never answers: each attempt gives up after
+/// `checkpoint.s3.timeout`, and `Admin/Checkpoint` fails (UNAVAILABLE, counted) instead of
+/// waiting for ever with the checkpoint's hard links pinning deleted SST files.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_s3_server_that_never_answers_fails_the_checkpoint_in_bounded_time() -> anyhow::Result<()>
+{
+    let cluster = cluster()?;
+    let kafka = cluster.regions["us-east-1"].kafka.clone();
+    let topics = Topics::create(&kafka, "ckpt-mute", 1).await?;
+    let dir = tempfile::tempdir()?;
+    let mute = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let endpoint = format!("http://{}", mute.local_addr()?);
+    let held = tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((socket, _)) = mute.accept().await {
+            open.push(socket); // never read, never answered
+        }
+    });
+    let mut node = Node::configure(dir.path(), &kafka, &topics)?;
+    node.edit("interval", Some("\"0s\""))?;
+    node.checkpoint_to_s3(&cluster.s3, &endpoint, "mute/")?;
+    node.append("timeout = \"1s\"")?;
+    node.start().await?;
+    let started = Instant::now();
+    let answer = tokio::time::timeout(Duration::from_secs(120), checkpoint_now(&node))
+        .await
+        .context("Admin/Checkpoint still waiting after 120 s")?;
+    let status = answer
+        .expect_err("a checkpoint to a server that never answers")
+        .downcast::<tonic::Status>()?;
+    println!(
+        "failed after {:.1} s: {status}",
+        started.elapsed().as_secs_f64()
+    );
+    assert_eq!(status.code(), tonic::Code::Unavailable);
+    let checkpoint = node
+        .status()
+        .await?
+        .checkpoint
+        .context("no checkpoint status")?;
+    assert_eq!((checkpoint.taken, checkpoint.failures), (0, 1));
+    held.abort();
+    Ok(())
+}
+
 /// A savepoint, the data dir wiped, `geostate restore --savepoint`: identical state. A
 /// truncated savepoint is refused with a reason. Another region's node refuses it unless
 /// asked to seed from it, and then holds the same state.

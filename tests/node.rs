@@ -492,3 +492,81 @@ async fn applied_keys_ship_their_own_part_to_the_deltas_topic() -> anyhow::Resul
     }
     Ok(())
 }
+
+/// Every request and stream has a limit, named when it is passed: a `BatchGet` over
+/// `api.max-batch-keys` is RESOURCE_EXHAUSTED, a `Scan` page token that is not a key under
+/// the prefix INVALID_ARGUMENT, a `Watch` over `api.max-watchers` RESOURCE_EXHAUSTED, and a
+/// watcher that stops reading is cut off (RESOURCE_EXHAUSTED, counted) instead of
+/// buffering every change for it.
+#[tokio::test]
+async fn requests_and_streams_are_bounded() -> anyhow::Result<()> {
+    let cluster = cluster()?;
+    let kafka = cluster.regions["us-east-1"].kafka.clone();
+    let topics = Topics::create(&kafka, "limits", 1).await?;
+    let dir = tempfile::tempdir()?;
+    let mut node = Node::configure(dir.path(), &kafka, &topics)?;
+    node.edit("max-batch-keys", Some("10"))?;
+    node.edit("max-watchers", Some("2"))?;
+    node.start().await?;
+    let mut state = node.state().await?;
+
+    let keys = |n: usize| pb::BatchGetRequest {
+        keys: (0..n).map(|i| format!("requests/k{i}")).collect(),
+    };
+    let ten = state.batch_get(keys(10)).await?.into_inner();
+    assert_eq!(ten.values.len() + ten.missing.len(), 10);
+    let err = state.batch_get(keys(11)).await.expect_err("11 keys");
+    assert_eq!(err.code(), tonic::Code::ResourceExhausted, "{err}");
+    assert!(err.message().contains("api.max-batch-keys is 10"), "{err}");
+
+    let err = state
+        .scan(pb::ScanRequest {
+            prefix: "requests/".into(),
+            page_token: "zones/z".into(),
+            limit: 10,
+        })
+        .await
+        .expect_err("a token from another prefix");
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err}");
+
+    // two watchers, and a third: refused
+    let watch = || pb::WatchRequest {
+        prefix: "requests/".into(),
+    };
+    let mut stalled = state.watch(watch()).await?.into_inner();
+    let other = state.watch(watch()).await?.into_inner();
+    let err = state.watch(watch()).await.expect_err("a third watcher");
+    assert_eq!(err.code(), tonic::Code::ResourceExhausted, "{err}");
+    assert!(err.message().contains("api.max-watchers is 2"), "{err}");
+    drop(other);
+
+    // far more changes than the stalled watcher's queue and its connection's buffers hold
+    let updates: Vec<(String, Vec<u8>)> = (0..20_000)
+        .map(|i| {
+            let key = format!("requests/w{i}");
+            let payload = format!(r#"{{"key":"{key}","add":1}}"#).into_bytes();
+            (key, payload)
+        })
+        .collect();
+    common::produce_all(&producer(&kafka)?, &topics.updates, &updates).await?;
+    node.caught_up(Duration::from_secs(120)).await?;
+    let mut received = 0;
+    let ended = loop {
+        match tokio::time::timeout(Duration::from_secs(30), stalled.next()).await {
+            Ok(Some(Ok(_))) => received += 1,
+            Ok(Some(Err(status))) => break status,
+            Ok(None) => bail!("the stalled watcher's stream ended without a reason"),
+            Err(_) => bail!("the stalled watcher was never cut off ({received} values)"),
+        }
+    };
+    assert_eq!(ended.code(), tonic::Code::ResourceExhausted, "{ended}");
+    assert!(received < updates.len(), "{received} values buffered");
+    let metrics = common::http_get(&node.metrics, "/metrics")?;
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l == "geostate_watchers_dropped_total 1"),
+        "{metrics}"
+    );
+    Ok(())
+}

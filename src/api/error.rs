@@ -38,6 +38,9 @@ pub enum ApiError {
     NotFound { key: String },
     #[error("{0}")]
     InvalidArgument(String),
+    /// A request or stream over a configured limit (named in the message).
+    #[error("{0}")]
+    TooMuch(String),
     #[error("kafka is unreachable: {0}")]
     Unavailable(String),
     /// The checkpoint store failed or the node is stopping.
@@ -82,6 +85,7 @@ impl ApiError {
             ApiError::Refused(Rejection::Overflow(_)) => Code::OutOfRange,
             ApiError::Refused(_) | ApiError::InvalidArgument(_) => Code::InvalidArgument,
             ApiError::NotFound { .. } => Code::NotFound,
+            ApiError::TooMuch(_) => Code::ResourceExhausted,
             ApiError::Unavailable(_)
             | ApiError::NotNow(_)
             | ApiError::Settling { .. }

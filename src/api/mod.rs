@@ -6,7 +6,7 @@
 mod convert;
 mod error;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -68,6 +68,36 @@ pub struct Api {
     pub leases: Option<Arc<Leases>>,
     /// Connections to other regions' APIs, for forwarded owned writes.
     pub peers: Channels,
+    /// End offsets `Admin/Status` read lately, per topic (see [`Api::end_offsets`]).
+    pub ends: EndOffsets,
+}
+
+/// End offsets per topic and when they were read: `Admin/Status` asks Kafka at most once
+/// per [`ENDS_FRESH`] per topic, one call at a time, however often it is called (each
+/// reading creates a Kafka client and can block a thread for seconds when Kafka is slow).
+pub type EndOffsets = tokio::sync::Mutex<HashMap<String, (Instant, Option<BTreeMap<i32, i64>>)>>;
+const ENDS_FRESH: Duration = Duration::from_secs(1);
+
+impl Api {
+    /// The end offsets of `topic` on `kafka`, read at most [`ENDS_FRESH`] ago (`None`:
+    /// Kafka did not answer).
+    async fn end_offsets(
+        &self,
+        kafka: &crate::config::KafkaConfig,
+        topic: &str,
+        partitions: Vec<i32>,
+    ) -> Option<BTreeMap<i32, i64>> {
+        // held while reading: concurrent callers wait for this reading instead of another
+        let mut ends = self.ends.lock().await;
+        if let Some((at, read)) = ends.get(topic)
+            && at.elapsed() < ENDS_FRESH
+        {
+            return read.clone();
+        }
+        let read = crate::log::end_offsets(kafka, topic, partitions).await.ok();
+        ends.insert(topic.to_owned(), (Instant::now(), read.clone()));
+        read
+    }
 }
 
 /// Serves the API on `listener` until `shutdown` completes.
@@ -108,6 +138,9 @@ pub async fn serve(
 
 #[derive(Clone)]
 struct Handler(Arc<Api>);
+
+/// Values a `Watch` stream may have queued unread before the watcher is cut off.
+const WATCH_QUEUE: usize = 256;
 
 /// Records a method's latency and error code.
 fn observe<T>(
@@ -392,6 +425,17 @@ impl Handler {
             0 => SCAN_DEFAULT_LIMIT,
             n => n.min(SCAN_MAX_LIMIT),
         };
+        // a token is the last key of the page before: under the prefix, or not ours
+        if !req.page_token.is_empty()
+            && (!req.page_token.starts_with(&req.prefix)
+                || req.page_token.len() > self.0.config.ingest.max_key_bytes)
+        {
+            return Err(ApiError::InvalidArgument(format!(
+                "page_token {:?} is not a key under prefix {:?}: pass back the next_page_token of the page before",
+                req.page_token.chars().take(64).collect::<String>(),
+                req.prefix
+            )));
+        }
         let store = self.0.store.clone();
         let prefix = req.prefix.clone();
         let after = (!req.page_token.is_empty()).then_some(req.page_token);
@@ -417,13 +461,13 @@ impl Handler {
     async fn status(&self) -> Result<pb::StatusResponse, ApiError> {
         let api = &self.0;
         let applied = api.shared.applied.borrow().clone();
-        let ends = crate::log::end_offsets(
-            &api.config.kafka,
-            &api.config.kafka.updates_topic,
-            api.partitions.clone(),
-        )
-        .await
-        .ok();
+        let ends = api
+            .end_offsets(
+                &api.config.kafka,
+                &api.config.kafka.updates_topic,
+                api.partitions.clone(),
+            )
+            .await;
         let partitions = partition_status(&api.partitions, &applied, ends.as_ref());
         let freshness = api.freshness.snapshot();
         let mut remotes = Vec::with_capacity(api.remotes.len());
@@ -434,9 +478,7 @@ impl Handler {
                 ..api.config.kafka.clone()
             };
             let parts = progress.partitions.borrow().clone();
-            let ends = crate::log::end_offsets(&kafka, &remote.topic, parts.clone())
-                .await
-                .ok();
+            let ends = api.end_offsets(&kafka, &remote.topic, parts.clone()).await;
             let fresh = freshness.get(&remote.region);
             remotes.push(pb::RemoteStatus {
                 region: remote.region.to_string(),
@@ -619,17 +661,30 @@ impl State for Handler {
         req: Request<pb::BatchGetRequest>,
     ) -> Result<Response<pb::BatchGetResponse>, Status> {
         let started = Instant::now();
-        let result = (|| {
-            let mut out = pb::BatchGetResponse::default();
-            for key in req.into_inner().keys {
-                match self.read(&key) {
-                    Ok(v) => out.values.push(v),
-                    Err(ApiError::NotFound { .. }) => out.missing.push(key),
-                    Err(e) => return Err(e),
+        let keys = req.into_inner().keys;
+        let max = self.0.config.api.max_batch_keys;
+        let result = if keys.len() > max {
+            Err(ApiError::TooMuch(format!(
+                "BatchGet asks for {} keys; api.max-batch-keys is {max}",
+                keys.len()
+            )))
+        } else {
+            // RocksDB reads: off the async threads (the lease group's Raft runs there)
+            let handler = self.clone();
+            tokio::task::spawn_blocking(move || {
+                let mut out = pb::BatchGetResponse::default();
+                for key in keys {
+                    match handler.read(&key) {
+                        Ok(v) => out.values.push(v),
+                        Err(ApiError::NotFound { .. }) => out.missing.push(key),
+                        Err(e) => return Err(e),
+                    }
                 }
-            }
-            Ok(out)
-        })();
+                Ok(out)
+            })
+            .await
+            .unwrap_or_else(|e| Err(ApiError::Internal(e.to_string())))
+        };
         observe("batch_get", started, result).map(Response::new)
     }
 
@@ -648,9 +703,18 @@ impl State for Handler {
         req: Request<pb::WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
         let prefix = req.into_inner().prefix;
+        let max = self.0.config.api.max_watchers;
+        // the count includes this node's own internal receivers: none today
+        if self.0.shared.changes.receiver_count() >= max {
+            return Err(ApiError::TooMuch(format!(
+                "{max} Watch streams are open; api.max-watchers is {max}"
+            ))
+            .into());
+        }
         let mut changes = self.0.shared.changes.subscribe();
         let mut stop = self.0.stop.clone();
-        let (tx, rx) = mpsc::channel(256);
+        // one slot more than the queue: the reason a watcher is cut off always fits
+        let (tx, rx) = mpsc::channel(WATCH_QUEUE + 1);
         tokio::spawn(async move {
             loop {
                 let next = tokio::select! {
@@ -672,7 +736,15 @@ impl State for Handler {
                 for (key, state) in batch.iter().filter(|(k, _)| k.starts_with(&prefix)) {
                     let value =
                         convert::value(key, state.crdt_type(), Some(state)).map_err(Status::from);
-                    if tx.send(value).await.is_err() {
+                    // a watcher that does not read is cut off, never buffered for
+                    if tx.capacity() <= 1 {
+                        metrics::counter!(m::WATCHERS_DROPPED).increment(1);
+                        let _ = tx.try_send(Err(Status::resource_exhausted(format!(
+                            "this watcher left {WATCH_QUEUE} values unread; scan and watch again"
+                        ))));
+                        return;
+                    }
+                    if tx.try_send(value).is_err() {
                         return; // the client went away
                     }
                 }

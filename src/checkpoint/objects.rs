@@ -63,7 +63,13 @@ impl Objects {
                     .force_path_style(s3.path_style)
                     // many S3-compatible servers reject the SDK's default CRC32 trailers
                     .request_checksum_calculation(RequestChecksumCalculation::WhenRequired)
-                    .response_checksum_validation(ResponseChecksumValidation::WhenRequired);
+                    .response_checksum_validation(ResponseChecksumValidation::WhenRequired)
+                    .timeout_config(
+                        aws_sdk_s3::config::timeout::TimeoutConfig::builder()
+                            .connect_timeout(s3.timeout)
+                            .read_timeout(s3.timeout)
+                            .build(),
+                    );
                 if let Some(endpoint) = &s3.endpoint {
                     builder = builder.endpoint_url(endpoint);
                 }
