@@ -48,3 +48,6 @@ pub mod shutdown;
 pub mod store;
 pub mod supervise;
 pub mod workload;
+
+#[cfg(test)]
+mod fuzz;

@@ -421,9 +421,14 @@ fn sibling(data_dir: &Path, suffix: &str) -> PathBuf {
 }
 
 async fn read_manifest(objects: &Objects, key: &str) -> Result<Manifest, CheckpointError> {
-    let bytes = objects.get_bytes(key).await?;
+    parse_manifest(key, &objects.get_bytes(key).await?)
+}
+
+/// A manifest from the bytes of the object `key`, checked: a version this build reads,
+/// and file names that stay inside the directory they are restored into.
+pub fn parse_manifest(key: &str, bytes: &[u8]) -> Result<Manifest, CheckpointError> {
     let manifest: Manifest =
-        serde_json::from_slice(&bytes).map_err(|e| CheckpointError::Manifest {
+        serde_json::from_slice(bytes).map_err(|e| CheckpointError::Manifest {
             key: key.to_owned(),
             reason: e.to_string(),
         })?;

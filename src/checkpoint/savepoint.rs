@@ -184,6 +184,50 @@ pub async fn restore(
     Ok(header)
 }
 
+/// The next record of a savepoint (`None`: the input ended between records). A length
+/// prefix larger than what follows is an error once the input ends, never an allocation.
+pub fn next_record(input: &mut impl Read) -> Result<Option<Kind>, CheckpointError> {
+    let mut first = [0u8; 1];
+    if input
+        .read(&mut first)
+        .map_err(io("reading the savepoint"))?
+        == 0
+    {
+        return Ok(None);
+    }
+    // the varint length prefix, one byte at a time
+    let mut len: u64 = u64::from(first[0] & 0x7f);
+    let mut shift = 7;
+    let mut byte = first[0];
+    while byte & 0x80 != 0 {
+        let mut b = [0u8; 1];
+        input
+            .read_exact(&mut b)
+            .map_err(io("reading the savepoint"))?;
+        byte = b[0];
+        len |= u64::from(byte & 0x7f) << shift;
+        shift += 7;
+        if shift > 63 {
+            return Err(bad("a record length is corrupt"));
+        }
+    }
+    // read what is there, never allocate what the (maybe corrupt) length claims
+    let mut buf = Vec::new();
+    input
+        .by_ref()
+        .take(len)
+        .read_to_end(&mut buf)
+        .map_err(io("reading the savepoint"))?;
+    if buf.len() as u64 != len {
+        return Err(bad("the file ends inside a record (truncated?)"));
+    }
+    let record = pb::SavepointRecord::decode(buf.as_slice()).map_err(|e| bad(e.to_string()))?;
+    record
+        .kind
+        .map(Some)
+        .ok_or_else(|| bad("a record has no content"))
+}
+
 fn load(
     path: &Path,
     dir: &Path,
@@ -192,46 +236,7 @@ fn load(
 ) -> Result<pb::SavepointHeader, CheckpointError> {
     let file = std::fs::File::open(path).map_err(io(format!("reading {}", path.display())))?;
     let mut input = BufReader::new(file);
-    let mut next = || -> Result<Option<Kind>, CheckpointError> {
-        let mut first = [0u8; 1];
-        if input
-            .read(&mut first)
-            .map_err(io("reading the savepoint"))?
-            == 0
-        {
-            return Ok(None);
-        }
-        // the varint length prefix, one byte at a time
-        let mut len: u64 = u64::from(first[0] & 0x7f);
-        let mut shift = 7;
-        let mut byte = first[0];
-        while byte & 0x80 != 0 {
-            let mut b = [0u8; 1];
-            input
-                .read_exact(&mut b)
-                .map_err(io("reading the savepoint"))?;
-            byte = b[0];
-            len |= u64::from(byte & 0x7f) << shift;
-            shift += 7;
-            if shift > 63 {
-                return Err(bad("a record length is corrupt"));
-            }
-        }
-        // read what is there, never allocate what the (maybe corrupt) length claims
-        let mut buf = Vec::new();
-        (&mut input)
-            .take(len)
-            .read_to_end(&mut buf)
-            .map_err(io("reading the savepoint"))?;
-        if buf.len() as u64 != len {
-            return Err(bad("the file ends inside a record (truncated?)"));
-        }
-        let record = pb::SavepointRecord::decode(buf.as_slice()).map_err(|e| bad(e.to_string()))?;
-        record
-            .kind
-            .map(Some)
-            .ok_or_else(|| bad("a record has no content"))
-    };
+    let mut next = || next_record(&mut input);
     let header = match next()? {
         Some(Kind::Header(h)) => h,
         _ => return Err(bad("the file does not start with a savepoint header")),

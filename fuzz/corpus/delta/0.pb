@@ -1,0 +1,7 @@
+
+requests/9q8yy	eu-west-1
+
+
+
+	eu-west-1)"
+€ìäÀåÎ¸ı

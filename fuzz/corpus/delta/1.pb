@@ -1,0 +1,5 @@
+
+drivers/9q8yy	eu-west-1
+
+	eu-west-1"
+€ìäÀåÎ¸ı
