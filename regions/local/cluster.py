@@ -25,6 +25,7 @@ import json
 import os
 import shutil
 import signal
+import random
 import socket
 import subprocess
 import sys
@@ -187,9 +188,25 @@ def cmd_install(_args: argparse.Namespace) -> None:
 
 
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port in 20000-24999: below the kernel's ephemeral range, so no outgoing
+    connection takes it while its process restarts (a `bind(0)` port can be), and below
+    the tests' range (25000 up to the ephemeral range)."""
+    for _ in range(1000):
+        port = random.randrange(20000, 25000)
+        if port in HANDED_OUT:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        HANDED_OUT.add(port)
+        return port
+    die("no free port in 20000-24999")
+
+
+# ports free_port gave out in this run (not bound yet by their process)
+HANDED_OUT: set[int] = set()
 
 
 def port_open(port: int) -> bool:

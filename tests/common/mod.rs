@@ -261,12 +261,46 @@ pub async fn create_topic(bootstrap: &str, name: &str, partitions: i32) -> anyho
 
 /// A free loopback port. The node is a separate process, so it cannot hand back a port-0
 /// listener; the window between this probe and the node's bind is tiny.
+/// A port for a listener a test starts (and may restart on the same port): free now, below
+/// the kernel's ephemeral range (so no outgoing connection takes it meanwhile, which
+/// `bind(0)` ports are exposed to: a restarted node then failed with "Address already in
+/// use"), above the local cluster's range (20000–24999, `cluster.py`), and not handed to any
+/// other test process (a lock file per port, held until this process exits).
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    static HELD: std::sync::Mutex<Vec<std::fs::File>> = std::sync::Mutex::new(Vec::new());
+    const LOW: u32 = 25_000;
+    let high = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32_768)
+        .max(LOW + 1000);
+    let span = high - LOW;
+    let dir = std::env::temp_dir().join("geostate-test-ports");
+    std::fs::create_dir_all(&dir).expect("a directory for port locks");
+    let mut held = HELD.lock().unwrap_or_else(|p| p.into_inner());
+    let start = std::process::id()
+        .wrapping_mul(7919)
+        .wrapping_add(held.len() as u32 * 31)
+        % span;
+    for i in 0..span {
+        let port = (LOW + (start + i) % span) as u16;
+        let Ok(lock) = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(dir.join(port.to_string()))
+        else {
+            continue;
+        };
+        if lock.try_lock().is_err() {
+            continue;
+        }
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            held.push(lock);
+            return port;
+        }
+    }
+    panic!("no free port in {LOW}..{high}");
 }
 
 /// Topics of one test's private node.
