@@ -341,8 +341,9 @@ impl Ingestor {
         Ok(())
     }
 
-    /// Produces every refused record to the dead-letter topic with its reason, retrying
-    /// until Kafka acknowledges each.
+    /// Produces every refused record to the dead-letter topic with its reason (cut to what
+    /// the producer takes, [`DeadLetter`]), retrying until Kafka acknowledges each, except
+    /// one the topic refuses as such: that one is parked (logged and counted).
     async fn dead_letter(&self, rejected: &[(Record, Rejection)]) {
         let topic = &self.config.kafka.dlq_topic;
         for (record, why) in rejected {

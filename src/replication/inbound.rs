@@ -9,10 +9,8 @@
 //! Guarantees: merging is idempotent and commutative, so duplicated or reordered
 //! deliveries (at-least-once MirrorMaker 2, replays after a crash) leave the same state;
 //! the remote offsets are committed with the merged states, so a restart resumes exactly
-//! after the last merged delta; a merge never writes the outbox (deltas do not echo back);
-//! a delta stamped further ahead than `max-clock-offset` is refused and counted, and its
-//! content arrives with the remote's next delta for the key once clocks agree again. An
-//! owned key's delta below the epoch of the key's value is refused (fenced); a merge never
+//! after the last merged delta; a merge never writes the outbox (deltas do not echo back).
+//! An owned key's delta below the epoch of the key's value is refused (fenced); a merge never
 //! raises the fence local records are judged by (see `ingest::batch::Fences`).
 //!
 //! A delta stamped (its origin time, or a register's own stamp) further ahead of the local
