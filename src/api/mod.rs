@@ -72,30 +72,33 @@ pub struct Api {
     pub ends: EndOffsets,
 }
 
-/// End offsets per topic and when they were read: `Admin/Status` asks Kafka at most once
-/// per [`ENDS_FRESH`] per topic, one call at a time, however often it is called (each
-/// reading creates a Kafka client and can block a thread for seconds when Kafka is slow).
+/// The last end offsets `Admin/Status` read per topic, and when that reading started. One
+/// reading at a time, shared by every call that was waiting for it, however often Status
+/// is called (each reading creates a Kafka client and can block a thread for seconds when
+/// Kafka is slow); never one that started before the call (a caller waiting for "caught
+/// up" must see the end as of its call).
 pub type EndOffsets = tokio::sync::Mutex<HashMap<String, (Instant, Option<BTreeMap<i32, i64>>)>>;
-const ENDS_FRESH: Duration = Duration::from_secs(1);
 
 impl Api {
-    /// The end offsets of `topic` on `kafka`, read at most [`ENDS_FRESH`] ago (`None`:
-    /// Kafka did not answer).
+    /// The end offsets of `topic` on `kafka`, read after this call began (`None`: Kafka did
+    /// not answer).
     async fn end_offsets(
         &self,
         kafka: &crate::config::KafkaConfig,
         topic: &str,
         partitions: Vec<i32>,
     ) -> Option<BTreeMap<i32, i64>> {
-        // held while reading: concurrent callers wait for this reading instead of another
+        let asked = Instant::now();
+        // held while reading: callers queue behind one reading instead of each making one
         let mut ends = self.ends.lock().await;
-        if let Some((at, read)) = ends.get(topic)
-            && at.elapsed() < ENDS_FRESH
+        if let Some((started, read)) = ends.get(topic)
+            && *started >= asked
         {
             return read.clone();
         }
+        let started = Instant::now();
         let read = crate::log::end_offsets(kafka, topic, partitions).await.ok();
-        ends.insert(topic.to_owned(), (Instant::now(), read.clone()));
+        ends.insert(topic.to_owned(), (started, read.clone()));
         read
     }
 }
