@@ -121,7 +121,9 @@ struct Args {
         default_value = "pause-holder,kill,mirror"
     )]
     nemesis: Vec<Nemesis>,
-    /// How long the clients run (faults included).
+    /// How long the clients run at least (faults included). A run lasts longer when the
+    /// faults are slow: every nemesis of the list fires once, and the clients go on for
+    /// `--interval` after the last fault healed.
     #[arg(long, default_value_t = 60)]
     seconds: u64,
     #[arg(long, default_value_t = 1)]
@@ -194,6 +196,7 @@ async fn run(args: Args) -> anyhow::Result<bool> {
         history: Mutex::new(Vec::new()),
     });
     let deadline = Instant::now() + Duration::from_secs(args.seconds);
+    let (stop_clients, clients_stop) = tokio::sync::watch::channel(false);
     let mut clients = Vec::new();
     for (r, region) in regions.iter().enumerate() {
         for c in 0..args.clients_per_region {
@@ -209,10 +212,16 @@ async fn run(args: Args) -> anyhow::Result<bool> {
                 rng: Rng(args.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (first_process + 1)),
                 last_read: BTreeMap::new(),
             };
-            clients.push(tokio::spawn(client.run(first_process, deadline)));
+            clients.push(tokio::spawn(
+                client.run(first_process, clients_stop.clone()),
+            ));
         }
     }
     let faults = nemesis(&args, &run, &keys, hash_shards, deadline).await?;
+    // the clients see the last fault's recovery, and run for `--seconds` at least
+    tokio::time::sleep(Duration::from_secs(args.interval)).await;
+    tokio::time::sleep_until(deadline.into()).await;
+    stop_clients.send_replace(true);
     for c in clients {
         c.await??;
     }
@@ -269,12 +278,16 @@ impl Client {
         }
     }
 
-    async fn run(mut self, mut process: u64, deadline: Instant) -> anyhow::Result<()> {
+    async fn run(
+        mut self,
+        mut process: u64,
+        stop: tokio::sync::watch::Receiver<bool>,
+    ) -> anyhow::Result<()> {
         let Some(mut client) = self.connect() else {
             bail!("bad address {}", self.addr);
         };
         let mut n = 0u64;
-        while Instant::now() < deadline {
+        while !*stop.borrow() {
             n += 1;
             let key = self.keys[self.rng.below(self.keys.len() as u64) as usize].clone();
             // unique per operation
@@ -530,7 +543,8 @@ fn register_value(v: &pb::Value) -> Option<i64> {
     }
 }
 
-/// Runs the faults in turn until `deadline`, each healed before the next.
+/// Runs the faults in turn, each healed before the next: every kind once, then more until
+/// `deadline` (a slow machine lengthens the run rather than skip a fault).
 async fn nemesis(
     args: &Args,
     run: &Run,
@@ -544,7 +558,9 @@ async fn nemesis(
         args.interval.min(args.seconds / 4).max(1),
     ))
     .await;
-    while !args.nemesis.is_empty() && Instant::now() + Duration::from_secs(5) < deadline {
+    while !args.nemesis.is_empty()
+        && (i < args.nemesis.len() || Instant::now() + Duration::from_secs(5) < deadline)
+    {
         let kind = args.nemesis[i % args.nemesis.len()];
         // each kind of fault takes the regions in turn
         let round = i / args.nemesis.len();
