@@ -932,8 +932,9 @@ async fn latency_and_gets(kafka: &str, work: &Path, load_rate: u64) -> anyhow::R
 async fn run() -> anyhow::Result<()> {
     let cluster = cluster()?;
     let kafka = cluster.regions["us-east-1"].kafka.clone();
-    let config =
-        Config::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("regions/us-east-1.toml"))?;
+    let config = Config::load(
+        &Path::new(&std::env::var("CARGO_MANIFEST_DIR")?).join("regions/us-east-1.toml"),
+    )?;
     let work = tempfile::tempdir()?;
     let cores = cores();
     let pinned = pinning();

@@ -749,7 +749,7 @@ mod tests {
     #[test]
     fn the_example_region_files_are_valid() {
         for region in ["us-east-1", "eu-west-1"] {
-            let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("regions/{region}.toml"));
+            let path = crate::repo_file(&format!("regions/{region}.toml"));
             let c = Config::load(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
             assert_eq!(c.region.as_str(), region);
             for (prefix, crdt, ownership) in [

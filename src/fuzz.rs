@@ -12,7 +12,7 @@
 //! (cargo-fuzz needs nightly and an instrumented build of RocksDB and librdkafka).
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -28,11 +28,11 @@ use crate::replication::inbound::merge_batch;
 use crate::workload::Rng;
 
 fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz")
+    crate::repo_file("fuzz")
 }
 
 fn config() -> Config {
-    Config::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("regions/us-east-1.toml"))
+    Config::load(&crate::repo_file("regions/us-east-1.toml"))
         .unwrap_or_else(|e| panic!("the example config: {e}"))
 }
 

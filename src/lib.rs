@@ -51,3 +51,17 @@ pub mod workload;
 
 #[cfg(test)]
 mod fuzz;
+
+/// A file of this repository, for tests: under the `CARGO_MANIFEST_DIR` cargo sets when
+/// it runs the test, not the one compiled in. Cargo reuses a binary built in another
+/// checkout that shares the target directory (CI's clone and a working copy), and the
+/// compiled-in folder is then the other checkout's, or gone.
+#[cfg(test)]
+pub(crate) fn repo_file(relative: &str) -> std::path::PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map_or_else(
+            || env!("CARGO_MANIFEST_DIR").into(),
+            std::path::PathBuf::from,
+        )
+        .join(relative)
+}

@@ -29,11 +29,10 @@ struct Tools {
 
 fn nodes() -> anyhow::Result<ClusterNodes> {
     let path = std::env::var("GEOSTATE_CLUSTER").unwrap_or_else(|_| {
-        concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/regions/local/run/cluster.json"
+        format!(
+            "{}/regions/local/run/cluster.json",
+            std::env::var("CARGO_MANIFEST_DIR").unwrap_or_default()
         )
-        .into()
     });
     let text = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
     Ok(serde_json::from_str(&text)?)

@@ -127,7 +127,9 @@ async fn an_acknowledged_owned_write_survives_its_holders_disk_loss() -> anyhow:
     // wait, and the first it answers must hold "acked"
     drop(unwritable);
     let started = Instant::now();
-    let restart = tokio::task::spawn_blocking(|| cluster_script(&["up", "--no-build"]));
+    let mut restart = Some(tokio::task::spawn_blocking(|| {
+        cluster_script(&["up", "--no-build"])
+    }));
     let mut waited = 0;
     loop {
         match home.state.get(at_holder(&key)).await {
@@ -143,6 +145,15 @@ async fn an_acknowledged_owned_write_survives_its_holders_disk_loss() -> anyhow:
             Err(s) if s.code() == Code::Unavailable => waited += 1,
             Err(s) => bail!("a leaseholder read at the new holder answered {s}"),
         }
+        if let Some(done) = restart.take_if(|r| r.is_finished()) {
+            // the script's own error, if it failed, instead of waiting out the deadline
+            let said = done.await?.context("restarting the wiped node")?;
+            let pid = common::cluster()?.regions[&holder.name].pid;
+            ensure!(
+                pid.is_some_and(|p| std::path::Path::new(&format!("/proc/{p}")).exists()),
+                "cluster.py up ended, and the wiped node is not running (pid {pid:?}); it said: {said}"
+            );
+        }
         ensure!(
             started.elapsed() < Duration::from_secs(180),
             "the new holder did not serve {key} within 180 s of the restart"
@@ -153,7 +164,9 @@ async fn an_acknowledged_owned_write_survives_its_holders_disk_loss() -> anyhow:
         "the new holder served \"acked\" {:?} after the restart began ({waited} refusals before)",
         started.elapsed()
     );
-    restart.await??;
+    if let Some(restart) = restart {
+        restart.await?.context("restarting the wiped node")?;
+    }
 
     // both regions end with both writes
     let grpc = node.grpc.as_ref().context("node grpc")?;

@@ -14,7 +14,8 @@ fn the_region_wipe_drill_passes() {
     let cluster = std::env::var_os("GEOSTATE_CLUSTER")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../regions/local/run/cluster.json")
+            PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap_or_default())
+                .join("../regions/local/run/cluster.json")
         });
     let out = std::env::temp_dir().join(format!("geostate-drill-{}", std::process::id()));
     let status = Command::new(env!("CARGO_BIN_EXE_chaos"))

@@ -17,6 +17,14 @@ use tonic::transport::Channel;
 #[derive(Deserialize, Clone)]
 pub struct ClusterFile {
     pub regions: BTreeMap<String, RegionFile>,
+    #[serde(default)]
+    pub tools: Tools,
+}
+
+#[derive(Deserialize, Clone, Default)]
+pub struct Tools {
+    /// The `cluster.py` that started the cluster (older files do not name it).
+    pub cluster_py: Option<PathBuf>,
 }
 
 #[derive(Deserialize, Clone)]
@@ -40,7 +48,12 @@ pub async fn cluster_script(cluster_json: &Path, args: &[&str]) -> anyhow::Resul
 
 /// [`cluster_script`], returning what it printed.
 pub async fn cluster_script_output(cluster_json: &Path, args: &[&str]) -> anyhow::Result<String> {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../regions/local/cluster.py");
+    // the script that made the cluster: the folder compiled in may be another checkout's
+    // (one target directory serves several)
+    let script = match read_cluster(cluster_json)?.tools.cluster_py {
+        Some(script) => script,
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../regions/local/cluster.py"),
+    };
     let run_dir = cluster_json
         .parent()
         .context("cluster.json has no folder")?;

@@ -4,7 +4,7 @@
 //! corrupted to a value it could not have seen. Both must give the same verdict on every
 //! history, and both verdicts must occur.
 
-use std::path::Path;
+use std::path::PathBuf;
 use std::process::Command;
 
 use geostate::workload::Rng;
@@ -143,7 +143,9 @@ fn history(rng: &mut Rng) -> String {
 fn the_register_checker_agrees_with_porcupine() -> anyhow::Result<()> {
     let dir = std::env::temp_dir().join(format!("porcupine-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
-    let module = Path::new(env!("CARGO_MANIFEST_DIR")).join("porcupine");
+    // the folder cargo names when it runs the test, not the compiled-in one (a binary
+    // built in another checkout sharing the target directory)
+    let module = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?).join("porcupine");
     let binary = dir.join("porcupine-check");
     let built = Command::new("go")
         .args(["build", "-o"])

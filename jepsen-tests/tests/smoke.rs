@@ -16,7 +16,8 @@ fn cluster_json() -> PathBuf {
     std::env::var_os("GEOSTATE_CLUSTER")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../regions/local/run/cluster.json")
+            PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap_or_default())
+                .join("../regions/local/run/cluster.json")
         })
 }
 

@@ -722,7 +722,7 @@ def cmd_up(_args: argparse.Namespace) -> None:
         s3 = start_s3()
         cluster = {"s3": s3, "regions": {}, "mirrormaker2": {}, "logs": str(LOGS),
                    "tools": {"grpcurl": str(GRPCURL), "geostate": str(geostate_bin()),
-                             "s3s_fs": str(S3S_FS)}}
+                             "s3s_fs": str(S3S_FS), "cluster_py": str(Path(__file__).resolve())}}
         for region, r in regions.items():
             cluster["regions"][region] = {
                 "kafka": r["kafka"], "kafka_pid": r["kafka_pid"],

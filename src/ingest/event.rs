@@ -334,7 +334,7 @@ mod tests {
     use crate::config::Config;
 
     fn config() -> Config {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("regions/us-east-1.toml");
+        let path = crate::repo_file("regions/us-east-1.toml");
         Config::load(&path).unwrap()
     }
 

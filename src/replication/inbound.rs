@@ -659,7 +659,7 @@ mod tests {
         remote: &RegionId,
         hlc: &Hlc,
     ) -> Result<Merged, S::Error> {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("regions/us-east-1.toml");
+        let path = crate::repo_file("regions/us-east-1.toml");
         let config = Config::load(&path).unwrap();
         merge_batch(
             records,

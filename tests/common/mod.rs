@@ -66,9 +66,7 @@ pub struct RegionEndpoints {
 pub fn cluster() -> anyhow::Result<Cluster> {
     let path = std::env::var_os("GEOSTATE_CLUSTER")
         .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("regions/local/run/cluster.json")
-        });
+        .unwrap_or_else(|| repo_file("regions/local/run/cluster.json"));
     let text = std::fs::read_to_string(&path).with_context(|| {
         format!(
             "no cluster at {}: run `make test` (or `make up` first)",
@@ -157,34 +155,43 @@ impl Drop for RestartMirror {
     }
 }
 
-/// Runs `regions/local/cluster.py <args>` against the cluster the tests use.
-pub fn cluster_script(args: &[&str]) -> anyhow::Result<()> {
+/// A file of this repository: under the `CARGO_MANIFEST_DIR` cargo sets when it runs the
+/// test, not the one compiled in (cargo reuses a test binary built in another checkout
+/// that shares the target directory; the compiled-in folder is then that checkout's).
+pub fn repo_file(relative: &str) -> PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map_or_else(|| env!("CARGO_MANIFEST_DIR").into(), PathBuf::from)
+        .join(relative)
+}
+
+/// Runs `regions/local/cluster.py <args>` against the cluster the tests use; returns what
+/// it printed.
+pub fn cluster_script(args: &[&str]) -> anyhow::Result<String> {
     cluster_script_env(args, &[])
 }
 
 /// [`cluster_script`] with extra environment variables.
-pub fn cluster_script_env(args: &[&str], env: &[(&str, &str)]) -> anyhow::Result<()> {
+pub fn cluster_script_env(args: &[&str], env: &[(&str, &str)]) -> anyhow::Result<String> {
     let cluster_json = std::env::var_os("GEOSTATE_CLUSTER")
         .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("regions/local/run/cluster.json")
-        });
+        .unwrap_or_else(|| repo_file("regions/local/run/cluster.json"));
     let run_dir = cluster_json
         .parent()
         .context("cluster.json has no folder")?;
     let out = Command::new("python3")
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("regions/local/cluster.py"))
+        .arg(repo_file("regions/local/cluster.py"))
         .args(args)
         .env("GEOSTATE_RUN_DIR", run_dir)
         .envs(env.iter().copied())
         .output()?;
     if !out.status.success() {
         bail!(
-            "cluster.py {args:?} failed: {}",
+            "cluster.py {args:?} failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    Ok(())
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// An `aws-sdk-s3` client for the cluster's S3 server (or another at `endpoint`).
@@ -352,9 +359,7 @@ impl Node {
         topics: &Topics,
         remotes: &[(&str, &str)],
     ) -> anyhow::Result<Self> {
-        let template = std::fs::read_to_string(
-            Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("regions/{region}.toml")),
-        )?;
+        let template = std::fs::read_to_string(repo_file(&format!("regions/{region}.toml")))?;
         // the example's own remotes are replaced by the test's
         let template = template
             .split("[[replication.remote]]")
