@@ -517,6 +517,7 @@ fn apply_in_memory(
         origin_time: geostate::clock::HlcTimestamp::new(1, 0),
         lease: None,
         max_clock_offset: config.max_clock_offset,
+        grants: None,
     };
     let applied = apply_batch(records, state, &ctx).unwrap_or_else(|e| match e {});
     state.extend(applied.states);

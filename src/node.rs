@@ -257,6 +257,8 @@ pub async fn run(
         dlq: log::RenewingProducer::new(&config.kafka, Duration::from_secs(30))?,
         shared: shared.clone(),
         replay_to,
+        leases: leases.clone(),
+        grants: Default::default(),
     };
     // A node that rebuilt itself replays its updates topic only once it holds every remote
     // delta the lost node could have seen: a compare-and-set replayed on less than the

@@ -38,6 +38,56 @@ pub struct Applied {
     pub duplicates: usize,
     /// The owned shards' fences after the batch.
     pub fences: Fences,
+    /// The batch stopped at a record whose epoch [`Grants`] can neither admit nor refuse:
+    /// that record and every one after it, not applied, to apply once the lease group
+    /// was asked.
+    pub pending: Option<Pending>,
+}
+
+/// Records a batch left for later, from the first whose epoch needs the lease group's
+/// answer.
+#[derive(Debug)]
+pub struct Pending {
+    pub shard: ShardId,
+    pub epoch: u64,
+    pub records: Vec<Record>,
+}
+
+/// What the ingest knows of the lease epochs the lease group granted. An owned record
+/// names the epoch of the lease it was written under; one above every epoch granted for
+/// its shard did not come through a holder's API, and applying it would fence the
+/// shard's later writes up to that epoch (for ever, at `u64::MAX`).
+#[derive(Debug, Default, Clone)]
+pub struct Grants {
+    /// Per shard, an epoch known granted (every lower one was too).
+    pub known: BTreeMap<ShardId, u64>,
+    /// Per shard, the lease group's epoch read through its log after the batch's records
+    /// were read: an epoch above it was never granted when the record was written.
+    pub read: BTreeMap<ShardId, u64>,
+}
+
+/// How [`Grants`] judges an owned record's epoch.
+#[derive(Debug, PartialEq, Eq)]
+enum Grant {
+    Granted,
+    /// Above the epoch the lease group answered.
+    Never {
+        granted: u64,
+    },
+    /// Above what is known: ask the lease group.
+    Ask,
+}
+
+impl Grants {
+    fn judge(&self, shard: ShardId, epoch: u64) -> Grant {
+        let known = self.known.get(&shard).copied().unwrap_or(0);
+        match self.read.get(&shard) {
+            _ if epoch <= known => Grant::Granted,
+            Some(&read) if epoch <= read => Grant::Granted,
+            Some(&read) => Grant::Never { granted: read },
+            None => Grant::Ask,
+        }
+    }
 }
 
 /// The facts a batch is applied with.
@@ -52,6 +102,8 @@ pub struct BatchContext<'a> {
     pub lease: Option<&'a LeaseConfig>,
     /// How far a record's own stamp may be ahead of its Kafka timestamp.
     pub max_clock_offset: Duration,
+    /// The epochs granted, where a lease group grants them (`None`: not checked).
+    pub grants: Option<&'a Grants>,
 }
 
 /// A record that brings its own order stamp (the gRPC API stamps registers before it
@@ -188,11 +240,13 @@ pub fn apply_batch<S: StateSource>(
 ) -> Result<Applied, S::Error> {
     let mut out = Applied::default();
     let mut work: BTreeMap<String, Working> = BTreeMap::new();
-    for record in records {
-        out.offsets
-            .entry(record.partition)
-            .and_modify(|o| *o = (*o).max(record.offset))
-            .or_insert(record.offset);
+    let mut records = records.into_iter();
+    while let Some(record) = records.next() {
+        let before = out.offsets.get(&record.partition).copied();
+        out.offsets.insert(
+            record.partition,
+            before.map_or(record.offset, |o| o.max(record.offset)),
+        );
         let update = match record.payload.as_deref() {
             None => Err(Rejection::Malformed("record has no value".into())),
             Some(bytes) => Update::decode(ctx.format, bytes),
@@ -215,6 +269,37 @@ pub fn apply_batch<S: StateSource>(
                 continue;
             }
         };
+        if let (Ownership::Owned, Some(epoch), Some(grants)) = (ownership, update.epoch, ctx.grants)
+        {
+            let shard = owned_shard(ctx.lease, &update.key);
+            match grants.judge(shard, epoch) {
+                Grant::Granted => {}
+                Grant::Never { granted } => {
+                    let key = update.key.clone();
+                    let why = Rejection::EpochNotGranted {
+                        key,
+                        shard,
+                        epoch,
+                        granted,
+                    };
+                    out.rejected.push((record, why));
+                    continue;
+                }
+                Grant::Ask => {
+                    // this record is not consumed yet: neither is its offset
+                    match before {
+                        Some(o) => out.offsets.insert(record.partition, o),
+                        None => out.offsets.remove(&record.partition),
+                    };
+                    out.pending = Some(Pending {
+                        shard,
+                        epoch,
+                        records: std::iter::once(record).chain(records).collect(),
+                    });
+                    break;
+                }
+            }
+        }
         if !work.contains_key(&update.key) {
             let state = source.state(&update.key)?;
             work.insert(
@@ -448,6 +533,17 @@ mod tests {
     where
         S::Error: std::fmt::Debug,
     {
+        run_granted(records, stored, None)
+    }
+
+    fn run_granted<S: StateSource>(
+        records: Vec<Record>,
+        stored: &S,
+        grants: Option<&Grants>,
+    ) -> Applied
+    where
+        S::Error: std::fmt::Debug,
+    {
         let c = config();
         let actor = Actor::new(RegionId::new("us-east-1").unwrap(), 1);
         let ctx = BatchContext {
@@ -458,8 +554,75 @@ mod tests {
             origin_time: HlcTimestamp::new(5, 0),
             lease: c.lease.as_ref(),
             max_clock_offset: c.max_clock_offset,
+            grants,
         };
         apply_batch(records, stored, &ctx).unwrap()
+    }
+
+    /// An owned record's epoch must have been granted: below what is known it applies;
+    /// above it the batch stops there (that record and the rest pending, its offset not
+    /// consumed) until the lease group is read; above the epoch read it is refused, and
+    /// the shard's fence stays where it was.
+    #[test]
+    fn an_owned_record_names_an_epoch_the_lease_group_granted() {
+        let c = config();
+        let shard = owned_shard(c.lease.as_ref(), "surge/a");
+        let records = || {
+            vec![
+                record(0, 1, r#"{"key":"surge/a","set":"1","epoch":3}"#),
+                record(
+                    0,
+                    2,
+                    r#"{"key":"surge/a","set":"2","epoch":18446744073709551615}"#,
+                ),
+                record(1, 7, r#"{"key":"requests/x","add":1}"#),
+                record(0, 3, r#"{"key":"surge/a","set":"3","epoch":3}"#),
+            ]
+        };
+        let mut grants = Grants::default();
+        grants.known.insert(shard, 3);
+
+        let out = run_granted(records(), &BTreeMap::new(), Some(&grants));
+        let pending = out.pending.expect("stopped at the unknown epoch");
+        assert_eq!((pending.shard, pending.epoch), (shard, u64::MAX));
+        let left: Vec<(i32, i64)> = pending
+            .records
+            .iter()
+            .map(|r| (r.partition, r.offset))
+            .collect();
+        assert_eq!(left, [(0, 2), (1, 7), (0, 3)]);
+        assert_eq!(out.offsets, BTreeMap::from([(0, 1)]));
+        assert_eq!(out.applied, 1);
+        assert_eq!(out.fences.0.get(&shard), Some(&3));
+
+        // the lease group answers epoch 4: the record named one never granted
+        grants.read.insert(shard, 4);
+        let mut stored = BTreeMap::new();
+        stored.extend(out.states);
+        let out = run_granted(pending.records, &stored, Some(&grants));
+        assert!(out.pending.is_none());
+        let codes: Vec<_> = out
+            .rejected
+            .iter()
+            .map(|(r, why)| (r.offset, why.code()))
+            .collect();
+        assert_eq!(codes, [(2, "epoch_not_granted")]);
+        assert_eq!(out.offsets, BTreeMap::from([(0, 3), (1, 7)]));
+        // the fence did not rise to the forged epoch: the next record at epoch 3 applied
+        assert_eq!(out.fences.0.get(&shard), Some(&3));
+        let CrdtValue::LwwRegister(r) = &out.states["surge/a"] else {
+            panic!("a register")
+        };
+        assert_eq!(r.value(), b"3");
+
+        // an epoch the lease group has granted since the known one applies
+        let out = run_granted(
+            vec![record(0, 4, r#"{"key":"surge/a","set":"4","epoch":4}"#)],
+            &stored,
+            Some(&grants),
+        );
+        assert!(out.rejected.is_empty() && out.pending.is_none());
+        assert_eq!(out.fences.0.get(&shard), Some(&4));
     }
 
     /// A source whose owned shards already applied epoch 5.

@@ -82,6 +82,15 @@ pub enum Rejection {
         highest: u64,
     },
     #[error(
+        "{key:?} names lease epoch {epoch} of shard {shard}, and the lease group has granted that shard up to epoch {granted} only: an epoch comes from a lease, never from the writer"
+    )]
+    EpochNotGranted {
+        key: String,
+        shard: u32,
+        epoch: u64,
+        granted: u64,
+    },
+    #[error(
         "stamp {stamp} is more than max-clock-offset ({max:?}) ahead of the record's Kafka timestamp ({written_ms} ms): a writer may not choose a stamp beyond that"
     )]
     StampAhead {
@@ -116,6 +125,7 @@ impl Rejection {
             Rejection::IdTooLong { .. } => "id_too_long",
             Rejection::OwnedWithoutLease { .. } => "owned_without_lease",
             Rejection::Fenced { .. } => "fenced",
+            Rejection::EpochNotGranted { .. } => "epoch_not_granted",
             Rejection::Overflow(_) => "overflow",
             Rejection::CasOnShared { .. } => "cas_on_shared",
             Rejection::StampAhead { .. } => "stamp_ahead",

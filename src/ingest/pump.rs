@@ -12,6 +12,14 @@
 //! the two may dead-letter a record twice, never lose it. A record's fate depends only on
 //! its bytes and the state before it, so a replay after a crash decides exactly the same.
 //!
+//! One exception, for records that did not come through a holder's API: an owned record
+//! whose lease epoch is above every epoch the lease group granted for its shard is
+//! refused (`epoch_not_granted`). Where the epoch is above what this region knows, the
+//! batch stops before the record and the lease group is read through its log
+//! ([`Leases::read_epoch`]); the partition waits for the answer and never guesses. A
+//! replay long after may find that epoch granted since and apply such a record: only a
+//! writer to the updates topic can forge one, which authenticating writers prevents.
+//!
 //! The task also says when it has replayed what the topic held when the node started
 //! ([`IngestShared::replayed`]): the records an earlier node of the region may have
 //! applied and acknowledged. The shipper sends no heartbeat before that.
@@ -26,11 +34,13 @@ use rdkafka::error::KafkaError;
 use rdkafka::producer::FutureRecord;
 use tokio::sync::{broadcast, watch};
 
-use super::batch::{Applied, BatchContext, Record, StateSource, apply_batch};
+use super::batch::{Applied, BatchContext, Grants, Pending, Record, StateSource, apply_batch};
 use super::event::Rejection;
 use crate::clock::Hlc;
 use crate::config::Config;
 use crate::crdt::{Actor, CrdtValue};
+use crate::lease::manager::Leases;
+use crate::lease::table::ShardId;
 use crate::log::{ConsumerSpec, DLQ_TRUNCATED_HEADER, RenewingProducer, dlq_headers};
 use crate::metrics as m;
 use crate::shutdown::stopped;
@@ -43,6 +53,10 @@ const RETRY_PAUSE: Duration = Duration::from_millis(200);
 const REPLAY_POLL: Duration = Duration::from_millis(100);
 /// How often ingest looks at a full outbox again (it is also woken by every shipped round).
 const OUTBOX_POLL: Duration = Duration::from_millis(100);
+/// How long an owned record's epoch may wait for this member's table to apply its grant
+/// before the ingest reads the lease group's table through its log, and how often it looks.
+const GRANT_WAIT: Duration = Duration::from_millis(500);
+const GRANT_POLL: Duration = Duration::from_millis(20);
 
 #[derive(Debug, thiserror::Error)]
 pub enum IngestError {
@@ -165,6 +179,11 @@ pub struct Ingestor {
     pub shared: Arc<IngestShared>,
     /// Per partition that had records to apply at start-up, its end offset then.
     pub replay_to: BTreeMap<i32, i64>,
+    /// This region's leases, where a lease group grants them: owned records' epochs are
+    /// checked against it.
+    pub leases: Option<Arc<Leases>>,
+    /// What is known of the epochs granted (kept: an epoch once granted stays granted).
+    pub grants: Grants,
 }
 
 impl Ingestor {
@@ -199,7 +218,9 @@ impl Ingestor {
                 if !self.outbox_room(&mut shutdown).await {
                     return Ok(());
                 }
-                self.apply(records).await?;
+                if !self.apply(records, &mut shutdown).await? {
+                    return Ok(());
+                }
             }
             if let Some(e) = failed {
                 tokio::time::sleep(RETRY_PAUSE).await;
@@ -276,14 +297,92 @@ impl Ingestor {
         metrics::counter!(m::CONSUMER_RESTARTS, "consumer" => "ingest").increment(1);
     }
 
-    async fn apply(&self, records: Vec<Record>) -> Result<(), IngestError> {
+    /// Applies `records`, in parts where one names a lease epoch to ask the lease group
+    /// about (false: asked to stop meanwhile).
+    async fn apply(
+        &mut self,
+        mut records: Vec<Record>,
+        shutdown: &mut watch::Receiver<bool>,
+    ) -> Result<bool, IngestError> {
+        loop {
+            let Some(pending) = self.apply_part(records).await? else {
+                break;
+            };
+            if !self
+                .learn_grant(pending.shard, pending.epoch, shutdown)
+                .await
+            {
+                return Ok(false);
+            }
+            records = pending.records;
+        }
+        // an answer holds for the records read before it, and no later ones
+        self.grants.read.clear();
+        Ok(true)
+    }
+
+    /// Learns whether the lease group granted `epoch` of `shard`: from this region's
+    /// leases, waiting a moment for its member's table to apply a grant, else by reading
+    /// the table through the group's log, retried until it answers (false: asked to stop
+    /// meanwhile).
+    async fn learn_grant(
+        &mut self,
+        shard: ShardId,
+        epoch: u64,
+        shutdown: &mut watch::Receiver<bool>,
+    ) -> bool {
+        let Some(leases) = self.leases.clone() else {
+            return true;
+        };
+        let waited = Instant::now();
+        loop {
+            let known = leases.known_epoch(shard);
+            self.grants.known.insert(shard, known);
+            if known >= epoch {
+                return true;
+            }
+            if waited.elapsed() >= GRANT_WAIT {
+                break;
+            }
+            tokio::select! {
+                () = stopped(shutdown) => return false,
+                () = tokio::time::sleep(GRANT_POLL) => {}
+            }
+        }
+        loop {
+            match leases.read_epoch(shard).await {
+                Ok(read) => {
+                    tracing::info!(
+                        shard,
+                        epoch,
+                        granted = read,
+                        "read a shard's epoch from the lease group for an owned record above the epochs known here"
+                    );
+                    self.grants.read.insert(shard, read);
+                    return true;
+                }
+                Err(e) => {
+                    tracing::warn!(shard, epoch, error = %e, "reading a shard's epoch from the lease group failed; the partition waits");
+                    tokio::select! {
+                        () = stopped(shutdown) => return false,
+                        () = tokio::time::sleep(RETRY_PAUSE) => {}
+                    }
+                }
+            }
+        }
+    }
+
+    /// Applies and commits what it can of `records`; returns the part left for after the
+    /// lease group answered.
+    async fn apply_part(&self, records: Vec<Record>) -> Result<Option<Pending>, IngestError> {
         // read-modify-write of state: no merge of remote deltas may interleave
         let _writer = self.shared.state_writer.lock().await;
         let started = Instant::now();
         let events = records.len();
         let origin_time = self.hlc.now();
         let (store, config, actor) = (self.store.clone(), self.config.clone(), self.actor.clone());
-        let applied: Applied = tokio::task::spawn_blocking(move || {
+        let grants = self.leases.as_ref().map(|_| self.grants.clone());
+        let mut applied: Applied = tokio::task::spawn_blocking(move || {
             let ctx = BatchContext {
                 actor: &actor,
                 format: config.kafka.format,
@@ -292,10 +391,13 @@ impl Ingestor {
                 origin_time,
                 lease: config.lease.as_ref(),
                 max_clock_offset: config.max_clock_offset,
+                grants: grants.as_ref(),
             };
             apply_batch(records, store.as_ref(), &ctx)
         })
         .await??;
+        let pending = applied.pending.take();
+        let events = events - pending.as_ref().map_or(0, |p| p.records.len());
 
         self.dead_letter(&applied.rejected).await;
 
@@ -338,7 +440,7 @@ impl Ingestor {
             let changes: Vec<Change> = applied.states.into_iter().collect();
             let _ = self.shared.changes.send(Arc::new(changes));
         }
-        Ok(())
+        Ok(pending)
     }
 
     /// Produces every refused record to the dead-letter topic with its reason (cut to what

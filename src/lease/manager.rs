@@ -414,6 +414,8 @@ impl Leases {
                 let Some(current) = current else { return };
                 current
             }
+            // not an answer to a lease command
+            Outcome::Current(_) => return,
         };
         if lease.holder == self.region {
             let mut handed_off = self.handed_off.lock().unwrap_or_else(|p| p.into_inner());
@@ -483,6 +485,29 @@ impl Leases {
             // the leader's outcome: this member's own table may apply it a moment later
             Outcome::Granted(lease) => Ok(self.shard_status(shard, Some(lease), None)),
             Outcome::Refused { reason, .. } => Err(TransferError::Refused(reason)),
+            Outcome::Current(_) => Err(TransferError::NoOutcome),
+        }
+    }
+
+    /// An epoch of `shard` the lease group has granted, as far as this region knows now:
+    /// the highest of its own holdings' (granted to it; the member's table may apply the
+    /// grant a moment later) and of the table as this member applied it. Every lower
+    /// epoch was granted too.
+    pub fn known_epoch(&self, shard: ShardId) -> u64 {
+        let held = self.holdings().holding(shard).map_or(0, |h| h.epoch);
+        let table = self.view.lease(shard).map_or(0, |l| l.epoch);
+        held.max(table)
+    }
+
+    /// The epoch of `shard` in the lease group's table now, read through the Raft log: it
+    /// includes every grant made before the call (0: never granted).
+    pub async fn read_epoch(&self, shard: ShardId) -> Result<u64, ProposeError> {
+        let outcomes = self.proposer.propose(vec![Command::Read { shard }]).await?;
+        match outcomes.into_iter().next() {
+            Some(Outcome::Current(lease)) => Ok(lease.map_or(0, |l| l.epoch)),
+            other => Err(ProposeError::Raft(format!(
+                "a read of shard {shard} answered {other:?}"
+            ))),
         }
     }
 

@@ -94,6 +94,9 @@ pub enum Command {
         epoch: u64,
         now_ms: u64,
     },
+    /// Changes nothing: its outcome is the shard's row once every command before it is
+    /// applied, a linearizable read through the log.
+    Read { shard: ShardId },
 }
 
 impl Command {
@@ -102,7 +105,8 @@ impl Command {
             Command::Acquire { shard, .. }
             | Command::Renew { shard, .. }
             | Command::Release { shard, .. }
-            | Command::Transfer { shard, .. } => *shard,
+            | Command::Transfer { shard, .. }
+            | Command::Read { shard } => *shard,
         }
     }
 }
@@ -116,6 +120,8 @@ pub enum Outcome {
         reason: Refusal,
         current: Option<Lease>,
     },
+    /// The row a [`Command::Read`] found.
+    Current(Option<Lease>),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -167,6 +173,7 @@ impl LeaseTable {
             current: current.clone(),
         };
         let next = match command {
+            Command::Read { .. } => return Outcome::Current(current),
             Command::Acquire {
                 region,
                 now_ms,
@@ -288,6 +295,28 @@ mod tests {
             now_ms,
             duration_ms: 1000,
         }
+    }
+
+    /// A read answers the shard's row as the commands before it left it, and changes
+    /// nothing (a later command decides as if it had not been applied).
+    #[test]
+    fn a_read_answers_the_row_and_changes_nothing() {
+        let mut t = LeaseTable::new(100);
+        assert_eq!(t.apply(&Command::Read { shard: 0 }), Outcome::Current(None));
+        let Outcome::Granted(a) = t.apply(&acquire("us-east-1", 10)) else {
+            panic!()
+        };
+        assert_eq!(
+            t.apply(&Command::Read { shard: 0 }),
+            Outcome::Current(Some(a.clone()))
+        );
+        assert_eq!(t.apply(&Command::Read { shard: 1 }), Outcome::Current(None));
+        assert_eq!(t.get(0), Some(&a));
+        // still held by us-east-1 at its time: the read did not touch `last_ms`
+        assert!(matches!(
+            t.apply(&acquire("us-east-1", 10)),
+            Outcome::Granted(Lease { epoch: 1, .. })
+        ));
     }
 
     /// Whatever times and epochs a command or a restored table holds, applying never

@@ -1,0 +1,120 @@
+//! A record written straight to a region's updates topic cannot choose its lease epoch.
+//! One above every epoch the lease group granted for its shard is dead-lettered
+//! (`epoch_not_granted`), and the shard's later writes through the holder's API still
+//! apply. Applied, it would have raised the shard's fence to its epoch, refusing every
+//! later write below it: for ever at `u64::MAX`.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, ensure};
+use common::failover::{epoch_of, key_homed_at, regions, register, set, wait_held};
+use common::{cluster, produce_all, producer, unique};
+use geostate::config::Config;
+use geostate::ingest::event::{Op, Update};
+use geostate::pb;
+use rdkafka::ClientConfig;
+use rdkafka::Message;
+use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::message::Headers;
+use tonic::Code;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_epoch_the_lease_group_never_granted_is_dead_lettered_and_fences_nothing()
+-> anyhow::Result<()> {
+    let cluster = cluster()?;
+    let (regions, lease) = regions(&cluster).await?;
+    let mut home = regions.into_iter().next().context("a region")?;
+    let label = unique("forged");
+    let (key, shard) = key_homed_at(&lease, &home.name, &label);
+    let epoch = wait_held(&mut home, shard, Duration::from_secs(30)).await?;
+    let node = &cluster.regions[&home.name];
+    let config = Config::load(node.config.as_ref().context("node config")?)?;
+
+    // two forged writes of the shard: the last epoch there is, and one far past the
+    // current grant (the home keeps the shard: it renews, which keeps the epoch)
+    let keys = (0..)
+        .map(|i| format!("surge/{label}-forged-{i}"))
+        .filter(|k| lease.shard_of_key(k) == shard);
+    let forged: Vec<(String, Vec<u8>)> = [u64::MAX, epoch + 1000]
+        .into_iter()
+        .zip(keys)
+        .map(|(forged_epoch, k)| {
+            let update = Update {
+                key: k.clone(),
+                op: Op::Set(b"forged".to_vec()),
+                id: None,
+                event_time_ms: None,
+                hlc: None,
+                epoch: Some(forged_epoch),
+            };
+            (k, update.encode(config.kafka.format))
+        })
+        .collect();
+    produce_all(
+        &producer(&node.kafka)?,
+        &config.kafka.updates_topic,
+        &forged,
+    )
+    .await?;
+
+    // both are dead-lettered, saying why
+    let consumer: StreamConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &node.kafka)
+        .set("group.id", unique("forged-dlq"))
+        .set("auto.offset.reset", "earliest")
+        .create()?;
+    consumer.subscribe(&[&config.kafka.dlq_topic])?;
+    let mut codes = Vec::new();
+    let until = Instant::now() + Duration::from_secs(60);
+    while codes.len() < forged.len() {
+        let left = until.saturating_duration_since(Instant::now());
+        let message = tokio::time::timeout(left, consumer.recv())
+            .await
+            .context("the forged records were not dead-lettered within 60 s")??;
+        let Some(k) = message.key().map(String::from_utf8_lossy) else {
+            continue;
+        };
+        if !forged.iter().any(|(f, _)| *f == k) {
+            continue;
+        }
+        let code = message
+            .headers()
+            .and_then(|h| h.iter().find(|h| h.key == "geostate.error.code"))
+            .and_then(|h| h.value)
+            .map(|v| String::from_utf8_lossy(v).into_owned());
+        codes.push(code.unwrap_or_default());
+    }
+    ensure!(
+        codes.iter().all(|c| c == "epoch_not_granted"),
+        "dead-letter codes {codes:?}"
+    );
+
+    // the holder's next write of the shard applies at the current epoch
+    let written = home.state.update(set(&key, "after")).await?.into_inner();
+    ensure!(epoch_of(&written) == epoch, "{written:?}");
+    let read = home
+        .state
+        .get(pb::GetRequest {
+            key: key.clone(),
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    ensure!(register(&read) == Some(b"after"), "{read:?}");
+    for (k, _) in &forged {
+        let read = home
+            .state
+            .get(pb::GetRequest {
+                key: k.clone(),
+                ..Default::default()
+            })
+            .await;
+        ensure!(
+            read.as_ref().is_err_and(|s| s.code() == Code::NotFound),
+            "{k} was applied: {read:?}"
+        );
+    }
+    Ok(())
+}
