@@ -12,13 +12,17 @@
 //!  <remote>.geostate.deltas ─► replication::inbound ─────┤ (merge, same store)
 //!                              replication::outbound ◄───┘ outbox ─► geostate.deltas
 //!  api (gRPC State/Admin) reads the store and waits on ingest's applied positions
+//!  lease group (openraft over gRPC, a member per region + a witness) ─► leases: epochs
+//!      for owned writes (api), for ingest's epoch check and the merge's fences
+//!  checkpoint: store files ─► S3 (incremental, manifests); restore on an empty disk
 //!
 //!  node         wiring: build the parts, spawn the tasks, shut down in order
 //!  api          tonic services, pb conversions, the one error → Status map
 //!  replication  inbound merge of remote deltas, transactional outbound shipping with
 //!               resume points, bootstrap of an empty disk, freshness
 //!  ingest       decode and check update records, apply batches (pure), the ingest task
-//!  lease        PURE lease table, holdings and the exclusivity invariant (no Raft yet)
+//!  lease        the lease group (openraft storage, gRPC network, member, witness), the
+//!               region's lease manager and clock check; PURE table, holdings, invariants
 //!  checkpoint   incremental checkpoints to S3 or a folder, restore, savepoints
 //!  store        RocksDB column families and the one-WriteBatch commit
 //!  log          Kafka clients, positioning, consumed records, dead-letter headers

@@ -1,5 +1,6 @@
-//! Lease exclusivity and epoch monotonicity, named once: the simulation tests, the node's
-//! debug checks and the Jepsen-style checkers judge histories with these functions.
+//! Lease exclusivity and epoch monotonicity, named once: the lease simulation (`sim.rs`)
+//! judges its histories with these functions. (The Jepsen fencing checker states the
+//! same rules over its own history format, in `jepsen-tests/src/fencing.rs`.)
 
 use super::table::ShardId;
 use crate::crdt::RegionId;

@@ -2,21 +2,28 @@
 //!
 //! ```text
 //!  table.rs       PURE  the lease table (the Raft state machine's data): commands carry
-//!                       their proposer's time; grant, renew, release, transfer; epochs
+//!                       their proposer's time; grant, renew, release, transfer, read;
+//!                       epochs
 //!  holder.rs      PURE  a region's own holdings: valid until sent + duration − offset
 //!  invariants.rs  PURE  exclusivity and epoch monotonicity, named once
+//!  sim.rs         test  the protocol simulated over skewed clocks and delayed commands
+//!  config.rs            the `[lease]` section: members, timings, shards, home regions
 //!  raft_store.rs        openraft 0.9 log + state machine storage in RocksDB (synced),
 //!                       and a read-only view of the applied table
-//!  network.rs           Raft traffic over tonic gRPC (`LeaseRaft` service, JSON bodies)
+//!  network.rs           Raft traffic, `Propose` and `Clock` over tonic gRPC (`LeaseRaft`
+//!                       service, JSON bodies); the proposer that forwards to the leader
+//!  member.rs            one member as a running part: storage, service, group start
+//!  witness.rs           the member with no region (`geostate run --role witness`)
+//!  manager.rs           a region's leases: renew, take, hand home, transfer, release
+//!                       on stop; the epoch for an owned write; epochs known or read
+//!  clock_check.rs       the members' clock offsets; a region too far off takes nothing
 //! ```
 //!
 //! Guarantee (proved by the simulation in `sim.rs` over clocks up to `max_clock_offset`
 //! apart and delayed, duplicated commands): at no instant do two regions hold a valid
 //! lease on one shard, no epoch is held by two regions, and epochs rise from holder to
 //! holder. The table's Raft storage passes openraft's conformance suite, and a three-member
-//! group over gRPC keeps granting after its leader stops (`tests/lease_group.rs`). Not
-//! built yet: the group inside the region node and the witness process, renewals, owned
-//! writes at the node (refused with `FAILED_PRECONDITION` today) and delta fencing.
+//! group over gRPC keeps granting after its leader stops (`tests/lease_group.rs`).
 
 pub mod clock_check;
 pub mod config;

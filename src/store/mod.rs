@@ -9,6 +9,10 @@
 //!  dedup          state key                    recent idempotency ids (u16 BE length + bytes)…
 //!  meta           "incarnation" | "hlc"        u32 BE | wall_nanos u64 BE, logical u32 BE
 //!                 "remote/<region>"            newest origin HLC merged from that region
+//!                 "restored-from"              the checkpoint or savepoint restored
+//!                 "fence/<shard u32 BE>"       highest lease epoch applied (u64 BE)
+//!  offsets ids: the updates topic; "remote/<region>/<topic>" per remote (merged);
+//!               "bootstrap/": the own deltas topic position a restored node read to
 //! ```
 //!
 //! Guarantee: a batch's new states, the source offsets it consumed, its outbox entries and
