@@ -48,7 +48,7 @@ S3_ACCESS_KEY = "geostate"
 S3_SECRET_KEY = "geostate-secret"
 
 # topic -> (partitions, extra configs). Deltas are compacted by key: a later delta for a key
-# supersedes an earlier one (DESIGN.md, Replication).
+# supersedes an earlier one (ARCHITECTURE.md, replication).
 TOPICS = {
     "geostate.updates": (4, {}),
     "geostate.deltas": (4, {"cleanup.policy": "compact", "min.compaction.lag.ms": "60000"}),
@@ -70,8 +70,6 @@ PIDS = RUN / "pids"
 APT_PACKAGES = {
     # package -> a file whose presence shows it is installed
     "libclang-dev": "/usr/lib/llvm-14/lib/libclang.so",
-    "protobuf-compiler": "/usr/bin/protoc",
-    "iproute2": "/usr/sbin/ip",
     "iptables": "/usr/sbin/iptables",
 }
 
