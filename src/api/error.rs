@@ -1,9 +1,10 @@
-//! The one place errors become gRPC statuses.
+//! The one place errors become gRPC statuses: every domain error reaches it as a type
+//! (a failed lease proposal is not a Kafka error), and `Watch`'s in-stream errors too.
 
 use tonic::{Code, Status};
 
 use crate::ingest::event::Rejection;
-use crate::lease::manager::NotHolder;
+use crate::lease::manager::{NotHolder, TransferError};
 use crate::log::LogError;
 use crate::store::StoreError;
 
@@ -41,11 +42,21 @@ pub enum ApiError {
     /// A request or stream over a configured limit (named in the message).
     #[error("{0}")]
     TooMuch(String),
-    #[error("kafka is unreachable: {0}")]
-    Unavailable(String),
-    /// The checkpoint store failed or the node is stopping.
-    #[error("{0}")]
-    NotNow(String),
+    /// Kafka did not take or answer a request.
+    #[error(transparent)]
+    Kafka(#[from] LogError),
+    /// The node is stopping: what was asked may or may not have been done.
+    #[error("the node is stopping")]
+    Stopping,
+    /// `Admin/TransferLease` was not done.
+    #[error("lease transfer: {0}")]
+    Transfer(#[from] TransferError),
+    /// A checkpoint or savepoint was asked for and failed.
+    #[error("{what} failed: {reason}")]
+    Checkpoint { what: &'static str, reason: String },
+    /// A `Watch` fell so far behind the changes that some are gone for it.
+    #[error("watcher fell {batches} batches behind; scan and watch again")]
+    WatcherBehind { batches: u64 },
     /// So many records were refused since this one that its own outcome is forgotten.
     #[error(
         "appended at {partition}/{offset} and passed by ingest, but so many records were refused since that this node no longer knows whether it was applied: outcome unknown"
@@ -66,12 +77,6 @@ pub enum ApiError {
     Internal(String),
 }
 
-impl From<LogError> for ApiError {
-    fn from(e: LogError) -> Self {
-        ApiError::Unavailable(e.to_string())
-    }
-}
-
 impl ApiError {
     pub fn code(&self) -> Code {
         match self {
@@ -81,18 +86,29 @@ impl ApiError {
                 | Rejection::CompareFailed { .. },
             )
             | ApiError::NotHolder(_)
-            | ApiError::Precondition(_) => Code::FailedPrecondition,
+            | ApiError::Precondition(_)
+            | ApiError::Transfer(TransferError::NotHeld(_) | TransferError::Refused(_)) => {
+                Code::FailedPrecondition
+            }
+            ApiError::Transfer(TransferError::NoShard { .. } | TransferError::NoRegion(_)) => {
+                Code::InvalidArgument
+            }
             ApiError::Refused(Rejection::Overflow(_)) => Code::OutOfRange,
             ApiError::Refused(_) | ApiError::InvalidArgument(_) => Code::InvalidArgument,
             ApiError::NotFound { .. } => Code::NotFound,
             ApiError::TooMuch(_) => Code::ResourceExhausted,
-            ApiError::Unavailable(_)
-            | ApiError::NotNow(_)
+            ApiError::Kafka(_)
+            | ApiError::Stopping
+            | ApiError::Transfer(TransferError::Propose(_))
+            | ApiError::Checkpoint { .. }
             | ApiError::Settling { .. }
             | ApiError::LeaseEnded { .. }
             | ApiError::OutcomeForgotten { .. } => Code::Unavailable,
             ApiError::NotApplied { .. } => Code::DeadlineExceeded,
-            ApiError::Store(_) | ApiError::Internal(_) => Code::Internal,
+            ApiError::WatcherBehind { .. } => Code::DataLoss,
+            ApiError::Store(_)
+            | ApiError::Internal(_)
+            | ApiError::Transfer(TransferError::NoOutcome) => Code::Internal,
             ApiError::Forwarded(s) => s.code(),
         }
     }
@@ -101,5 +117,72 @@ impl ApiError {
 impl From<ApiError> for Status {
     fn from(e: ApiError) -> Status {
         Status::new(e.code(), e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lease::network::ProposeError;
+    use crate::lease::table::Refusal;
+
+    /// Each domain error keeps its own code and its own words: a lease group that does
+    /// not answer is not "kafka".
+    #[test]
+    fn domain_errors_map_to_their_codes_and_name_their_cause() {
+        let cases = [
+            (
+                ApiError::Transfer(TransferError::Propose(ProposeError::NoLeader)),
+                Code::Unavailable,
+                "lease transfer: no leader of the lease group is known",
+            ),
+            (
+                ApiError::Transfer(TransferError::Refused(Refusal::StaleEpoch)),
+                Code::FailedPrecondition,
+                "lease transfer: refused: StaleEpoch",
+            ),
+            (
+                ApiError::Transfer(TransferError::NoShard {
+                    shard: 9,
+                    shards: 8,
+                }),
+                Code::InvalidArgument,
+                "lease transfer: shard 9 does not exist (0..8)",
+            ),
+            (
+                ApiError::Transfer(TransferError::NoOutcome),
+                Code::Internal,
+                "lease transfer: the lease group applied the transfer without an outcome",
+            ),
+            (
+                ApiError::Stopping,
+                Code::Unavailable,
+                "the node is stopping",
+            ),
+            (
+                ApiError::Checkpoint {
+                    what: "savepoint",
+                    reason: "disk full".into(),
+                },
+                Code::Unavailable,
+                "savepoint failed: disk full",
+            ),
+            (
+                ApiError::WatcherBehind { batches: 3 },
+                Code::DataLoss,
+                "watcher fell 3 batches behind; scan and watch again",
+            ),
+            (
+                ApiError::Kafka(LogError::NoPartitions {
+                    topic: "geostate.updates".into(),
+                }),
+                Code::Unavailable,
+                "topic geostate.updates does not exist or has no partitions",
+            ),
+        ];
+        for (error, code, message) in cases {
+            let status = Status::from(error);
+            assert_eq!((status.code(), status.message()), (code, message));
+        }
     }
 }

@@ -24,7 +24,7 @@ use crate::config::{Config, Ownership, RecordFormat};
 use crate::crdt::CrdtType;
 use crate::ingest::event::{Op, Update};
 use crate::ingest::pump::{IngestShared, Outcome};
-use crate::lease::manager::{Leases, NotHolder, ShardStatus, TransferError};
+use crate::lease::manager::{Leases, NotHolder, ShardStatus};
 use crate::lease::network::Channels;
 use crate::metrics as m;
 use crate::pb;
@@ -153,12 +153,15 @@ fn observe<T>(
 ) -> Result<T, Status> {
     metrics::histogram!(m::GRPC_SECONDS, "method" => method)
         .record(started.elapsed().as_secs_f64());
-    result.map_err(|e| {
-        let status = Status::from(e);
-        metrics::counter!(m::GRPC_ERRORS, "method" => method, "code" => format!("{:?}", status.code()))
-            .increment(1);
-        status
-    })
+    result.map_err(|e| failed(method, e))
+}
+
+/// The status of a failed call or stream, counted by method and code.
+fn failed(method: &'static str, e: ApiError) -> Status {
+    let status = Status::from(e);
+    metrics::counter!(m::GRPC_ERRORS, "method" => method, "code" => format!("{:?}", status.code()))
+        .increment(1);
+    status
 }
 
 impl Handler {
@@ -377,7 +380,7 @@ impl Handler {
                 Duration::from_secs(10),
             )
             .await
-            .map_err(|e| ApiError::Unavailable(e.to_string()))?;
+            .map_err(|e| ApiError::Kafka(e.into()))?;
         let (partition, offset) = (delivery.partition, delivery.offset);
         let mut applied = api.shared.applied.subscribe();
         let waited = tokio::time::timeout(
@@ -387,7 +390,7 @@ impl Handler {
         .await;
         match waited {
             Ok(Ok(_)) => {}
-            Ok(Err(_)) => return Err(ApiError::Unavailable("the node is shutting down".into())),
+            Ok(Err(_)) => return Err(ApiError::Stopping),
             Err(_) => {
                 return Err(ApiError::NotApplied {
                     partition,
@@ -540,11 +543,14 @@ impl Handler {
             .checkpoints
             .send(reply)
             .await
-            .map_err(|_| ApiError::NotNow("the node is stopping".into()))?;
+            .map_err(|_| ApiError::Stopping)?;
         let taken = answer
             .await
-            .map_err(|_| ApiError::NotNow("the node is stopping".into()))?
-            .map_err(|e| ApiError::NotNow(format!("checkpoint failed: {e}")))?;
+            .map_err(|_| ApiError::Stopping)?
+            .map_err(|reason| ApiError::Checkpoint {
+                what: "checkpoint",
+                reason,
+            })?;
         Ok(pb::CheckpointResponse {
             id: taken.id,
             manifest: taken.manifest,
@@ -577,16 +583,7 @@ impl Handler {
         let leases = self.leases()?;
         let to = crate::crdt::RegionId::new(req.to_region)
             .map_err(|e| ApiError::InvalidArgument(format!("to_region: {e}")))?;
-        let moved = leases.transfer(req.shard, to).await.map_err(|e| match e {
-            TransferError::Propose(e) => ApiError::Unavailable(e.to_string()),
-            TransferError::NotHeld(_) | TransferError::Refused(_) => {
-                ApiError::Precondition(e.to_string())
-            }
-            TransferError::NoShard { .. } | TransferError::NoRegion(_) => {
-                ApiError::InvalidArgument(e.to_string())
-            }
-            TransferError::NoOutcome => ApiError::Internal(e.to_string()),
-        })?;
+        let moved = leases.transfer(req.shard, to).await?;
         Ok(pb::TransferLeaseResponse {
             lease: Some(shard_lease(&moved)),
         })
@@ -597,7 +594,10 @@ impl Handler {
         let written =
             checkpoint::savepoint::write(&api.config, &api.store, &api.objects, api.incarnation)
                 .await
-                .map_err(|e| ApiError::NotNow(format!("savepoint failed: {e}")))?;
+                .map_err(|e| ApiError::Checkpoint {
+                    what: "savepoint",
+                    reason: e.to_string(),
+                })?;
         Ok(pb::SavepointResponse {
             id: written.id,
             location: written.location,
@@ -727,24 +727,22 @@ impl State for Handler {
                 let batch = match next {
                     Ok(batch) => batch,
                     Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
-                        let _ = tx
-                            .send(Err(Status::data_loss(format!(
-                                "watcher fell {n} batches behind; scan and watch again"
-                            ))))
-                            .await;
+                        let behind = ApiError::WatcherBehind { batches: n };
+                        let _ = tx.send(Err(failed("Watch", behind))).await;
                         return;
                     }
                     Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
                 };
                 for (key, state) in batch.iter().filter(|(k, _)| k.starts_with(&prefix)) {
-                    let value =
-                        convert::value(key, state.crdt_type(), Some(state)).map_err(Status::from);
+                    let value = convert::value(key, state.crdt_type(), Some(state))
+                        .map_err(|e| failed("Watch", e));
                     // a watcher that does not read is cut off, never buffered for
                     if tx.capacity() <= 1 {
                         metrics::counter!(m::WATCHERS_DROPPED).increment(1);
-                        let _ = tx.try_send(Err(Status::resource_exhausted(format!(
+                        let unread = ApiError::TooMuch(format!(
                             "this watcher left {WATCH_QUEUE} values unread; scan and watch again"
-                        ))));
+                        ));
+                        let _ = tx.try_send(Err(failed("Watch", unread)));
                         return;
                     }
                     if tx.try_send(value).is_err() {
