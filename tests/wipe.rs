@@ -2,7 +2,8 @@
 //! write was shipped:
 //!
 //! - a region holds a shard (handed to it by the shard's home), and its deltas topic takes
-//!   no writes (`max.message.bytes` = 1: every shipping round fails and is retried);
+//!   no writes (`Unwritable`: `max.message.bytes` = 90, below any geostate batch: every
+//!   shipping round fails and is retried);
 //! - it applies a backlog of counter events, then acknowledges "acked" for an owned key;
 //! - its node is killed and its data dir deleted; the home region takes the shard at a
 //!   later epoch and writes another key of the same shard;
