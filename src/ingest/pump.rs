@@ -336,9 +336,9 @@ impl Ingestor {
         };
         let waited = Instant::now();
         loop {
-            let known = leases.known_epoch(shard);
-            self.grants.known.insert(shard, known);
-            if known >= epoch {
+            let known = self.grants.known.entry(shard).or_default();
+            *known = leases.known_epoch(shard).max(*known);
+            if *known >= epoch {
                 return true;
             }
             if waited.elapsed() >= GRANT_WAIT {
@@ -359,6 +359,9 @@ impl Ingestor {
                         "read a shard's epoch from the lease group for an owned record above the epochs known here"
                     );
                     self.grants.read.insert(shard, read);
+                    // granted once, granted for good
+                    let known = self.grants.known.entry(shard).or_default();
+                    *known = read.max(*known);
                     return true;
                 }
                 Err(e) => {
