@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rdkafka::producer::FutureRecord;
+use crate::log::Made;
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
@@ -362,25 +362,27 @@ impl Handler {
                 "register values must be UTF-8 text while kafka.format = \"json\"".into(),
             ));
         }
-        // The order stamp is fixed here, before the write enters the log.
-        if ns.crdt == CrdtType::LwwRegister {
-            update.hlc = Some(api.hlc.now());
-        }
-        let payload = update.encode(api.config.kafka.format);
-        // the record's timestamp from the clock that stamped it (ingest bounds the stamp by it)
-        let written_ms =
-            i64::try_from(api.hlc.physical().now_nanos() / 1_000_000).unwrap_or(i64::MAX);
-        let delivery = api
+        // The order stamp is fixed here, before the write enters the log, and under the
+        // producer's lock: concurrent writes enter the log in stamp order, so the log's
+        // order (which decides a compare-and-set) and the stamps' (which decide the
+        // register) agree.
+        let stamps = ns.crdt == CrdtType::LwwRegister;
+        let queued = api
             .producer
-            .send(
-                FutureRecord::to(&api.config.kafka.updates_topic)
-                    .key(&update.key)
-                    .payload(&payload)
-                    .timestamp(written_ms),
-                Duration::from_secs(10),
-            )
-            .await
+            .queue_made(&api.config.kafka.updates_topic, || {
+                if stamps {
+                    update.hlc = Some(api.hlc.now());
+                }
+                Made {
+                    key: update.key.clone(),
+                    payload: update.encode(api.config.kafka.format),
+                    // from the clock that stamped it (ingest bounds the stamp by it)
+                    timestamp_ms: i64::try_from(api.hlc.physical().now_nanos() / 1_000_000)
+                        .unwrap_or(i64::MAX),
+                }
+            })
             .map_err(|e| ApiError::Kafka(e.into()))?;
+        let delivery = queued.await.map_err(|e| ApiError::Kafka(e.into()))?;
         let (partition, offset) = (delivery.partition, delivery.offset);
         let mut applied = api.shared.applied.subscribe();
         let waited = tokio::time::timeout(

@@ -99,6 +99,13 @@ pub struct RenewingProducer {
     current: Mutex<(u64, FutureProducer)>,
 }
 
+/// A record [`RenewingProducer::queue_made`] makes under its lock.
+pub struct Made {
+    pub key: String,
+    pub payload: Vec<u8>,
+    pub timestamp_ms: i64,
+}
+
 impl RenewingProducer {
     pub fn new(kafka: &KafkaConfig, delivery_timeout: Duration) -> Result<Self, LogError> {
         Ok(Self {
@@ -134,6 +141,41 @@ impl RenewingProducer {
             tokio::task::spawn_blocking(move || drop(producer));
         }
         sent.map_err(|(e, _)| e)
+    }
+
+    /// Makes a record and queues it under the client's lock, so that records made by
+    /// concurrent calls enter each partition in the order they were made (the producer is
+    /// idempotent: its retries keep that order). Returns the wait for its
+    /// acknowledgement; a full queue is an error at once.
+    pub fn queue_made(
+        &self,
+        topic: &str,
+        make: impl FnOnce() -> Made,
+    ) -> Result<impl Future<Output = Result<Delivery, KafkaError>> + Send + '_, KafkaError> {
+        let current = self.lock();
+        let made = make();
+        let record = FutureRecord::to(topic)
+            .key(&made.key)
+            .payload(&made.payload)
+            .timestamp(made.timestamp_ms);
+        let delivery = current.1.send_result(record).map_err(|(e, _)| e)?;
+        let (generation, producer) = current.clone();
+        drop(current);
+        Ok(async move {
+            let sent = match delivery.await {
+                Ok(Ok(d)) => Ok(d),
+                Ok(Err((e, _))) => Err(e),
+                Err(_) => Err(KafkaError::Canceled),
+            };
+            if let Err(e @ KafkaError::MessageProduction(RDKafkaErrorCode::MessageTimedOut)) = &sent
+            {
+                self.renew(generation, e);
+            }
+            if self.lock().0 != generation {
+                tokio::task::spawn_blocking(move || drop(producer));
+            }
+            sent
+        })
     }
 
     /// Replaces client `generation` (once, however many sends saw it fail).
