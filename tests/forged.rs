@@ -9,11 +9,10 @@ mod common;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, ensure};
-use common::failover::{epoch_of, key_homed_at, regions, register, set, wait_held};
+use common::failover::{epoch_of, key_homed_at, regions, register, replica, set, wait_held};
 use common::{cluster, produce_all, producer, unique};
 use geostate::config::Config;
 use geostate::ingest::event::{Op, Update};
-use geostate::pb;
 use rdkafka::ClientConfig;
 use rdkafka::Message;
 use rdkafka::consumer::{Consumer, StreamConsumer};
@@ -94,23 +93,10 @@ async fn an_epoch_the_lease_group_never_granted_is_dead_lettered_and_fences_noth
     // the holder's next write of the shard applies at the current epoch
     let written = home.state.update(set(&key, "after")).await?.into_inner();
     ensure!(epoch_of(&written) == epoch, "{written:?}");
-    let read = home
-        .state
-        .get(pb::GetRequest {
-            key: key.clone(),
-            ..Default::default()
-        })
-        .await?
-        .into_inner();
+    let read = home.state.get(replica(&key)).await?.into_inner();
     ensure!(register(&read) == Some(b"after"), "{read:?}");
     for (k, _) in &forged {
-        let read = home
-            .state
-            .get(pb::GetRequest {
-                key: k.clone(),
-                ..Default::default()
-            })
-            .await;
+        let read = home.state.get(replica(k)).await;
         ensure!(
             read.as_ref().is_err_and(|s| s.code() == Code::NotFound),
             "{k} was applied: {read:?}"

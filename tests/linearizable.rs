@@ -19,7 +19,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
 use common::failover::{
-    Frozen, at_holder, epoch_of, key_homed_at, regions, register, set, wait_held, wait_value,
+    Frozen, at_holder, epoch_of, key_homed_at, regions, register, replica, set, wait_held,
+    wait_value,
 };
 use common::{RestartMirror, cluster, cluster_script, unique};
 use geostate::pb;
@@ -74,14 +75,7 @@ async fn a_new_holder_waits_for_the_old_holders_acknowledged_writes() -> anyhow:
     );
 
     // the replica still shows "seen"; the holder's linearizable answers must not
-    let replica = other
-        .state
-        .get(pb::GetRequest {
-            key: key.clone(),
-            ..Default::default()
-        })
-        .await?
-        .into_inner();
+    let replica = other.state.get(replica(&key)).await?.into_inner();
     ensure!(register(&replica) == Some(b"seen"), "{replica:?}");
     for _ in 0..3 {
         match other.state.get(at_holder(&key)).await {

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
 use common::failover::{
-    cut_off, epoch_of, key_homed_at, make_a_region_lead, regions, set, wait_held,
+    cut_off, epoch_of, key_homed_at, make_a_region_lead, regions, replica, set, wait_held,
     write_until_accepted,
 };
 use common::{cluster, http_get, unique};
@@ -181,14 +181,7 @@ async fn a_cut_off_holder_loses_its_shard_and_epochs_never_overlap() -> anyhow::
     let (value, epoch) = expected;
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let kept = other
-            .state
-            .get(pb::GetRequest {
-                key: key.clone(),
-                ..Default::default()
-            })
-            .await?
-            .into_inner();
+        let kept = other.state.get(replica(&key)).await?.into_inner();
         if kept.value == Some(pb::value::Value::Register(value.clone()))
             && kept.stamp.as_ref().map(|s| s.epoch) == Some(epoch)
         {
@@ -226,14 +219,7 @@ async fn a_cut_off_holder_loses_its_shard_and_epochs_never_overlap() -> anyhow::
     let deadline = Instant::now() + Duration::from_secs(60);
     for region in [&mut holder, &mut other] {
         loop {
-            let v = region
-                .state
-                .get(pb::GetRequest {
-                    key: key.clone(),
-                    ..Default::default()
-                })
-                .await?
-                .into_inner();
+            let v = region.state.get(replica(&key)).await?.into_inner();
             let epoch = v.stamp.as_ref().map_or(0, |s| s.epoch);
             if v.value == Some(pb::value::Value::Register(b"final".to_vec())) {
                 ensure!(epoch == final_epoch, "read carries epoch {epoch}");

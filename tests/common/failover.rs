@@ -58,6 +58,14 @@ pub fn set(key: &str, value: &str) -> pb::UpdateRequest {
     }
 }
 
+/// A plain (replica) read of `key`.
+pub fn replica(key: &str) -> pb::GetRequest {
+    pb::GetRequest {
+        key: key.into(),
+        ..Default::default()
+    }
+}
+
 /// A leaseholder read of `key`.
 pub fn at_holder(key: &str) -> pb::GetRequest {
     pb::GetRequest {
@@ -225,12 +233,7 @@ pub async fn wait_value(
 ) -> anyhow::Result<()> {
     let deadline = Instant::now() + within;
     loop {
-        let read = state
-            .get(pb::GetRequest {
-                key: key.into(),
-                ..Default::default()
-            })
-            .await;
+        let read = state.get(replica(key)).await;
         let last = match read {
             Ok(v) if register(v.get_ref()) == Some(value.as_bytes()) => return Ok(()),
             Ok(v) => format!("{:?}", register(v.get_ref()).map(String::from_utf8_lossy)),
