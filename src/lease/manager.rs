@@ -5,8 +5,8 @@
 //! is valid on this process's monotonic clock, and carries its epoch.
 //!
 //! ```text
-//!  tick ─► per shard: Renew (held) | Acquire (ended, or home) | Transfer (home wants it)
-//!        ─► one Proposal (one Raft entry) ─► Proposer (local leader, or forwarded)
+//!  tick ─► plan::round: per shard Renew (held) | Acquire (ended, or home)
+//!          | Transfer (home wants it) ─► one Proposal (one Raft entry) ─► Proposer (local leader, or forwarded)
 //!        ─► an Outcome per command ─► Holdings::granted
 //!  Update(owned key) ─► Leases::epoch_for(key) ─► epoch | FAILED_PRECONDITION (holder)
 //! ```
@@ -22,6 +22,7 @@ use super::clock_check::{ClockCheck, SHARE, Verdict};
 use super::config::LeaseConfig;
 use super::holder::Holdings;
 use super::network::{ProposeError, Proposer};
+use super::plan::{self, Policy, ShardView};
 use super::raft_store::TableView;
 use super::table::{Command, Lease, Outcome, Refusal, ShardId};
 use crate::clock::Clock;
@@ -303,80 +304,43 @@ impl Leases {
         }
     }
 
-    /// One round: a command per shard that needs one, all in one log entry.
+    /// One round: the commands `plan::round` decides, all in one log entry. A shard
+    /// handed home stops being written here before its transfer is proposed.
     async fn round(&self, running_for: Duration) {
-        let now_wall = self.wall_ms();
         let duration_ms = self.config.duration.as_millis() as u64;
-        let mut commands = Vec::new();
-        for shard in self.config.all_shards() {
-            let home = self.config.home_of(shard);
-            let at_home = home.as_ref() == Some(&self.region);
-            let lease = self.view.lease(shard);
-            let command = match &lease {
-                Some(l) if l.holder == self.region => {
-                    let home_wants_it = self.config.take_back
-                        && !at_home
-                        && l.wanted_by.is_some()
-                        && l.wanted_by == home
-                        && now_wall < l.wanted_at_ms.saturating_add(duration_ms.saturating_mul(2));
-                    match (&home, home_wants_it) {
-                        (Some(home), true) => {
-                            // stop writing first, then hand it over
-                            self.holdings().relinquish(shard, self.mono_ms());
-                            tracing::info!(shard, to = %home, epoch = l.epoch, "handing a shard back to its home region");
-                            Command::Transfer {
-                                shard,
-                                from: self.region.clone(),
-                                to: home.clone(),
-                                epoch: l.epoch,
-                                now_ms: now_wall,
-                            }
-                        }
-                        _ => Command::Renew {
-                            shard,
-                            region: self.region.clone(),
-                            epoch: l.epoch,
-                            now_ms: now_wall,
-                            duration_ms,
-                        },
-                    }
-                }
-                // held elsewhere and in force: only the home asks (which records that it
-                // wants it back)
-                Some(l) if now_wall < l.expires_at_ms => {
-                    let handed_off = self
-                        .handed_off
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .contains_key(&shard);
-                    if !(at_home && self.config.take_back) || handed_off {
-                        continue;
-                    }
-                    self.acquire(shard, now_wall, duration_ms)
-                }
-                Some(_) => self.acquire(shard, now_wall, duration_ms),
-                // never granted: its home takes it; another region only once the home
-                // has had two lease durations to do so
-                None => {
-                    if !at_home && running_for < 2 * self.config.duration {
-                        continue;
-                    }
-                    self.acquire(shard, now_wall, duration_ms)
-                }
-            };
-            commands.push(command);
+        let policy = Policy {
+            region: self.region.clone(),
+            duration_ms,
+            take_back: self.config.take_back,
+        };
+        let handed_off = self
+            .handed_off
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let shards = self.config.all_shards().map(|shard| ShardView {
+            shard,
+            home: self.config.home_of(shard),
+            lease: self.view.lease(shard),
+            handed_off: handed_off.contains_key(&shard),
+        });
+        let commands = plan::round(
+            &policy,
+            shards,
+            self.wall_ms(),
+            running_for.as_millis() as u64,
+        );
+        for command in &commands {
+            if let Command::Transfer {
+                shard, to, epoch, ..
+            } = command
+            {
+                self.holdings().relinquish(*shard, self.mono_ms());
+                tracing::info!(shard, to = %to, epoch, "handing a shard back to its home region");
+            }
         }
         if !commands.is_empty() {
             self.propose(commands, duration_ms).await;
-        }
-    }
-
-    fn acquire(&self, shard: ShardId, now_ms: u64, duration_ms: u64) -> Command {
-        Command::Acquire {
-            shard,
-            region: self.region.clone(),
-            now_ms,
-            duration_ms,
         }
     }
 

@@ -6,6 +6,7 @@
 //!                       epochs
 //!  holder.rs      PURE  a region's own holdings: valid until sent + duration − offset
 //!  invariants.rs  PURE  exclusivity and epoch monotonicity, named once
+//!  plan.rs        PURE  a region's round policy: renew, take, ask back, hand home
 //!  sim.rs         test  the protocol simulated over skewed clocks and delayed commands
 //!  config.rs            the `[lease]` section: members, timings, shards, home regions
 //!  raft_store.rs        openraft 0.9 log + state machine storage in RocksDB (synced),
@@ -14,8 +15,8 @@
 //!                       service, JSON bodies); the proposer that forwards to the leader
 //!  member.rs            one member as a running part: storage, service, group start
 //!  witness.rs           the member with no region (`geostate run --role witness`)
-//!  manager.rs           a region's leases: renew, take, hand home, transfer, release
-//!                       on stop; the epoch for an owned write; epochs known or read
+//!  manager.rs           a region's leases: runs the rounds `plan.rs` decides, transfer,
+//!                       release on stop; the epoch for an owned write; epochs known or read
 //!  clock_check.rs       the members' clock offsets; a region too far off takes nothing
 //! ```
 //!
@@ -32,6 +33,7 @@ pub mod invariants;
 pub mod manager;
 pub mod member;
 pub mod network;
+pub mod plan;
 pub mod raft_store;
 pub mod table;
 pub mod witness;

@@ -1,6 +1,6 @@
 //! Simulation of the lease protocol without I/O: regions with wall clocks up to
 //! `max_clock_offset` apart send acquire / renew / release / transfer commands at random
-//! moments; each is applied to one table (the Raft log's order) after a random delay,
+//! moments, and run rounds of the real policy (`plan::round`, us-east-1 the home); each is applied to one table (the Raft log's order) after a random delay,
 //! possibly twice, and answered after another delay. Every span of real time in which a
 //! region believed it held the shard is recorded and judged by `invariants::check`.
 
@@ -11,6 +11,7 @@ use proptest::prelude::*;
 
 use super::holder::Holdings;
 use super::invariants::{Validity, Violation, check};
+use super::plan::{self, Policy, ShardView};
 use super::table::{Command, LeaseTable, Outcome};
 use crate::crdt::RegionId;
 
@@ -24,6 +25,8 @@ enum Kind {
     Renew,
     Release,
     Transfer,
+    /// One round of the region's lease manager.
+    Round,
 }
 
 /// One region's intent: at real time `at`, send `kind`; the command reaches the log after
@@ -63,6 +66,8 @@ fn simulate(offsets: [u64; 3], mut intents: Vec<Intent>) -> Vec<Validity> {
         .map(|r| Holdings::new(r.clone(), MAX_OFFSET))
         .collect();
     let mut spans: Vec<Validity> = Vec::new();
+    // per region: when it last handed the shard away on purpose, until it holds it again
+    let mut handed_off: Vec<Option<u64>> = vec![None; regions.len()];
     let mut queue = BinaryHeap::new();
     let mut events = Vec::new();
     intents.sort_by_key(|i| i.at);
@@ -91,6 +96,28 @@ fn simulate(offsets: [u64; 3], mut intents: Vec<Intent>) -> Vec<Validity> {
                         (None, Some(l)) if &l.holder == region => renew(region, l.epoch, wall),
                         _ => continue,
                     },
+                    Kind::Round => {
+                        let policy = Policy {
+                            region: region.clone(),
+                            duration_ms: DURATION,
+                            take_back: true,
+                        };
+                        let view = ShardView {
+                            shard: 0,
+                            home: Some(regions[0].clone()),
+                            lease: known,
+                            handed_off: handed_off[intent.region].is_some(),
+                        };
+                        let Some(command) = plan::round(&policy, [view], wall, now).pop() else {
+                            continue;
+                        };
+                        if let Command::Transfer { .. } = command {
+                            // stop writing first
+                            holdings[intent.region].relinquish(0, now);
+                            end_spans(&mut spans, region, now);
+                        }
+                        command
+                    }
                     Kind::Release | Kind::Transfer => {
                         let Some(epoch) = held else { continue };
                         // stop writing first
@@ -104,6 +131,7 @@ fn simulate(offsets: [u64; 3], mut intents: Vec<Intent>) -> Vec<Validity> {
                                 now_ms: wall,
                             }
                         } else {
+                            handed_off[intent.region] = Some(now);
                             Command::Transfer {
                                 shard: 0,
                                 from: region.clone(),
@@ -149,6 +177,11 @@ fn simulate(offsets: [u64; 3], mut intents: Vec<Intent>) -> Vec<Validity> {
             } => {
                 let renewal = matches!(command, Command::Acquire { .. } | Command::Renew { .. });
                 if let (true, Outcome::Granted(lease)) = (renewal, outcome) {
+                    if lease.holder == regions[region]
+                        && handed_off[region].is_some_and(|at| sent > at)
+                    {
+                        handed_off[region] = None;
+                    }
                     holdings[region].granted(0, &lease, sent, DURATION);
                     if let Some(h) = holdings[region].holding(0).filter(|h| now < h.valid_until) {
                         spans.push(Validity {
@@ -202,6 +235,7 @@ fn intent() -> impl Strategy<Value = Intent> {
             4 => Just(Kind::Renew),
             1 => Just(Kind::Release),
             1 => Just(Kind::Transfer),
+            6 => Just(Kind::Round),
         ],
         0..20_000u64,
         0..400u64,
@@ -259,6 +293,35 @@ fn clocks_further_apart_than_the_offset_give_two_holders() {
         matches!(check(&spans), Err(Violation::TwoHolders(..))),
         "{spans:?}"
     );
+}
+
+/// The real policy keeps the shard with its home: regions running rounds every quarter
+/// duration give us-east-1 one epoch that it holds without a gap, and nobody else a span.
+#[test]
+fn rounds_of_the_policy_keep_the_shard_at_its_home() {
+    let mut intents = Vec::new();
+    for (region, start) in [(0, 0), (1, 10), (2, 20)] {
+        for round in 0..40 {
+            intents.push(Intent {
+                region,
+                kind: Kind::Round,
+                at: start + round * DURATION / 4,
+                apply_delay: 5,
+                answer_delay: 5,
+                duplicate: None,
+            });
+        }
+    }
+    let spans = simulate([0, MAX_OFFSET, MAX_OFFSET / 2], intents);
+    assert_eq!(check(&spans), Ok(()));
+    assert!(spans.len() > 30, "{spans:?}");
+    assert!(
+        spans.iter().all(|s| s.region.as_str() == "us-east-1" && s.epoch == 1),
+        "{spans:?}"
+    );
+    for pair in spans.windows(2) {
+        assert!(pair[1].from < pair[0].until, "a gap: {pair:?}");
+    }
 }
 
 #[test]
