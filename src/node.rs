@@ -295,6 +295,7 @@ pub async fn run(
         store: store.clone(),
         objects: objects.clone(),
         incarnation,
+        wall: hlc.physical().clone(),
         status: checkpoint_status.clone(),
         requests,
     };

@@ -526,10 +526,9 @@ impl Handler {
             .clone();
         pb::CheckpointStatus {
             last_id: last.as_ref().map(|l| l.id.clone()).unwrap_or_default(),
-            last_age_ms: last
-                .as_ref()
-                .and_then(|l| l.at.elapsed().ok())
-                .map_or(0, |d| d.as_millis() as u64),
+            last_age_ms: last.as_ref().map_or(0, |l| {
+                (self.0.hlc.physical().now_nanos() / 1_000_000).saturating_sub(l.unix_ms)
+            }),
             last_duration_ms: last.as_ref().map_or(0, |l| l.duration.as_millis() as u64),
             last_bytes_uploaded: last.as_ref().map_or(0, |l| l.bytes_uploaded),
             taken: status.taken.load(std::sync::atomic::Ordering::Relaxed),
@@ -593,13 +592,18 @@ impl Handler {
 
     async fn savepoint(&self) -> Result<pb::SavepointResponse, ApiError> {
         let api = &self.0;
-        let written =
-            checkpoint::savepoint::write(&api.config, &api.store, &api.objects, api.incarnation)
-                .await
-                .map_err(|e| ApiError::Checkpoint {
-                    what: "savepoint",
-                    reason: e.to_string(),
-                })?;
+        let written = checkpoint::savepoint::write(
+            &api.config,
+            &api.store,
+            &api.objects,
+            api.incarnation,
+            api.hlc.physical().as_ref(),
+        )
+        .await
+        .map_err(|e| ApiError::Checkpoint {
+            what: "savepoint",
+            reason: e.to_string(),
+        })?;
         Ok(pb::SavepointResponse {
             id: written.id,
             location: written.location,

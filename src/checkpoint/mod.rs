@@ -1,4 +1,6 @@
-//! Incremental checkpoints of the store to object storage, restore, and savepoints.
+//! Incremental checkpoints of the store to object storage, restore, and savepoints. The
+//! decisions (object keys, what to upload, what retention deletes) are pure, in
+//! `protocol.rs`; this file and `savepoint.rs` carry them out against `objects.rs`.
 //!
 //! ```text
 //!  every interval (or Admin/Checkpoint):
@@ -21,30 +23,29 @@
 //! bootstrap`).
 
 pub mod objects;
+pub mod protocol;
 pub mod savepoint;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot, watch};
 
-use crate::clock::HlcTimestamp;
+use crate::clock::{Clock, HlcTimestamp};
 use crate::config::Config;
 use crate::log;
 use crate::metrics as m;
 use crate::shutdown::stopped;
 use crate::store::{Store, StoreError};
 use objects::{ObjectError, Objects};
+use protocol::Upload;
 
 /// The manifest layout this version writes and the newest it restores.
 pub const FORMAT_VERSION: u32 = 1;
-const MANIFESTS: &str = "manifests/";
-const SSTS: &str = "sst/";
-const FILES: &str = "files/";
 /// Attempts per object upload before the checkpoint fails.
 const UPLOAD_ATTEMPTS: u32 = 5;
 /// Parallel downloads during a restore.
@@ -122,7 +123,8 @@ pub struct FileRef {
 pub struct Taken {
     pub id: String,
     pub manifest: String,
-    pub at: SystemTime,
+    /// When it was taken, on the node's wall clock.
+    pub unix_ms: u64,
     pub duration: Duration,
     pub files: usize,
     pub bytes_total: u64,
@@ -148,6 +150,8 @@ pub struct Checkpointer {
     pub store: Arc<Store>,
     pub objects: Objects,
     pub incarnation: u32,
+    /// Names checkpoints by the time they are taken.
+    pub wall: Arc<dyn Clock>,
     pub status: Arc<CheckpointStatus>,
     pub requests: mpsc::Receiver<Request>,
 }
@@ -155,7 +159,7 @@ pub struct Checkpointer {
 impl Checkpointer {
     pub async fn run(mut self, mut stop: watch::Receiver<bool>) {
         // SST objects already in the store: never uploaded twice
-        let mut uploaded: BTreeSet<String> = match self.objects.list(SSTS).await {
+        let mut uploaded: BTreeSet<String> = match self.objects.list(protocol::SSTS).await {
             Ok(keys) => keys.into_iter().collect(),
             Err(e) => {
                 tracing::warn!(error = %e, "listing uploaded checkpoint files failed");
@@ -182,7 +186,7 @@ impl Checkpointer {
                     metrics::counter!(m::CHECKPOINTS).increment(1);
                     metrics::histogram!(m::CHECKPOINT_SECONDS).record(taken.duration.as_secs_f64());
                     metrics::counter!(m::CHECKPOINT_BYTES_UPLOADED).increment(taken.bytes_uploaded);
-                    metrics::gauge!(m::CHECKPOINT_LAST).set(unix_ms(taken.at) as f64 / 1e3);
+                    metrics::gauge!(m::CHECKPOINT_LAST).set(taken.unix_ms as f64 / 1e3);
                     tracing::info!(id = %taken.id, files = taken.files, uploaded = taken.bytes_uploaded, total = taken.bytes_total, took = ?taken.duration, "checkpoint written");
                 }
                 Err(e) => {
@@ -200,41 +204,40 @@ impl Checkpointer {
 
     async fn take(&self, uploaded: &mut BTreeSet<String>) -> Result<Taken, CheckpointError> {
         let started = Instant::now();
-        let at = SystemTime::now();
-        let id = format!("{:013}", unix_ms(at));
-        let deltas_topic = self.config.kafka.deltas_topic.clone();
+        let unix_ms = self.wall.now_nanos() / 1_000_000;
+        let id = protocol::id_at(unix_ms);
         // before the copy: every delta before these offsets is covered by it
-        let deltas_next = match log::partitions(&self.config.kafka, &deltas_topic).await {
-            Ok(partitions) => log::end_offsets(&self.config.kafka, &deltas_topic, partitions)
-                .await
-                .unwrap_or_default(),
-            Err(e) => {
-                tracing::warn!(error = %e, "deltas topic end offsets unknown; a restore will read it from the start");
-                BTreeMap::new()
-            }
-        };
+        let deltas_next = deltas_end_offsets(&self.config).await;
         let tmp = sibling(&self.config.data_dir, &format!("checkpoint-{id}"));
         let _ = tokio::fs::remove_dir_all(&tmp).await;
         let result = self
-            .copy_and_upload(&id, at, started, &tmp, deltas_next, uploaded)
+            .copy_and_upload(&id, unix_ms, &tmp, deltas_next, uploaded)
             .await;
         let _ = tokio::fs::remove_dir_all(&tmp).await;
-        let taken = result?;
-        if let Err(e) = self.retain(uploaded).await {
+        let (manifest, upload) = result?;
+        if let Err(e) = retain(&self.objects, self.config.checkpoint.keep, uploaded).await {
             tracing::warn!(error = %e, "deleting old checkpoints failed; retried after the next one");
         }
-        Ok(taken)
+        Ok(Taken {
+            manifest: self.objects.describe(&protocol::manifest_key(&id)),
+            id,
+            unix_ms,
+            duration: started.elapsed(),
+            files: manifest.files.len(),
+            bytes_total: upload.bytes_total,
+            bytes_uploaded: upload.bytes_uploaded(),
+        })
     }
 
+    /// Copies the store into `tmp`, uploads what the plan names, then the manifest.
     async fn copy_and_upload(
         &self,
         id: &str,
-        at: SystemTime,
-        started: Instant,
+        unix_ms: u64,
         tmp: &Path,
         deltas_next: BTreeMap<i32, i64>,
         uploaded: &mut BTreeSet<String>,
-    ) -> Result<Taken, CheckpointError> {
+    ) -> Result<(Manifest, Upload), CheckpointError> {
         // the copy is one point in time; the positions are read from the copy itself, so
         // they match it without pausing ingest
         let (store, dir) = (self.store.clone(), tmp.to_owned());
@@ -245,138 +248,128 @@ impl Checkpointer {
         })
         .await
         .map_err(|e| CheckpointError::Task(e.to_string()))??;
-        let mut files = Vec::new();
-        let mut entries = tokio::fs::read_dir(tmp)
-            .await
-            .map_err(io("reading the checkpoint"))?;
-        while let Some(entry) = entries
-            .next_entry()
-            .await
-            .map_err(io("reading the checkpoint"))?
-        {
-            let meta = entry
-                .metadata()
-                .await
-                .map_err(io("reading the checkpoint"))?;
-            let name = entry.file_name().to_string_lossy().into_owned();
-            // LOG files are RocksDB's own text log (reading the copy may write one)
-            if meta.is_file() && !name.starts_with("LOG") {
-                files.push((name, meta.len()));
-            }
-        }
-        files.sort();
-
+        let plan = protocol::plan_upload(id, self.incarnation, files_in(tmp).await?, uploaded);
         let mut pace = Pace::new(self.config.checkpoint.upload_bytes_per_second);
-        let (mut refs, mut bytes_total, mut bytes_uploaded) = (Vec::new(), 0, 0);
-        for (name, bytes) in files {
-            let sst = name.ends_with(".sst");
-            let object = if sst {
-                format!("{SSTS}{}/{name}", self.incarnation)
-            } else {
-                format!("{FILES}{id}/{name}")
-            };
-            bytes_total += bytes;
-            if !sst || !uploaded.contains(&object) {
-                upload(&self.objects, &object, &tmp.join(&name)).await?;
-                bytes_uploaded += bytes;
-                pace.sent(bytes).await;
-                if sst {
-                    uploaded.insert(object.clone());
-                }
+        for file in &plan.upload {
+            let path = tmp.join(&file.name);
+            retrying("checkpoint upload", || {
+                self.objects.put_file(&file.object, &path)
+            })
+            .await?;
+            pace.sent(file.bytes).await;
+            if file.object.starts_with(protocol::SSTS) {
+                uploaded.insert(file.object.clone());
             }
-            refs.push(FileRef {
-                name,
-                object,
-                bytes,
-            });
         }
         let manifest = Manifest {
             format_version: FORMAT_VERSION,
             id: id.to_owned(),
             region: self.config.region.to_string(),
             incarnation: self.incarnation,
-            created_unix_ms: unix_ms(at),
-            files: refs,
+            created_unix_ms: unix_ms,
+            files: plan.files.clone(),
             offsets,
             hlc_high_water,
             deltas_topic: self.config.kafka.deltas_topic.clone(),
             deltas_next,
         };
-        let key = format!("{MANIFESTS}{id}.json");
+        let key = protocol::manifest_key(id);
         let json = serde_json::to_vec_pretty(&manifest).map_err(|e| CheckpointError::Manifest {
             key: key.clone(),
             reason: e.to_string(),
         })?;
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            match self.objects.put_bytes(&key, json.clone()).await {
-                Ok(()) => break,
-                Err(e) if attempt >= UPLOAD_ATTEMPTS => return Err(e.into()),
-                Err(e) => {
-                    tracing::warn!(error = %e, attempt, "writing the manifest failed; retrying");
-                    tokio::time::sleep(backoff(attempt)).await;
-                }
-            }
-        }
-        Ok(Taken {
-            id: id.to_owned(),
-            manifest: self.objects.describe(&key),
-            at,
-            duration: started.elapsed(),
-            files: manifest.files.len(),
-            bytes_total,
-            bytes_uploaded,
+        retrying("writing the manifest", || {
+            self.objects.put_bytes(&key, json.clone())
         })
-    }
-
-    /// Keeps the newest `keep` manifests and deletes every file none of them references.
-    async fn retain(&self, uploaded: &mut BTreeSet<String>) -> Result<(), CheckpointError> {
-        let manifests = self.objects.list(MANIFESTS).await?;
-        let keep = self.config.checkpoint.keep;
-        let (old, kept) = manifests.split_at(manifests.len().saturating_sub(keep));
-        for key in old {
-            self.objects.delete(key).await?;
-        }
-        let mut referenced = BTreeSet::new();
-        for key in kept {
-            let manifest = read_manifest(&self.objects, key).await?;
-            referenced.extend(manifest.files.into_iter().map(|f| f.object));
-        }
-        for key in self
-            .objects
-            .list(SSTS)
-            .await?
-            .into_iter()
-            .chain(self.objects.list(FILES).await?)
-        {
-            if !referenced.contains(&key) {
-                self.objects.delete(&key).await?;
-            }
-        }
-        uploaded.retain(|k| referenced.contains(k));
-        Ok(())
+        .await?;
+        Ok((manifest, plan))
     }
 }
 
-/// Uploads one file, retrying with backoff.
-async fn upload(objects: &Objects, key: &str, path: &Path) -> Result<(), CheckpointError> {
+/// The files of a directory (name, bytes).
+async fn files_in(dir: &Path) -> Result<Vec<(String, u64)>, CheckpointError> {
+    let mut files = Vec::new();
+    let mut entries = tokio::fs::read_dir(dir)
+        .await
+        .map_err(io("reading the checkpoint"))?;
+    while let Some(entry) = entries
+        .next_entry()
+        .await
+        .map_err(io("reading the checkpoint"))?
+    {
+        let meta = entry
+            .metadata()
+            .await
+            .map_err(io("reading the checkpoint"))?;
+        if meta.is_file() {
+            files.push((entry.file_name().to_string_lossy().into_owned(), meta.len()));
+        }
+    }
+    Ok(files)
+}
+
+/// Keeps the newest `keep` manifests and deletes every file none of them references
+/// (`protocol::split_manifests`, `protocol::unreferenced`).
+async fn retain(
+    objects: &Objects,
+    keep: usize,
+    uploaded: &mut BTreeSet<String>,
+) -> Result<(), CheckpointError> {
+    let (old, kept) = protocol::split_manifests(objects.list(protocol::MANIFESTS).await?, keep);
+    for key in old {
+        objects.delete(&key).await?;
+    }
+    let mut referenced = BTreeSet::new();
+    for key in kept {
+        let manifest = read_manifest(objects, &key).await?;
+        referenced.extend(manifest.files.into_iter().map(|f| f.object));
+    }
+    let stored = objects
+        .list(protocol::SSTS)
+        .await?
+        .into_iter()
+        .chain(objects.list(protocol::FILES).await?);
+    for key in protocol::unreferenced(&referenced, stored) {
+        objects.delete(&key).await?;
+    }
+    uploaded.retain(|k| referenced.contains(k));
+    Ok(())
+}
+
+/// The deltas topic's end offsets, taken before a copy (empty if unknown: a restore then
+/// reads the topic from the start).
+pub(crate) async fn deltas_end_offsets(config: &Config) -> BTreeMap<i32, i64> {
+    let topic = &config.kafka.deltas_topic;
+    match log::partitions(&config.kafka, topic).await {
+        Ok(partitions) => log::end_offsets(&config.kafka, topic, partitions)
+            .await
+            .unwrap_or_default(),
+        Err(e) => {
+            tracing::warn!(error = %e, "deltas topic end offsets unknown; a restore will read it from the start");
+            BTreeMap::new()
+        }
+    }
+}
+
+/// Runs one object operation until it succeeds, up to `UPLOAD_ATTEMPTS` times with
+/// exponential backoff in between; the checkpoint fails with its last error.
+async fn retrying<F, Fut>(what: &str, mut op: F) -> Result<(), ObjectError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<(), ObjectError>>,
+{
     let mut attempt = 0;
     loop {
         attempt += 1;
-        match objects.put_file(key, path).await {
+        match op().await {
             Ok(()) => return Ok(()),
-            Err(e) if attempt >= UPLOAD_ATTEMPTS => return Err(e.into()),
+            Err(e) if attempt >= UPLOAD_ATTEMPTS => return Err(e),
             Err(e) => {
-                tracing::warn!(error = %e, attempt, "checkpoint upload failed; retrying");
-                tokio::time::sleep(backoff(attempt)).await;
+                tracing::warn!(error = %e, attempt, "{what} failed; retrying");
+                tokio::time::sleep(Duration::from_millis(100 << attempt.min(6))).await;
             }
         }
     }
-}
-
-fn backoff(attempt: u32) -> Duration {
-    Duration::from_millis(100 << attempt.min(6))
 }
 
 /// Paces uploads to a byte rate, at file granularity.
@@ -405,12 +398,6 @@ impl Pace {
             tokio::time::sleep(wait).await;
         }
     }
-}
-
-fn unix_ms(at: SystemTime) -> u64 {
-    at.duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or_default()
 }
 
 /// `<data-dir>.<suffix>`: next to the data dir, on the same file system (hard links).
@@ -458,14 +445,10 @@ fn is_plain_file_name(name: &str) -> bool {
 /// The ids of every checkpoint in the store, oldest first.
 pub async fn list(objects: &Objects) -> Result<Vec<String>, CheckpointError> {
     Ok(objects
-        .list(MANIFESTS)
+        .list(protocol::MANIFESTS)
         .await?
-        .into_iter()
-        .filter_map(|k| {
-            k.strip_prefix(MANIFESTS)
-                .and_then(|k| k.strip_suffix(".json"))
-                .map(str::to_owned)
-        })
+        .iter()
+        .filter_map(|k| protocol::manifest_id(k).map(str::to_owned))
         .collect())
 }
 
@@ -494,9 +477,9 @@ pub async fn restore(
         None => list(objects)
             .await?
             .pop()
-            .ok_or_else(|| CheckpointError::NoCheckpoint(objects.describe(MANIFESTS)))?,
+            .ok_or_else(|| CheckpointError::NoCheckpoint(objects.describe(protocol::MANIFESTS)))?,
     };
-    let manifest = read_manifest(objects, &format!("{MANIFESTS}{id}.json")).await?;
+    let manifest = read_manifest(objects, &protocol::manifest_key(&id)).await?;
     let tmp = sibling(data_dir, "restore");
     let _ = tokio::fs::remove_dir_all(&tmp).await;
     tokio::fs::create_dir_all(&tmp)
@@ -547,6 +530,86 @@ pub async fn restore(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn manifest(id: &str, objects: &[&str]) -> Vec<u8> {
+        let files = objects
+            .iter()
+            .map(|object| FileRef {
+                name: object.rsplit('/').next().unwrap_or_default().to_owned(),
+                object: (*object).to_owned(),
+                bytes: 1,
+            })
+            .collect();
+        serde_json::to_vec(&Manifest {
+            format_version: FORMAT_VERSION,
+            id: id.to_owned(),
+            region: "us-east-1".into(),
+            incarnation: 1,
+            created_unix_ms: 0,
+            files,
+            offsets: BTreeMap::new(),
+            hlc_high_water: None,
+            deltas_topic: "geostate.deltas".into(),
+            deltas_next: BTreeMap::new(),
+        })
+        .unwrap()
+    }
+
+    /// Retention runs the protocol's plan against a real object store (a folder): the
+    /// newest manifests and every object they name stay, everything else goes.
+    #[tokio::test]
+    async fn retention_deletes_old_manifests_and_only_the_files_no_kept_one_names() {
+        let dir = tempfile::tempdir().unwrap();
+        let objects = Objects::Local(dir.path().to_owned());
+        let put = |key: &'static str, bytes: Vec<u8>| objects.put_bytes(key, bytes);
+        put(
+            "manifests/1.json",
+            manifest("1", &["sst/1/a.sst", "files/1/CURRENT"]),
+        )
+        .await
+        .unwrap();
+        put(
+            "manifests/2.json",
+            manifest("2", &["sst/1/a.sst", "sst/1/b.sst", "files/2/CURRENT"]),
+        )
+        .await
+        .unwrap();
+        put(
+            "manifests/3.json",
+            manifest("3", &["sst/1/b.sst", "files/3/CURRENT"]),
+        )
+        .await
+        .unwrap();
+        for key in [
+            "sst/1/a.sst",
+            "sst/1/b.sst",
+            "files/1/CURRENT",
+            "files/2/CURRENT",
+            "files/3/CURRENT",
+        ] {
+            put(key, vec![0]).await.unwrap();
+        }
+        let mut uploaded = BTreeSet::from(["sst/1/a.sst".to_string(), "sst/1/b.sst".to_string()]);
+        retain(&objects, 2, &mut uploaded).await.unwrap();
+        let mut left = objects.list("").await.unwrap();
+        left.sort();
+        assert_eq!(
+            left,
+            [
+                "files/2/CURRENT",
+                "files/3/CURRENT",
+                "manifests/2.json",
+                "manifests/3.json",
+                "sst/1/a.sst",
+                "sst/1/b.sst"
+            ]
+        );
+        retain(&objects, 1, &mut uploaded).await.unwrap();
+        let mut left = objects.list("").await.unwrap();
+        left.sort();
+        assert_eq!(left, ["files/3/CURRENT", "manifests/3.json", "sst/1/b.sst"]);
+        assert_eq!(uploaded, BTreeSet::from(["sst/1/b.sst".to_string()]));
+    }
 
     #[test]
     fn only_plain_file_names_are_restored() {

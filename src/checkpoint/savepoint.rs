@@ -7,21 +7,19 @@ use std::collections::BTreeMap;
 use std::io::{BufReader, BufWriter, Read, Write};
 use std::path::Path;
 use std::sync::Arc;
-use std::time::SystemTime;
 
 use prost::Message;
 
 use super::objects::Objects;
-use super::{CheckpointError, io, is_empty_dir, sibling, unix_ms};
+use super::{CheckpointError, deltas_end_offsets, io, is_empty_dir, protocol, retrying, sibling};
+use crate::clock::Clock;
 use crate::config::Config;
-use crate::log;
 use crate::pb;
 use crate::pb::savepoint_record::Kind;
 use crate::store::Store;
 
 /// The entry layout this version writes and the newest it restores.
 pub const SAVEPOINT_VERSION: u32 = 1;
-const SAVEPOINTS: &str = "savepoints/";
 /// The column family a seed copies.
 const STATE_FAMILY: &str = "state";
 /// Entries written to RocksDB per batch during a restore.
@@ -40,27 +38,23 @@ fn bad(reason: impl Into<String>) -> CheckpointError {
     CheckpointError::Savepoint(reason.into())
 }
 
-/// Dumps the store and uploads it as `savepoints/<id>.gsp`.
+/// Dumps the store and uploads it as `savepoints/<id>.gsp`, named by `wall`'s time.
 pub async fn write(
     config: &Config,
     store: &Arc<Store>,
     objects: &Objects,
     incarnation: u32,
+    wall: &dyn Clock,
 ) -> Result<Written, CheckpointError> {
-    let at = SystemTime::now();
-    let id = format!("{:013}", unix_ms(at));
+    let unix_ms = wall.now_nanos() / 1_000_000;
+    let id = protocol::id_at(unix_ms);
     let deltas_topic = config.kafka.deltas_topic.clone();
-    let deltas_next = match log::partitions(&config.kafka, &deltas_topic).await {
-        Ok(partitions) => log::end_offsets(&config.kafka, &deltas_topic, partitions)
-            .await
-            .unwrap_or_default(),
-        Err(_) => BTreeMap::new(),
-    };
+    let deltas_next = deltas_end_offsets(config).await;
     let header = pb::SavepointHeader {
         format_version: SAVEPOINT_VERSION,
         region: config.region.to_string(),
         incarnation,
-        created_unix_ms: unix_ms(at),
+        created_unix_ms: unix_ms,
         writer_version: env!("CARGO_PKG_VERSION").into(),
         deltas_topic,
         deltas_next: deltas_next.into_iter().collect(),
@@ -76,8 +70,8 @@ pub async fn write(
             .await
             .map_err(io("reading the savepoint"))?
             .len();
-        let key = format!("{SAVEPOINTS}{id}.gsp");
-        objects.put_file(&key, &path).await?;
+        let key = protocol::savepoint_key(&id);
+        retrying("savepoint upload", || objects.put_file(&key, &path)).await?;
         Ok(Written {
             location: objects.describe(&key),
             id,
@@ -140,7 +134,7 @@ pub async fn restore(
     } else {
         let path = sibling(&data_dir, "savepoint-download.gsp");
         objects
-            .get_to_file(&format!("{SAVEPOINTS}{savepoint}.gsp"), &path)
+            .get_to_file(&protocol::savepoint_key(savepoint), &path)
             .await?;
         (path, true)
     };

@@ -1,9 +1,8 @@
 //! Time as an input. Owns the physical clock trait ([`Clock`]), its system and manual
 //! implementations, and the hybrid logical clock ([`Hlc`]) that stamps register writes.
-//! Pure: nothing here does I/O. Every wall-clock reading that decides something (HLC
-//! stamps, leases, the clock check, heartbeats) goes through a [`Clock`]: [`SystemClock`],
-//! or [`ShiftedClock`] over it for a node whose `clock-offset` is set. Checkpoint and
-//! savepoint names take their date from `SystemTime` directly: a name, not a decision.
+//! Pure: nothing here does I/O. Every wall-clock reading of a node (HLC stamps, leases,
+//! the clock check, heartbeats, checkpoint and savepoint names) goes through a [`Clock`]:
+//! [`SystemClock`], or [`ShiftedClock`] over it for a node whose `clock-offset` is set.
 //!
 //! ```text
 //!  Clock (system | manual) ──now_nanos──► Hlc ──now()──► HlcTimestamp (stamps writes)

@@ -316,7 +316,9 @@ fn rounds_of_the_policy_keep_the_shard_at_its_home() {
     assert_eq!(check(&spans), Ok(()));
     assert!(spans.len() > 30, "{spans:?}");
     assert!(
-        spans.iter().all(|s| s.region.as_str() == "us-east-1" && s.epoch == 1),
+        spans
+            .iter()
+            .all(|s| s.region.as_str() == "us-east-1" && s.epoch == 1),
         "{spans:?}"
     );
     for pair in spans.windows(2) {
