@@ -1,13 +1,21 @@
-//! Wiring only: open the store, choose the incarnation, restore the clock, build the Kafka
-//! clients, spawn the ingest task, serve gRPC and metrics, and shut down in order
-//! (stop serving, stop ingest, close the store).
+//! Wiring only, in four steps:
+//!
+//! ```text
+//!  open   data dir ─► restore if empty ─► store ─► clock ─► shipping producer (fences
+//!         an older node) ─► incarnation (none: merge this region's own deltas topic)
+//!  spawn  lease member + manager, a merger per remote, ingest, shipper, checkpointer,
+//!         metrics, lag ─► one task set (`supervise::Tasks`) ─► the API's parts
+//!  serve  (rebuilt node: every remote topic read first) gRPC until shutdown or a task ends
+//!  stop   signal ─► gRPC drains (grace) ─► tasks finish or abort ─► lease member stops
+//! ```
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use rdkafka::producer::FutureProducer;
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 use crate::api::{self, Api};
@@ -16,18 +24,18 @@ use crate::checkpoint::{self, CheckpointError, CheckpointStatus, Checkpointer};
 use crate::clock::{Clock, Hlc, ShiftedClock, SystemClock};
 use crate::config::Config;
 use crate::crdt::Actor;
-use crate::ingest::pump::{IngestError, IngestShared, Ingestor};
+use crate::ingest::pump::{IngestShared, Ingestor};
 use crate::lease::manager::Leases;
 use crate::lease::member::{Member, MemberError};
 use crate::log::{self, LogError};
 use crate::metrics as m;
 use crate::replication::bootstrap::{self, BootstrapError};
 use crate::replication::inbound::Merger;
-use crate::replication::outbound::{ShipError, Shipper};
+use crate::replication::outbound::Shipper;
 use crate::replication::{Freshness, RemoteProgress};
 use crate::shutdown::stopped;
 use crate::store::{Store, StoreError};
-use crate::supervise::Essential;
+use crate::supervise::{OnStop, Tasks};
 
 /// How long shutdown waits for gRPC clients to finish and disconnect.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
@@ -60,10 +68,6 @@ pub enum NodeError {
     Store(#[from] StoreError),
     #[error(transparent)]
     Log(#[from] LogError),
-    #[error(transparent)]
-    Ingest(#[from] IngestError),
-    #[error(transparent)]
-    Ship(#[from] ShipError),
     #[error("bootstrap from the deltas topics: {0}")]
     Bootstrap(#[from] BootstrapError),
     #[error("restore: {0}")]
@@ -96,40 +100,43 @@ pub fn new_incarnation(clock: &dyn Clock) -> u32 {
         .max(1)
 }
 
-/// Runs one region node until `shutdown` completes or a part fails.
+/// Runs one region node until `shutdown` completes or a part fails: open its state, spawn
+/// its tasks, serve until asked to stop or a task ends, then stop in one sequence.
 pub async fn run(
     config: Config,
     listeners: Listeners,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), NodeError> {
-    let config = Arc::new(config);
+    let opened = open(Arc::new(config)).await?;
+    let running = opened.spawn(listeners.metrics).await?;
+    running.serve(listeners.grpc, shutdown).await
+}
+
+/// A node's state, opened: the store (restored first if empty and so configured), its
+/// clocks, the shipping producer, and the incarnation it writes under.
+struct Opened {
+    config: Arc<Config>,
+    clock: Arc<dyn Clock>,
+    objects: Objects,
+    store: Arc<Store>,
+    hlc: Arc<Hlc>,
+    ship_source: log::TransactionalSpec,
+    ship_producer: FutureProducer,
+    incarnation: u32,
+    /// The node had no incarnation: it rebuilt itself from its own deltas topic, and
+    /// serves only once it holds what the other regions wrote.
+    bootstrapping: bool,
+}
+
+async fn open(config: Arc<Config>) -> Result<Opened, NodeError> {
     std::fs::create_dir_all(&config.data_dir).map_err(|source| NodeError::DataDir {
         path: config.data_dir.display().to_string(),
         source,
     })?;
-    let clock: Arc<dyn Clock> = match config.clock_offset_nanos {
-        0 => Arc::new(SystemClock),
-        offset_nanos => {
-            tracing::warn!(
-                offset_ms = offset_nanos / 1_000_000,
-                "clock-offset: this node's wall clock is shifted on purpose"
-            );
-            Arc::new(ShiftedClock { offset_nanos })
-        }
-    };
+    let clock = wall_clock(&config);
     let objects = Objects::connect(&config.checkpoint.target).await;
     if config.checkpoint.restore_on_empty && checkpoint::is_empty_dir(&config.data_dir)? {
-        let started = std::time::Instant::now();
-        match checkpoint::restore(&config, &objects, None).await {
-            Ok(manifest) => {
-                let bytes: u64 = manifest.files.iter().map(|f| f.bytes).sum();
-                tracing::info!(checkpoint = %manifest.id, files = manifest.files.len(), bytes, took_ms = started.elapsed().as_millis() as u64, "empty data dir: restored the newest checkpoint")
-            }
-            Err(CheckpointError::NoCheckpoint(at)) => {
-                tracing::info!(%at, "empty data dir and no checkpoint: rebuilding from the deltas topics")
-            }
-            Err(e) => return Err(e.into()),
-        }
+        restore_newest(&config, &objects).await?;
     }
     let data_dir = config.data_dir.clone();
     let store = Arc::new(tokio::task::spawn_blocking(move || Store::open(&data_dir)).await??);
@@ -137,7 +144,6 @@ pub async fn run(
     if let Some(high_water) = store.hlc_high_water()? {
         hlc.advance_past(high_water);
     }
-
     // The shipping producer first: its init fences any older node of this region and
     // aborts its open transaction, so what bootstrap reads next is final.
     let ship_source = log::TransactionalSpec {
@@ -146,254 +152,409 @@ pub async fn run(
         transaction_timeout: SHIP_TRANSACTION_TIMEOUT,
     };
     let ship_producer = ship_source.start().await?;
-
     let (incarnation, bootstrapping) = match store.incarnation()? {
         Some(i) => (i, false),
-        None => {
-            let started = std::time::Instant::now();
-            let recovered = bootstrap::recover_own_past(&config, &hlc, &store).await?;
-            let last = recovered.resume.as_ref().map_or(0, |r| r.incarnation);
-            let i = new_incarnation(clock.as_ref()).max(last.saturating_add(1));
-            tracing::info!(
-                deltas = recovered.deltas,
-                superseded = recovered.superseded,
-                keys = recovered.keys,
-                resume = ?recovered.resume.as_ref().map(|r| &r.updates_offsets),
-                last_incarnation = last,
-                incarnation = i,
-                took_ms = started.elapsed().as_millis() as u64,
-                "no incarnation (empty or restored data dir): merged this region's own deltas topic"
+        None => (
+            bootstrap_own_past(&config, &clock, &hlc, &store).await?,
+            true,
+        ),
+    };
+    Ok(Opened {
+        config,
+        clock,
+        objects,
+        store,
+        hlc,
+        ship_source,
+        ship_producer,
+        incarnation,
+        bootstrapping,
+    })
+}
+
+/// The node's wall clock: the system's, shifted if `clock-offset` is set.
+fn wall_clock(config: &Config) -> Arc<dyn Clock> {
+    match config.clock_offset_nanos {
+        0 => Arc::new(SystemClock),
+        offset_nanos => {
+            tracing::warn!(
+                offset_ms = offset_nanos / 1_000_000,
+                "clock-offset: this node's wall clock is shifted on purpose"
             );
-            // last: a crash before this line bootstraps again (merging is idempotent)
-            store.set_incarnation(i)?;
-            (i, true)
+            Arc::new(ShiftedClock { offset_nanos })
         }
-    };
-    let actor = Actor::new(config.region.clone(), incarnation);
-    let checkpoint_status = Arc::new(CheckpointStatus {
-        restored_from: store.restored_from()?,
-        target: objects.describe(""),
-        ..Default::default()
-    });
+    }
+}
 
-    let topic = config.kafka.updates_topic.clone();
-    let partitions = log::partitions(&config.kafka, &topic).await?;
-    let applied = store.source_offsets(&topic)?;
-    let source = log::ConsumerSpec {
-        kafka: config.kafka.clone(),
-        group: format!("geostate-ingest-{}", config.region),
-        report_end: false,
-        topic: topic.clone(),
-        partitions: partitions.clone(),
-    };
-    // What an earlier node of the region may have applied and acknowledged: every record
-    // the topic holds now (that node is gone). No heartbeat leaves before it is applied.
-    let replay_to = log::watermarks(&config.kafka, &topic, partitions.clone())
-        .await?
-        .into_iter()
-        .filter(|(p, (first, end))| applied.get(p).map_or(*first, |o| o + 1).max(*first) < *end)
-        .map(|(p, (_, end))| (p, end))
-        .collect();
-    let consumer = source.start(&applied)?;
-    let shared = Arc::new(IngestShared::new(applied));
-    tracing::info!(region = %config.region, incarnation, partitions = partitions.len(), "node starting");
-
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let mut essential = Essential::default();
-    // The lease group member and this region's leases run from here on, bootstrap or not.
-    let (member, leases) = match &config.lease {
-        None => (None, None),
-        Some(lease) => {
-            let member = Member::start(
-                lease,
-                &raft_dir(&config.data_dir),
-                config.max_clock_offset.as_millis() as u64,
-                clock.clone(),
-            )
-            .await?;
-            let leases = Arc::new(Leases::new(
-                lease.clone(),
-                config.region.clone(),
-                config.max_clock_offset,
-                member.view.clone(),
-                member.proposer.clone(),
-                clock.clone(),
-            ));
-            let run = leases.clone().run(stop_rx.clone());
-            essential.spawn("the lease manager", returns(run));
-            tracing::info!(member = lease.member_id, listen = %lease.listen, shards = lease.all_shards().end, "lease group member started");
-            (Some(member), Some(leases))
+/// An empty data dir takes the newest checkpoint, if there is one.
+async fn restore_newest(config: &Config, objects: &Objects) -> Result<(), NodeError> {
+    let started = std::time::Instant::now();
+    match checkpoint::restore(config, objects, None).await {
+        Ok(manifest) => {
+            let bytes: u64 = manifest.files.iter().map(|f| f.bytes).sum();
+            tracing::info!(checkpoint = %manifest.id, files = manifest.files.len(), bytes, took_ms = started.elapsed().as_millis() as u64, "empty data dir: restored the newest checkpoint");
+            Ok(())
         }
-    };
-    let freshness = Arc::new(Freshness::new(store.remote_applied()?));
-    let mut remotes = Vec::new();
-    for remote in &config.replication.remotes {
-        let progress = Arc::new(RemoteProgress::new(
-            remote.clone(),
-            store.source_offsets(&Merger::offsets_id(remote))?,
-        ));
-        remotes.push(progress.clone());
-        let merger = Merger {
+        Err(CheckpointError::NoCheckpoint(at)) => {
+            tracing::info!(%at, "empty data dir and no checkpoint: rebuilding from the deltas topics");
+            Ok(())
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// A store with no incarnation (empty or restored) merges its region's own deltas topic,
+/// then takes an incarnation above every earlier one.
+async fn bootstrap_own_past(
+    config: &Arc<Config>,
+    clock: &Arc<dyn Clock>,
+    hlc: &Arc<Hlc>,
+    store: &Arc<Store>,
+) -> Result<u32, NodeError> {
+    let started = std::time::Instant::now();
+    let recovered = bootstrap::recover_own_past(config, hlc, store).await?;
+    let last = recovered.resume.as_ref().map_or(0, |r| r.incarnation);
+    let incarnation = new_incarnation(clock.as_ref()).max(last.saturating_add(1));
+    tracing::info!(
+        deltas = recovered.deltas,
+        superseded = recovered.superseded,
+        keys = recovered.keys,
+        resume = ?recovered.resume.as_ref().map(|r| &r.updates_offsets),
+        last_incarnation = last,
+        incarnation,
+        took_ms = started.elapsed().as_millis() as u64,
+        "no incarnation (empty or restored data dir): merged this region's own deltas topic"
+    );
+    // last: a crash before this line bootstraps again (merging is idempotent)
+    store.set_incarnation(incarnation)?;
+    Ok(incarnation)
+}
+
+/// A node whose tasks run: what it serves, and what stopping it takes.
+struct Running {
+    api: Api,
+    tasks: Tasks,
+    stop: watch::Sender<bool>,
+    member: Option<Member>,
+    bootstrapping: bool,
+}
+
+impl Opened {
+    /// Starts the lease group member and every long-running task, and builds the API.
+    async fn spawn(self, metrics: TcpListener) -> Result<Running, NodeError> {
+        let Opened { config, store, .. } = &self;
+        let topic = config.kafka.updates_topic.clone();
+        let partitions = log::partitions(&config.kafka, &topic).await?;
+        let applied = store.source_offsets(&topic)?;
+        let shared = Arc::new(IngestShared::new(applied));
+        tracing::info!(region = %config.region, incarnation = self.incarnation, partitions = partitions.len(), "node starting");
+        let (stop, stop_rx) = watch::channel(false);
+        let mut tasks = Tasks::default();
+        // The lease group member and this region's leases run from here on, bootstrap or
+        // not.
+        let (member, leases) = self.start_leases(&mut tasks, &stop_rx).await?;
+        let (freshness, remotes) = self.spawn_mergers(&mut tasks, &shared, &stop_rx)?;
+        self.spawn_ingest(
+            &mut tasks,
+            &shared,
+            &remotes,
+            &leases,
+            &partitions,
+            &stop_rx,
+        )
+        .await?;
+        let (checkpoints, checkpoint_status) = self.spawn_checkpointer(&mut tasks, &stop_rx)?;
+        tasks.spawn(
+            "the metrics server",
+            OnStop::Abort,
+            returns(m::serve(metrics, m::install())),
+        );
+        let lag = report_lag(
+            config.clone(),
+            partitions.clone(),
+            shared.clone(),
+            stop_rx.clone(),
+        );
+        tasks.spawn("the lag reporter", OnStop::Abort, returns(lag));
+        let bootstrapping = self.bootstrapping;
+        let api = Api {
+            // a write Kafka cannot take within 10 s is answered UNAVAILABLE
+            producer: log::RenewingProducer::new(&config.kafka, Duration::from_secs(10))?,
             config: config.clone(),
-            hlc: hlc.clone(),
+            incarnation: self.incarnation,
+            hlc: self.hlc.clone(),
             store: store.clone(),
             shared: shared.clone(),
-            freshness: freshness.clone(),
-            progress,
+            partitions,
+            stop: stop_rx.clone(),
+            freshness,
+            remotes,
+            checkpoints,
+            checkpoint_status,
+            objects: self.objects.clone(),
+            leases,
+            peers: Default::default(),
+            ends: Default::default(),
         };
-        essential.spawn(
-            format!("merging {}'s deltas", remote.region),
-            merger.run(stop_rx.clone()),
-        );
+        // last: the shipper takes the producer
+        self.spawn_shipper(&mut tasks, &shared, &stop_rx);
+        Ok(Running {
+            api,
+            tasks,
+            stop,
+            member,
+            bootstrapping,
+        })
     }
 
-    let ingest = Ingestor {
-        config: config.clone(),
-        actor: actor.clone(),
-        hlc: hlc.clone(),
-        store: store.clone(),
-        consumer,
-        source,
-        dlq: log::RenewingProducer::new(&config.kafka, Duration::from_secs(30))?,
-        shared: shared.clone(),
-        replay_to,
-        leases: leases.clone(),
-        grants: Default::default(),
-    };
-    // A node that rebuilt itself replays its updates topic only once it holds every remote
-    // delta the lost node could have seen: a compare-and-set replayed on less than the
-    // lost node had merged could fail where the lost node's succeeded (and was
-    // acknowledged).
-    let remotes_read = all_caught_up(&remotes);
-    let mut ingest_stop = stop_rx.clone();
-    let mut ingest_task = tokio::spawn(async move {
-        if bootstrapping {
+    async fn start_leases(
+        &self,
+        tasks: &mut Tasks,
+        stop: &watch::Receiver<bool>,
+    ) -> Result<(Option<Member>, Option<Arc<Leases>>), NodeError> {
+        let config = &self.config;
+        let Some(lease) = &config.lease else {
+            return Ok((None, None));
+        };
+        let member = Member::start(
+            lease,
+            &raft_dir(&config.data_dir),
+            config.max_clock_offset.as_millis() as u64,
+            self.clock.clone(),
+        )
+        .await?;
+        let leases = Arc::new(Leases::new(
+            lease.clone(),
+            config.region.clone(),
+            config.max_clock_offset,
+            member.view.clone(),
+            member.proposer.clone(),
+            self.clock.clone(),
+        ));
+        let run = leases.clone().run(stop.clone());
+        // it finishes by releasing what it holds, through the member (stopped after it)
+        tasks.spawn("the lease manager", OnStop::Finish, returns(run));
+        tracing::info!(member = lease.member_id, listen = %lease.listen, shards = lease.all_shards().end, "lease group member started");
+        Ok((Some(member), Some(leases)))
+    }
+
+    /// One merger per remote region, and the freshness they feed.
+    fn spawn_mergers(
+        &self,
+        tasks: &mut Tasks,
+        shared: &Arc<IngestShared>,
+        stop: &watch::Receiver<bool>,
+    ) -> Result<(Arc<Freshness>, Vec<Arc<RemoteProgress>>), NodeError> {
+        let freshness = Arc::new(Freshness::new(self.store.remote_applied()?));
+        let mut remotes = Vec::new();
+        for remote in &self.config.replication.remotes {
+            let progress = Arc::new(RemoteProgress::new(
+                remote.clone(),
+                self.store.source_offsets(&Merger::offsets_id(remote))?,
+            ));
+            remotes.push(progress.clone());
+            let merger = Merger {
+                config: self.config.clone(),
+                hlc: self.hlc.clone(),
+                store: self.store.clone(),
+                shared: shared.clone(),
+                freshness: freshness.clone(),
+                progress,
+            };
+            let name = format!("merging {}'s deltas", remote.region);
+            tasks.spawn(name, OnStop::Finish, merger.run(stop.clone()));
+        }
+        Ok((freshness, remotes))
+    }
+
+    async fn spawn_ingest(
+        &self,
+        tasks: &mut Tasks,
+        shared: &Arc<IngestShared>,
+        remotes: &[Arc<RemoteProgress>],
+        leases: &Option<Arc<Leases>>,
+        partitions: &[i32],
+        stop: &watch::Receiver<bool>,
+    ) -> Result<(), NodeError> {
+        let config = &self.config;
+        // where the store says ingest stopped
+        let applied = shared.applied.borrow().clone();
+        let topic = &config.kafka.updates_topic;
+        let source = log::ConsumerSpec {
+            kafka: config.kafka.clone(),
+            group: format!("geostate-ingest-{}", config.region),
+            report_end: false,
+            topic: topic.clone(),
+            partitions: partitions.to_vec(),
+        };
+        // What an earlier node of the region may have applied and acknowledged: every
+        // record the topic holds now (that node is gone). No heartbeat leaves before it is
+        // applied.
+        let replay_to = log::watermarks(&config.kafka, topic, partitions.to_vec())
+            .await?
+            .into_iter()
+            .filter(|(p, (first, end))| applied.get(p).map_or(*first, |o| o + 1).max(*first) < *end)
+            .map(|(p, (_, end))| (p, end))
+            .collect();
+        let ingest = Ingestor {
+            config: config.clone(),
+            actor: Actor::new(config.region.clone(), self.incarnation),
+            hlc: self.hlc.clone(),
+            store: self.store.clone(),
+            consumer: source.start(&applied)?,
+            source,
+            dlq: log::RenewingProducer::new(&config.kafka, Duration::from_secs(30))?,
+            shared: shared.clone(),
+            replay_to,
+            leases: leases.clone(),
+            grants: Default::default(),
+        };
+        // A node that rebuilt itself replays its updates topic only once it holds every
+        // remote delta the lost node could have seen: a compare-and-set replayed on less
+        // than the lost node had merged could fail where the lost node's succeeded (and
+        // was acknowledged).
+        let (bootstrapping, remotes_read) = (self.bootstrapping, all_caught_up(remotes));
+        let mut stop = stop.clone();
+        tasks.spawn("ingest", OnStop::Finish, async move {
+            if bootstrapping {
+                tokio::select! {
+                    () = remotes_read => {}
+                    () = stopped(&mut stop) => return Ok(()),
+                }
+            }
+            ingest.run(stop).await
+        });
+        Ok(())
+    }
+
+    fn spawn_shipper(self, tasks: &mut Tasks, shared: &IngestShared, stop: &watch::Receiver<bool>) {
+        let shipper = Shipper {
+            store: self.store,
+            producer: self.ship_producer,
+            source: self.ship_source,
+            topic: self.config.kafka.deltas_topic.clone(),
+            updates_topic: self.config.kafka.updates_topic.clone(),
+            actor: Actor::new(self.config.region.clone(), self.incarnation),
+            wake: shared.committed.clone(),
+            shipped: shared.shipped.clone(),
+            clock: self.hlc.physical().clone(),
+            replayed: shared.replayed.subscribe(),
+        };
+        tasks.spawn("the shipper", OnStop::Finish, shipper.run(stop.clone()));
+    }
+
+    /// The checkpointer, and how the API asks it for a checkpoint and reads its status.
+    fn spawn_checkpointer(
+        &self,
+        tasks: &mut Tasks,
+        stop: &watch::Receiver<bool>,
+    ) -> Result<(mpsc::Sender<checkpoint::Request>, Arc<CheckpointStatus>), NodeError> {
+        let status = Arc::new(CheckpointStatus {
+            restored_from: self.store.restored_from()?,
+            target: self.objects.describe(""),
+            ..Default::default()
+        });
+        let (checkpoints, requests) = mpsc::channel(4);
+        let checkpointer = Checkpointer {
+            config: self.config.clone(),
+            store: self.store.clone(),
+            objects: self.objects.clone(),
+            incarnation: self.incarnation,
+            wall: self.hlc.physical().clone(),
+            status: status.clone(),
+            requests,
+        };
+        // a checkpoint cut short is harmless: its manifest is never written
+        let run = returns(checkpointer.run(stop.clone()));
+        tasks.spawn("the checkpointer", OnStop::Abort, run);
+        Ok((checkpoints, status))
+    }
+}
+
+impl Running {
+    /// Serves gRPC until `shutdown` completes or a task ends, then stops. A node that
+    /// rebuilt itself serves nothing before it holds what the other regions wrote: every
+    /// remote deltas topic read to its end.
+    async fn serve(
+        self,
+        grpc: TcpListener,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), NodeError> {
+        let Running {
+            api,
+            mut tasks,
+            stop,
+            member,
+            bootstrapping,
+        } = self;
+        let mut shutdown = std::pin::pin!(shutdown);
+        if bootstrapping && !api.remotes.is_empty() {
+            tracing::info!(
+                remotes = api.remotes.len(),
+                "reading every remote deltas topic before serving"
+            );
             tokio::select! {
-                () = remotes_read => {}
-                () = stopped(&mut ingest_stop) => return Ok(()),
+                () = all_caught_up(&api.remotes) => tracing::info!("bootstrap done: serving"),
+                () = &mut shutdown => return stop_in_order(stop, tasks, member, None, None).await,
+                Some(ended) = tasks.next_ended() => {
+                    let failed = Some(Tasks::failure(ended));
+                    return stop_in_order(stop, tasks, member, None, failed).await;
+                }
             }
         }
-        ingest.run(ingest_stop).await
-    });
-    let shipper = Shipper {
-        store: store.clone(),
-        producer: ship_producer,
-        source: ship_source,
-        topic: config.kafka.deltas_topic.clone(),
-        updates_topic: config.kafka.updates_topic.clone(),
-        actor,
-        wake: shared.committed.clone(),
-        shipped: shared.shipped.clone(),
-        clock: hlc.physical().clone(),
-        replayed: shared.replayed.subscribe(),
-    };
-    let mut shipper_task = tokio::spawn(shipper.run(stop_rx.clone()));
-
-    let (checkpoints, requests) = tokio::sync::mpsc::channel(4);
-    let checkpointer = Checkpointer {
-        config: config.clone(),
-        store: store.clone(),
-        objects: objects.clone(),
-        incarnation,
-        wall: hlc.physical().clone(),
-        status: checkpoint_status.clone(),
-        requests,
-    };
-    let checkpoint_task = essential.spawn(
-        "the checkpointer",
-        returns(checkpointer.run(stop_rx.clone())),
-    );
-
-    let handle = m::install();
-    let metrics_task = essential.spawn(
-        "the metrics server",
-        returns(m::serve(listeners.metrics, handle)),
-    );
-    let lag_task = tokio::spawn(report_lag(
-        config.clone(),
-        partitions.clone(),
-        shared.clone(),
-        stop_rx.clone(),
-    ));
-
-    // A node that rebuilt itself serves nothing before it holds what the other regions
-    // wrote: every remote deltas topic read to its end.
-    let mut shutdown = std::pin::pin!(shutdown);
-    if bootstrapping && !remotes.is_empty() {
-        tracing::info!(
-            remotes = remotes.len(),
-            "reading every remote deltas topic before serving"
-        );
+        let mut grpc_stop = stop.subscribe();
+        let mut grpc_task = tokio::spawn(api::serve(grpc, Arc::new(api), async move {
+            stopped(&mut grpc_stop).await;
+        }));
         let failed = tokio::select! {
-            () = all_caught_up(&remotes) => {
-                tracing::info!("bootstrap done: serving");
-                None
-            }
-            () = &mut shutdown => Some(None),
-            Some(ended) = essential.next_ended() => Some(Some(Failed::Task(Essential::failure(ended)))),
+            () = &mut shutdown => None,
+            Some(ended) = tasks.next_ended() => Some(Tasks::failure(ended)),
+            result = &mut grpc_task => Some(match result {
+                Ok(Ok(())) => "the grpc server returned while the node was running".into(),
+                Ok(Err(e)) => format!("the grpc server failed while the node was running: {e}"),
+                Err(e) => format!("the grpc server {e} while the node was running"),
+            }),
         };
-        if let Some(failed) = failed {
-            let _ = stop_tx.send(true);
-            metrics_task.abort();
-            checkpoint_task.abort();
-            lag_task.abort();
-            stop_tasks(essential, member).await;
-            return stop(ingest_task, shipper_task, failed).await;
-        }
+        let grpc = (!grpc_task.is_finished()).then_some(grpc_task);
+        stop_in_order(stop, tasks, member, grpc, failed).await
     }
+}
 
-    let api = Arc::new(Api {
-        config: config.clone(),
-        incarnation,
-        hlc,
-        store: store.clone(),
-        // a write Kafka cannot take within 10 s is answered UNAVAILABLE
-        producer: log::RenewingProducer::new(&config.kafka, Duration::from_secs(10))?,
-        shared,
-        partitions,
-        stop: stop_rx.clone(),
-        freshness,
-        remotes,
-        checkpoints,
-        checkpoint_status,
-        objects,
-        leases,
-        peers: Default::default(),
-        ends: Default::default(),
-    });
-    let mut grpc_stop = stop_rx.clone();
-    let mut grpc_task = tokio::spawn(api::serve(listeners.grpc, api, async move {
-        stopped(&mut grpc_stop).await;
-    }));
-
-    // Wait for the shutdown signal, or for ingest, shipping or an essential task to end.
-    let failed = tokio::select! {
-        () = &mut shutdown => None,
-        result = &mut ingest_task => Some(Failed::Ingest(result)),
-        result = &mut shipper_task => Some(Failed::Shipper(result)),
-        Some(ended) = essential.next_ended() => Some(Failed::Task(Essential::failure(ended))),
-    };
+/// The one shutdown sequence: tell every task to stop; let gRPC calls in flight finish
+/// (clients are told to go away; one still connected after the grace period is cut off);
+/// abort what may be cut short and wait for the rest (the lease manager releases through
+/// the group); stop the lease group member; report the first failure.
+async fn stop_in_order(
+    stop: watch::Sender<bool>,
+    tasks: Tasks,
+    member: Option<Member>,
+    grpc: Option<JoinHandle<Result<(), tonic::transport::Error>>>,
+    failed: Option<String>,
+) -> Result<(), NodeError> {
     tracing::info!("node stopping");
-    let _ = stop_tx.send(true);
-    // Graceful: in-flight calls finish and clients are told to go away; a client that
-    // keeps its connection open past the grace period is cut off.
-    let grpc_result = match tokio::time::timeout(SHUTDOWN_GRACE, &mut grpc_task).await {
-        Ok(result) => result,
-        Err(_) => {
-            tracing::warn!(grace = ?SHUTDOWN_GRACE, "grpc clients still connected; closing");
-            grpc_task.abort();
-            Ok(Ok(()))
+    let _ = stop.send(true);
+    let mut grpc_result = Ok(Ok(()));
+    if let Some(mut grpc) = grpc {
+        match tokio::time::timeout(SHUTDOWN_GRACE, &mut grpc).await {
+            Ok(result) => grpc_result = result,
+            Err(_) => {
+                tracing::warn!(grace = ?SHUTDOWN_GRACE, "grpc clients still connected; closing");
+                grpc.abort();
+            }
         }
-    };
-    tracing::info!("grpc stopped");
-    metrics_task.abort();
-    lag_task.abort();
-    // a checkpoint cut short is harmless: its manifest is never written
-    checkpoint_task.abort();
-    stop_tasks(essential, member).await;
-    let result = stop(ingest_task, shipper_task, failed).await;
+        tracing::info!("grpc stopped");
+    }
+    let finished = tasks.finish().await;
+    tracing::info!("ingest, shipping, merging and leases stopped");
+    if let Some(member) = member {
+        member.stop().await;
+    }
+    tracing::info!("node stopped");
     grpc_result??;
-    result
+    match failed.or(finished.err()) {
+        Some(why) => Err(NodeError::TaskEnded(why)),
+        None => Ok(()),
+    }
 }
 
 /// Completes once every remote's merger has read its topic to the end (owns what it
@@ -407,49 +568,10 @@ fn all_caught_up(remotes: &[Arc<RemoteProgress>]) -> impl Future<Output = ()> + 
     }
 }
 
-/// Waits for the essential tasks (told to stop: the mergers finish their batch, the lease
-/// manager releases what it holds through the group), then stops the lease group member.
-async fn stop_tasks(essential: Essential, member: Option<Member>) {
-    essential.finish().await;
-    if let Some(member) = member {
-        member.stop().await;
-    }
-}
-
 /// A task that returns nothing: ending at all, before shutdown, is its failure.
 async fn returns(task: impl Future<Output = ()>) -> Result<(), std::convert::Infallible> {
     task.await;
     Ok(())
-}
-
-/// A task that ended before shutdown was asked for.
-enum Failed {
-    Ingest(Result<Result<(), IngestError>, tokio::task::JoinError>),
-    Shipper(Result<Result<(), ShipError>, tokio::task::JoinError>),
-    /// An essential task, and how it ended.
-    Task(String),
-}
-
-/// Waits for the pipeline tasks (already told to stop) and reports the first failure.
-async fn stop(
-    ingest_task: JoinHandle<Result<(), IngestError>>,
-    shipper_task: JoinHandle<Result<(), ShipError>>,
-    failed: Option<Failed>,
-) -> Result<(), NodeError> {
-    let (ingest_result, shipper_result, task) = match failed {
-        Some(Failed::Ingest(r)) => (r, shipper_task.await, None),
-        Some(Failed::Shipper(r)) => (ingest_task.await, r, None),
-        Some(Failed::Task(why)) => (ingest_task.await, shipper_task.await, Some(why)),
-        None => (ingest_task.await, shipper_task.await, None),
-    };
-    tracing::info!("ingest and shipping stopped");
-    tracing::info!("node stopped");
-    ingest_result??;
-    shipper_result??;
-    match task {
-        Some(why) => Err(NodeError::TaskEnded(why)),
-        None => Ok(()),
-    }
 }
 
 /// Publishes the consumer lag per partition every few seconds.
