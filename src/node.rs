@@ -13,7 +13,6 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rdkafka::producer::FutureProducer;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
@@ -120,8 +119,7 @@ struct Opened {
     objects: Objects,
     store: Arc<Store>,
     hlc: Arc<Hlc>,
-    ship_source: log::TransactionalSpec,
-    ship_producer: FutureProducer,
+    ship_producer: log::Transactional,
     incarnation: u32,
     /// The node had no incarnation: it rebuilt itself from its own deltas topic, and
     /// serves only once it holds what the other regions wrote.
@@ -146,12 +144,13 @@ async fn open(config: Arc<Config>) -> Result<Opened, NodeError> {
     }
     // The shipping producer first: its init fences any older node of this region and
     // aborts its open transaction, so what bootstrap reads next is final.
-    let ship_source = log::TransactionalSpec {
+    let ship_producer = log::TransactionalSpec {
         kafka: config.kafka.clone(),
         transactional_id: format!("geostate.{}.{}", config.region, config.kafka.deltas_topic),
         transaction_timeout: SHIP_TRANSACTION_TIMEOUT,
-    };
-    let ship_producer = ship_source.start().await?;
+    }
+    .start()
+    .await?;
     let (incarnation, bootstrapping) = match store.incarnation()? {
         Some(i) => (i, false),
         None => (
@@ -165,7 +164,6 @@ async fn open(config: Arc<Config>) -> Result<Opened, NodeError> {
         objects,
         store,
         hlc,
-        ship_source,
         ship_producer,
         incarnation,
         bootstrapping,
@@ -386,6 +384,7 @@ impl Opened {
             report_end: false,
             topic: topic.clone(),
             partitions: partitions.to_vec(),
+            role: "ingest",
         };
         // What an earlier node of the region may have applied and acknowledged: every
         // record the topic holds now (that node is gone). No heartbeat leaves before it is
@@ -401,8 +400,7 @@ impl Opened {
             actor: Actor::new(config.region.clone(), self.incarnation),
             hlc: self.hlc.clone(),
             store: self.store.clone(),
-            consumer: source.start(&applied)?,
-            source,
+            reader: log::Reader::start(source, &applied)?,
             dlq: log::RenewingProducer::new(&config.kafka, Duration::from_secs(30))?,
             shared: shared.clone(),
             replay_to,
@@ -431,7 +429,6 @@ impl Opened {
         let shipper = Shipper {
             store: self.store,
             producer: self.ship_producer,
-            source: self.ship_source,
             topic: self.config.kafka.deltas_topic.clone(),
             updates_topic: self.config.kafka.updates_topic.clone(),
             actor: Actor::new(self.config.region.clone(), self.incarnation),

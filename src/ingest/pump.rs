@@ -29,9 +29,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rdkafka::consumer::{Consumer, StreamConsumer};
-use rdkafka::error::KafkaError;
-use rdkafka::producer::FutureRecord;
 use tokio::sync::{broadcast, watch};
 
 use super::batch::{Applied, BatchContext, Grants, Pending, Record, StateSource, apply_batch};
@@ -41,7 +38,10 @@ use crate::config::Config;
 use crate::crdt::{Actor, CrdtValue};
 use crate::lease::manager::Leases;
 use crate::lease::table::ShardId;
-use crate::log::{ConsumerSpec, DLQ_TRUNCATED_HEADER, RenewingProducer, dlq_headers};
+use crate::log::{
+    Batching, DLQ_CODE_HEADER, DLQ_REASON_HEADER, DLQ_SOURCE_HEADER, DLQ_TRUNCATED_HEADER, Out,
+    Reader, RenewingProducer,
+};
 use crate::metrics as m;
 use crate::shutdown::stopped;
 use crate::store::{Commit, Store, StoreError};
@@ -172,9 +172,8 @@ pub struct Ingestor {
     pub actor: Actor,
     pub hlc: Arc<Hlc>,
     pub store: Arc<Store>,
-    /// Positioned by `source`; replaced by a new client after a consume error.
-    pub consumer: StreamConsumer,
-    pub source: ConsumerSpec,
+    /// The updates topic, positioned after the applied offsets.
+    pub reader: Reader,
     pub dlq: RenewingProducer,
     pub shared: Arc<IngestShared>,
     /// Per partition that had records to apply at start-up, its end offset then.
@@ -189,42 +188,29 @@ pub struct Ingestor {
 impl Ingestor {
     /// Runs until `shutdown` turns true; returns early only on a storage failure.
     pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) -> Result<(), IngestError> {
-        let max_events = self.config.ingest.batch_max_events;
-        let max_wait = self.config.ingest.batch_max_wait;
         loop {
             self.note_replayed();
-            let mut records = Vec::new();
-            let replaying = !*self.shared.replayed.borrow();
-            let first = tokio::select! {
-                () = stopped(&mut shutdown) => return Ok(()),
-                message = self.consumer.recv() => message.map(|m| Record::from_message(&m)),
+            let batching = Batching {
+                max: self.config.ingest.batch_max_events,
+                linger: self.config.ingest.batch_max_wait,
                 // the last records may be ones nobody applies (a transaction marker)
-                () = tokio::time::sleep(REPLAY_POLL), if replaying => continue,
+                idle: (!*self.shared.replayed.borrow()).then_some(REPLAY_POLL),
             };
-            let mut failed = None;
-            match first {
-                Ok(record) => records.push(record),
-                Err(e) => failed = Some(e),
-            }
-            let deadline = tokio::time::Instant::now() + max_wait;
-            while failed.is_none() && records.len() < max_events {
-                match tokio::time::timeout_at(deadline, self.consumer.recv()).await {
-                    Ok(Ok(message)) => records.push(Record::from_message(&message)),
-                    Ok(Err(e)) => failed = Some(e),
-                    Err(_) => break,
-                }
-            }
-            if !records.is_empty() {
+            let Some(batch) = self.reader.next_batch(batching, &mut shutdown).await else {
+                return Ok(());
+            };
+            if !batch.records.is_empty() {
                 if !self.outbox_room(&mut shutdown).await {
                     return Ok(());
                 }
-                if !self.apply(records, &mut shutdown).await? {
+                if !self.apply(batch.records, &mut shutdown).await? {
                     return Ok(());
                 }
             }
-            if let Some(e) = failed {
+            if let Some(e) = batch.failed {
                 tokio::time::sleep(RETRY_PAUSE).await;
-                self.restart_consumer(&e);
+                let applied = self.shared.applied.borrow().clone();
+                self.reader.restart(&e, &applied);
             }
         }
     }
@@ -267,34 +253,15 @@ impl Ingestor {
             return;
         }
         let applied = self.shared.applied.borrow();
-        let positions = self.consumer.position().ok();
         let done = self.replay_to.iter().all(|(&p, &end)| {
-            let consumed = positions
-                .as_ref()
-                .and_then(|l| l.find_partition(&self.config.kafka.updates_topic, p))
-                .and_then(|e| e.offset().to_raw());
-            applied.get(&p).is_some_and(|&o| o + 1 >= end) || consumed.is_some_and(|o| o >= end)
+            applied.get(&p).is_some_and(|&o| o + 1 >= end)
+                || self.reader.position(p).is_some_and(|o| o >= end)
         });
         drop(applied);
         if done {
             tracing::info!(ends = ?self.replay_to, "replayed the updates topic as it was at start-up");
             self.shared.replayed.send_replace(true);
         }
-    }
-
-    /// After a consume error, a new client reads on after the applied offsets
-    /// ([`ConsumerSpec`]): the old one may never fetch again.
-    fn restart_consumer(&mut self, error: &KafkaError) {
-        let applied = self.shared.applied.borrow().clone();
-        match self.source.restart(&mut self.consumer, &applied) {
-            Ok(()) => {
-                tracing::warn!(%error, "consume failed; a new Kafka client reads on after the applied offsets");
-            }
-            Err(again) => {
-                tracing::warn!(%error, %again, "consume failed, and so did starting a new Kafka client; retrying");
-            }
-        }
-        metrics::counter!(m::CONSUMER_RESTARTS, "consumer" => "ingest").increment(1);
     }
 
     /// Applies `records`, in parts where one names a lease epoch to ask the lease group
@@ -463,23 +430,24 @@ impl Ingestor {
             );
             let reason = why.to_string();
             let letter = DeadLetter::of(record, &reason);
+            let mut headers = vec![
+                (DLQ_REASON_HEADER, letter.reason),
+                (DLQ_CODE_HEADER, why.code()),
+                (DLQ_SOURCE_HEADER, source.as_str()),
+            ];
+            if let Some(cut) = &letter.truncated {
+                headers.push((DLQ_TRUNCATED_HEADER, cut));
+            }
+            let out = Out {
+                topic,
+                key: letter.key,
+                payload: letter.payload,
+                headers: &headers,
+            };
             loop {
-                let mut headers = dlq_headers(why.code(), letter.reason, &source);
-                if let Some(cut) = &letter.truncated {
-                    headers = headers.insert(rdkafka::message::Header {
-                        key: DLQ_TRUNCATED_HEADER,
-                        value: Some(cut),
-                    });
-                }
-                let mut out = FutureRecord::to(topic)
-                    .payload(letter.payload)
-                    .headers(headers);
-                if let Some(key) = letter.key {
-                    out = out.key(key);
-                }
-                match self.dlq.send(out, Duration::from_secs(30)).await {
-                    Ok(_) => break,
-                    Err(e) if never_accepted(&e) => {
+                match self.dlq.append(&out, Duration::from_secs(30)).await {
+                    Ok(()) => break,
+                    Err(e) if e.is_refused_record() => {
                         // retrying cannot help, and the partition must move on: the record
                         // stays in the updates topic at `source`
                         tracing::error!(error = %e, %source, reason = %why, "the dead-letter topic refuses this record; parked (logged and counted, not dead-lettered)");
@@ -539,24 +507,6 @@ impl<'a> DeadLetter<'a> {
                 .then(|| format!("key={key_len},value={}", payload.len())),
         }
     }
-}
-
-/// Produce errors no retry can cure: the record (or its topic) is refused as such.
-fn never_accepted(error: &KafkaError) -> bool {
-    use rdkafka::types::RDKafkaErrorCode as C;
-    matches!(
-        error,
-        KafkaError::MessageProduction(
-            C::MessageSizeTooLarge
-                | C::InvalidMessageSize
-                | C::MessageBatchTooLarge
-                | C::InvalidMessage
-                | C::InvalidRecord
-                | C::UnknownTopic
-                | C::TopicAuthorizationFailed
-                | C::InvalidTopic
-        )
-    )
 }
 
 impl StateSource for Store {

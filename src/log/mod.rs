@@ -7,14 +7,12 @@ use std::time::Duration;
 
 use rdkafka::ClientConfig;
 use rdkafka::Message;
-use rdkafka::consumer::{BaseConsumer, Consumer, StreamConsumer};
+use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
-use rdkafka::message::ToBytes;
 use rdkafka::message::{BorrowedMessage, Header, OwnedHeaders};
 use rdkafka::producer::future_producer::Delivery;
-use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::types::RDKafkaErrorCode;
-use rdkafka::{Offset, TopicPartitionList};
 
 use crate::config::KafkaConfig;
 
@@ -24,6 +22,12 @@ pub const DLQ_REASON_HEADER: &str = "geostate.error";
 pub const DLQ_CODE_HEADER: &str = "geostate.error.code";
 /// Header holding where the record came from: `topic/partition/offset`.
 pub const DLQ_SOURCE_HEADER: &str = "geostate.source";
+
+mod reader;
+mod transactional;
+
+pub use reader::{Batch, Batching, ConsumerSpec, Reader};
+pub use transactional::{Transactional, TransactionalSpec, TxRecord};
 
 const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -58,6 +62,26 @@ pub enum LogError {
     NoPartitions { topic: String },
     #[error("kafka metadata task failed: {0}")]
     Join(#[from] tokio::task::JoinError),
+}
+
+impl LogError {
+    /// A produce error no retry can cure: the record (or its topic) is refused as such.
+    pub fn is_refused_record(&self) -> bool {
+        use RDKafkaErrorCode as C;
+        matches!(
+            self,
+            LogError::Kafka(KafkaError::MessageProduction(
+                C::MessageSizeTooLarge
+                    | C::InvalidMessageSize
+                    | C::MessageBatchTooLarge
+                    | C::InvalidMessage
+                    | C::InvalidRecord
+                    | C::UnknownTopic
+                    | C::TopicAuthorizationFailed
+                    | C::InvalidTopic
+            ))
+        )
+    }
 }
 
 fn client_config(kafka: &KafkaConfig) -> ClientConfig {
@@ -99,6 +123,14 @@ pub struct RenewingProducer {
     current: Mutex<(u64, FutureProducer)>,
 }
 
+/// One record for [`RenewingProducer::append`].
+pub struct Out<'a> {
+    pub topic: &'a str,
+    pub key: Option<&'a [u8]>,
+    pub payload: &'a [u8],
+    pub headers: &'a [(&'a str, &'a str)],
+}
+
 /// A record [`RenewingProducer::queue_made`] makes under its lock.
 pub struct Made {
     pub key: String,
@@ -115,16 +147,21 @@ impl RenewingProducer {
         })
     }
 
-    /// Sends one record and waits for its acknowledgement.
-    pub async fn send<K, P>(
-        &self,
-        record: FutureRecord<'_, K, P>,
-        queue_timeout: Duration,
-    ) -> Result<Delivery, KafkaError>
-    where
-        K: ToBytes + ?Sized,
-        P: ToBytes + ?Sized,
-    {
+    /// Appends one record and waits for its acknowledgement.
+    pub async fn append(&self, out: &Out<'_>, queue_timeout: Duration) -> Result<(), LogError> {
+        let mut headers = OwnedHeaders::new();
+        for &(key, value) in out.headers {
+            headers = headers.insert(Header {
+                key,
+                value: Some(value),
+            });
+        }
+        let mut record = FutureRecord::to(out.topic)
+            .payload(out.payload)
+            .headers(headers);
+        if let Some(key) = out.key {
+            record = record.key(key);
+        }
         let (generation, producer) = self.lock().clone();
         let sent = producer.send(record, queue_timeout).await;
         if let Err((e, _)) = &sent
@@ -140,7 +177,7 @@ impl RenewingProducer {
             // for its threads
             tokio::task::spawn_blocking(move || drop(producer));
         }
-        sent.map_err(|(e, _)| e)
+        sent.map(|_| ()).map_err(|(e, _)| e.into())
     }
 
     /// Makes a record and queues it under the client's lock, so that records made by
@@ -202,55 +239,6 @@ impl RenewingProducer {
     }
 }
 
-/// A consumer that is positioned by hand (never commits offsets to Kafka: the positions
-/// live in RocksDB with the state) and answers fetches quickly.
-fn consumer(
-    kafka: &KafkaConfig,
-    group: &str,
-    report_end: bool,
-) -> Result<StreamConsumer, LogError> {
-    Ok(client_config(kafka)
-        .set("group.id", group)
-        .set("enable.auto.commit", "false")
-        .set("enable.auto.offset.store", "false")
-        // a stored position beyond the log (a recreated topic) is an error to look at,
-        // never a silent re-read from the start
-        .set("auto.offset.reset", "error")
-        .set("isolation.level", "read_committed")
-        .set("fetch.wait.max.ms", "10")
-        .set("enable.partition.eof", report_end.to_string())
-        .create()?)
-}
-
-/// How to make a transactional producer (`acks=all`, idempotent), and make it again.
-#[derive(Clone, Debug)]
-pub struct TransactionalSpec {
-    pub kafka: KafkaConfig,
-    pub transactional_id: String,
-    pub transaction_timeout: Duration,
-}
-
-impl TransactionalSpec {
-    /// A new client, initialised: its `init_transactions` fenced every earlier producer
-    /// of the same id and aborted its open transaction. Transaction calls block: run them
-    /// off the async threads.
-    pub async fn start(&self) -> Result<FutureProducer, LogError> {
-        let timeout_ms = self.transaction_timeout.as_millis().to_string();
-        let producer: FutureProducer = client_config(&self.kafka)
-            .set("transactional.id", &self.transactional_id)
-            .set("enable.idempotence", "true")
-            .set("acks", "all")
-            .set("linger.ms", "0")
-            .set("transaction.timeout.ms", &timeout_ms)
-            .set("message.timeout.ms", &timeout_ms)
-            .create()?;
-        let init = producer.clone();
-        tokio::task::spawn_blocking(move || init.init_transactions(Duration::from_secs(30)))
-            .await??;
-        Ok(producer)
-    }
-}
-
 /// The partitions of `topic` (blocking metadata call, run off the async threads).
 pub async fn partitions(kafka: &KafkaConfig, topic: &str) -> Result<Vec<i32>, LogError> {
     let config = client_config(kafka);
@@ -270,69 +258,6 @@ pub async fn partitions(kafka: &KafkaConfig, topic: &str) -> Result<Vec<i32>, Lo
         Ok(partitions)
     })
     .await?
-}
-
-/// Assigns every partition of `topic` to `consumer`, resuming each after its stored last
-/// applied offset, or from the beginning if nothing of it was applied yet.
-fn assign_after(
-    consumer: &StreamConsumer,
-    topic: &str,
-    partitions: &[i32],
-    applied: &BTreeMap<i32, i64>,
-) -> Result<(), LogError> {
-    let mut tpl = TopicPartitionList::new();
-    for &p in partitions {
-        let offset = match applied.get(&p) {
-            Some(&last) => Offset::Offset(last + 1),
-            None => Offset::Beginning,
-        };
-        tpl.add_partition_offset(topic, p, offset)?;
-    }
-    consumer.assign(&tpl)?;
-    Ok(())
-}
-
-/// How to make a positioned consumer of a topic, and make it again.
-///
-/// A consumer that saw an error is replaced by a new client rather than nursed: librdkafka
-/// can leave a client unable to fetch for good and says so only once, as that error.
-/// Seen here: a Metadata answer listing no brokers (a broker its controller fenced
-/// after a freeze) makes the client drop every broker it knew and never reconnect
-/// (librdkafka #5301); and under `auto.offset.reset = error`, a partition it could not
-/// position (a ListOffsets answer it takes as permanent, a fetch out of range) is never
-/// fetched again. The new client resumes at the positions stored with the state, so
-/// nothing is skipped and nothing applied twice.
-#[derive(Clone, Debug)]
-pub struct ConsumerSpec {
-    pub kafka: KafkaConfig,
-    pub group: String,
-    /// Report `KafkaError::PartitionEOF` each time a partition's end is reached: how a
-    /// reader of a transactional topic (whose last offset is a commit marker, never
-    /// delivered) knows it has read everything.
-    pub report_end: bool,
-    pub topic: String,
-    pub partitions: Vec<i32>,
-}
-
-impl ConsumerSpec {
-    /// A new client, assigned every partition after its last applied offset.
-    pub fn start(&self, applied: &BTreeMap<i32, i64>) -> Result<StreamConsumer, LogError> {
-        let consumer = consumer(&self.kafka, &self.group, self.report_end)?;
-        assign_after(&consumer, &self.topic, &self.partitions, applied)?;
-        Ok(consumer)
-    }
-
-    /// Puts a new client (see [`Self::start`]) in place of `consumer`. The old one is
-    /// closed off the async threads: closing waits for librdkafka's threads.
-    pub fn restart(
-        &self,
-        consumer: &mut StreamConsumer,
-        applied: &BTreeMap<i32, i64>,
-    ) -> Result<(), LogError> {
-        let old = std::mem::replace(consumer, self.start(applied)?);
-        tokio::task::spawn_blocking(move || drop(old));
-        Ok(())
-    }
 }
 
 /// The end offset (next offset to be written) of every partition.
@@ -364,23 +289,6 @@ pub async fn watermarks(
     .await?
 }
 
-/// Headers of a dead-lettered record.
 /// On a dead letter whose key or value was cut: `key=<bytes>,value=<bytes>`, the original
 /// lengths.
 pub const DLQ_TRUNCATED_HEADER: &str = "geostate.truncated";
-
-pub fn dlq_headers(code: &str, reason: &str, source: &str) -> OwnedHeaders {
-    OwnedHeaders::new()
-        .insert(Header {
-            key: DLQ_REASON_HEADER,
-            value: Some(reason),
-        })
-        .insert(Header {
-            key: DLQ_CODE_HEADER,
-            value: Some(code),
-        })
-        .insert(Header {
-            key: DLQ_SOURCE_HEADER,
-            value: Some(source),
-        })
-}

@@ -19,13 +19,11 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
-use rdkafka::error::KafkaError;
-
 use super::inbound::{Refusal, merge_and_commit};
 use crate::clock::Hlc;
 use crate::config::Config;
 use crate::crdt::ResumePoint;
-use crate::log::{self, LogError, Record};
+use crate::log::{self, LogError};
 use crate::store::{Commit, Store, StoreError};
 
 const BATCH: usize = 1000;
@@ -37,7 +35,10 @@ pub enum BootstrapError {
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error("reading {topic}: {source}")]
-    Read { topic: String, source: KafkaError },
+    Read {
+        topic: String,
+        source: log::LogError,
+    },
     #[error(
         "own delta {topic}/{partition}/{offset} cannot be merged ({reason}); refusing to start rather than lose it"
     )]
@@ -81,41 +82,39 @@ pub async fn recover_own_past(
     let partitions = log::partitions(&config.kafka, &topic).await?;
     // a restored store starts where its copy was taken; an empty one at the beginning
     let from = store.bootstrap_offsets(&topic)?;
-    let consumer = log::ConsumerSpec {
-        kafka: config.kafka.clone(),
-        group: format!("geostate-bootstrap-{}", config.region),
-        report_end: true,
-        topic: topic.clone(),
-        partitions: partitions.clone(),
-    }
-    .start(&from)?;
+    let mut reader = log::Reader::start(
+        log::ConsumerSpec {
+            kafka: config.kafka.clone(),
+            group: format!("geostate-bootstrap-{}", config.region),
+            report_end: true,
+            topic: topic.clone(),
+            partitions: partitions.clone(),
+            role: "bootstrap",
+        },
+        &from,
+    )?;
+    let batching = log::Batching {
+        max: BATCH,
+        linger: Duration::ZERO,
+        idle: None,
+    };
+    // bootstrap runs before the node's tasks: nothing stops it but an error
+    let (_running, mut never_stopped) = tokio::sync::watch::channel(false);
     let mut at_end = BTreeSet::new();
     let mut keys = BTreeSet::new();
     let mut recovered = Recovered::default();
     while at_end.len() < partitions.len() {
-        let mut records = Vec::new();
-        while records.len() < BATCH && at_end.len() < partitions.len() {
-            let next = if records.is_empty() {
-                consumer.recv().await
-            } else {
-                match tokio::time::timeout(Duration::ZERO, consumer.recv()).await {
-                    Ok(next) => next,
-                    Err(_) => break,
-                }
-            };
-            match next {
-                Ok(message) => records.push(Record::from_message(&message)),
-                Err(KafkaError::PartitionEOF(p)) => {
-                    at_end.insert(p);
-                }
-                Err(source) => {
-                    return Err(BootstrapError::Read {
-                        topic: topic.clone(),
-                        source,
-                    });
-                }
-            }
+        let Some(batch) = reader.next_batch(batching, &mut never_stopped).await else {
+            break;
+        };
+        at_end.extend(batch.at_end.iter().map(|(p, _)| *p));
+        if let Some(source) = batch.failed {
+            return Err(BootstrapError::Read {
+                topic: topic.clone(),
+                source,
+            });
         }
+        let records = batch.records;
         if records.is_empty() {
             continue;
         }

@@ -26,9 +26,6 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use rdkafka::Offset;
-use rdkafka::consumer::{Consumer, StreamConsumer};
-use rdkafka::error::KafkaError;
 use tokio::sync::watch;
 
 use super::{Freshness, RemoteProgress};
@@ -37,8 +34,7 @@ use crate::config::{Config, IngestConfig, Namespaces, Ownership, RemoteConfig};
 use crate::crdt::{CrdtError, CrdtValue, DecodeError, Delta, RESUME_KEY, RegionId, ResumePoint};
 use crate::ingest::batch::StateSource;
 use crate::ingest::pump::{Change, IngestShared};
-use crate::log;
-use crate::log::Record;
+use crate::log::{self, Batching, Reader, Record};
 use crate::metrics as m;
 use crate::shutdown::stopped;
 use crate::store::{Commit, Store, StoreError};
@@ -377,49 +373,27 @@ impl Merger {
     }
 
     pub async fn run(self, mut stop: watch::Receiver<bool>) -> Result<(), StoreError> {
-        let Some((mut consumer, source)) = self.subscribe(&mut stop).await? else {
+        let Some(mut reader) = self.subscribe(&mut stop).await? else {
             return Ok(());
         };
-        let partitions = &source.partitions;
+        let partitions = reader.partitions().len();
+        let batching = Batching {
+            max: MAX_BATCH,
+            linger: Duration::ZERO,
+            idle: None,
+        };
         let mut at_end = BTreeSet::new();
         loop {
-            let first = tokio::select! {
-                () = stopped(&mut stop) => return Ok(()),
-                message = consumer.recv() => message.map(|m| Record::from_message(&m)),
+            let Some(batch) = reader.next_batch(batching, &mut stop).await else {
+                return Ok(());
             };
-            let mut records = match first {
-                Ok(record) => vec![record],
-                Err(KafkaError::PartitionEOF(p)) => {
-                    self.at_end_of(&consumer, p);
-                    if at_end.insert(p) && at_end.len() == partitions.len() {
-                        self.progress.caught_up.send_replace(true);
-                        tracing::info!(remote = %self.remote().region, "read every remote partition to its end");
-                    }
-                    continue;
-                }
-                Err(e) => {
-                    tokio::time::sleep(RETRY_PAUSE).await;
-                    self.restart_consumer(&mut consumer, &source, &e)?;
-                    continue;
-                }
-            };
-            let mut failed = None;
-            while records.len() < MAX_BATCH {
-                match tokio::time::timeout(Duration::ZERO, consumer.recv()).await {
-                    Ok(Ok(message)) => records.push(Record::from_message(&message)),
-                    Ok(Err(KafkaError::PartitionEOF(p))) => {
-                        self.at_end_of(&consumer, p);
-                        at_end.insert(p);
-                        break;
-                    }
-                    Ok(Err(e)) => {
-                        failed = Some(e);
-                        break;
-                    }
-                    Err(_) => break,
-                }
+            for (partition, next) in batch.at_end {
+                self.at_end_of(partition, next);
+                at_end.insert(partition);
             }
-            if let Some((held, wait)) = self.merge(records).await? {
+            if !batch.records.is_empty()
+                && let Some((held, wait)) = self.merge(batch.records).await?
+            {
                 // not at their end until the held deltas are merged; what the client
                 // fetched after them is read again with them
                 for p in held {
@@ -429,70 +403,31 @@ impl Merger {
                     () = stopped(&mut stop) => return Ok(()),
                     () = tokio::time::sleep(wait.clamp(HOLD_MIN, HOLD_MAX)) => {}
                 }
-                self.reread(&mut consumer, &source)?;
+                if let Err(e) = reader.reposition(&self.merged()?) {
+                    tracing::warn!(remote = %self.remote().region, error = %e, "reading held deltas again failed; retrying");
+                }
                 continue;
             }
-            if at_end.len() == partitions.len() {
+            if at_end.len() == partitions && !*self.progress.caught_up.borrow() {
                 self.progress.caught_up.send_replace(true);
+                tracing::info!(remote = %self.remote().region, "read every remote partition to its end");
             }
-            if let Some(e) = failed {
+            if let Some(e) = batch.failed {
                 tokio::time::sleep(RETRY_PAUSE).await;
-                self.restart_consumer(&mut consumer, &source, &e)?;
+                reader.restart(&e, &self.merged()?);
             }
         }
     }
 
-    /// After a consume error, a new client reads on after the stored merged offsets
-    /// ([`log::ConsumerSpec`]): the old one may never fetch again.
-    fn restart_consumer(
-        &self,
-        consumer: &mut StreamConsumer,
-        source: &log::ConsumerSpec,
-        error: &KafkaError,
-    ) -> Result<(), StoreError> {
-        let remote = &self.remote().region;
-        let merged = self
-            .store
-            .source_offsets(&Self::offsets_id(self.remote()))?;
-        match source.restart(consumer, &merged) {
-            Ok(()) => {
-                tracing::warn!(%remote, %error, "consuming deltas failed; a new Kafka client reads on after the merged offsets");
-            }
-            Err(again) => {
-                tracing::warn!(%remote, %error, %again, "consuming deltas failed, and so did starting a new Kafka client; retrying");
-            }
-        }
-        metrics::counter!(m::CONSUMER_RESTARTS, "consumer" => "merge").increment(1);
-        Ok(())
-    }
-
-    /// After a hold, a new client reads on after the stored merged offsets: from the held
-    /// deltas on.
-    fn reread(
-        &self,
-        consumer: &mut StreamConsumer,
-        source: &log::ConsumerSpec,
-    ) -> Result<(), StoreError> {
-        let merged = self
-            .store
-            .source_offsets(&Self::offsets_id(self.remote()))?;
-        if let Err(e) = source.restart(consumer, &merged) {
-            tracing::warn!(remote = %self.remote().region, error = %e, "reading held deltas again failed; retrying");
-        }
-        Ok(())
+    /// The offsets merged and stored, per partition.
+    fn merged(&self) -> Result<BTreeMap<i32, i64>, StoreError> {
+        self.store.source_offsets(&Self::offsets_id(self.remote()))
     }
 
     /// At a partition's end, the position can be past the last merged record (a commit
     /// marker of a transactional topic is never delivered): count it as read, for status.
-    fn at_end_of(&self, consumer: &StreamConsumer, partition: i32) {
-        let Ok(positions) = consumer.position() else {
-            return;
-        };
-        let topic = &self.remote().topic;
-        if let Some(Offset::Offset(next)) = positions
-            .find_partition(topic, partition)
-            .map(|p| p.offset())
-        {
+    fn at_end_of(&self, partition: i32, next: Option<i64>) {
+        if let Some(next) = next {
             self.progress.offsets.send_modify(|offsets| {
                 let last = offsets.entry(partition).or_insert(-1);
                 *last = (*last).max(next - 1);
@@ -505,7 +440,7 @@ impl Merger {
     async fn subscribe(
         &self,
         stop: &mut watch::Receiver<bool>,
-    ) -> Result<Option<(StreamConsumer, log::ConsumerSpec)>, StoreError> {
+    ) -> Result<Option<Reader>, StoreError> {
         let remote = self.remote();
         let kafka = crate::config::KafkaConfig {
             bootstrap: remote.bootstrap.clone(),
@@ -523,15 +458,16 @@ impl Merger {
                     group: format!("geostate-merge-{}", self.config.region),
                     report_end: true,
                     topic: remote.topic.clone(),
+                    role: "merge",
                 };
-                Ok::<_, log::LogError>((source.start(&applied)?, source))
+                Reader::start(source, &applied)
             };
             match attempt.await {
-                Ok((consumer, source)) => {
+                Ok(reader) => {
                     self.progress
                         .partitions
-                        .send_replace(source.partitions.clone());
-                    return Ok(Some((consumer, source)));
+                        .send_replace(reader.partitions().to_vec());
+                    return Ok(Some(reader));
                 }
                 Err(e) => {
                     tracing::warn!(remote = %remote.region, topic = %remote.topic, error = %e, "waiting for the remote deltas topic");
