@@ -2,9 +2,50 @@
 
 use crate::clock::HlcTimestamp;
 use crate::crdt::{CrdtType, CrdtValue, OrderStamp};
+use crate::ingest::event::{Op, Update};
 use crate::pb;
 
 use super::error::ApiError;
+
+/// A client's write as the log's record (not stamped yet: no clock, no epoch).
+pub fn update_from_pb(req: pb::UpdateRequest) -> Result<Update, ApiError> {
+    let op = match req.op {
+        Some(pb::update_request::Op::Add(n)) => Op::Add(n),
+        Some(pb::update_request::Op::Set(v)) => Op::Set(v),
+        Some(pb::update_request::Op::Cas(c)) => Op::Cas {
+            expected: c.expected,
+            value: c.value,
+        },
+        None => {
+            return Err(ApiError::InvalidArgument(
+                "one of `add`, `set` or `cas` is required".into(),
+            ));
+        }
+    };
+    Ok(Update {
+        key: req.key,
+        op,
+        id: (!req.id.is_empty()).then_some(req.id),
+        event_time_ms: None,
+        hlc: None,
+        epoch: None,
+    })
+}
+
+/// The client's request an unstamped write came from (to forward it).
+pub fn update_to_pb(update: Update) -> pb::UpdateRequest {
+    pb::UpdateRequest {
+        key: update.key,
+        op: Some(match update.op {
+            Op::Add(n) => pb::update_request::Op::Add(n),
+            Op::Set(v) => pb::update_request::Op::Set(v),
+            Op::Cas { expected, value } => {
+                pb::update_request::Op::Cas(pb::CompareAndSet { expected, value })
+            }
+        }),
+        id: update.id.unwrap_or_default(),
+    }
+}
 
 pub fn stamp(s: &OrderStamp) -> pb::OrderStamp {
     pb::OrderStamp {

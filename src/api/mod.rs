@@ -33,6 +33,16 @@ use crate::pb::state_server::{State, StateServer};
 use crate::shutdown::stopped;
 use crate::store::Store;
 
+/// How a write of an owned key is admitted here.
+enum Admit {
+    /// Not owned: any region writes it.
+    Unowned,
+    /// This region holds the key's lease at this epoch.
+    Stamp(u64),
+    /// Another region holds it (or none does).
+    Forward(NotHolder),
+}
+
 /// Marks an `Update` forwarded by a non-holder region: it is never forwarded again.
 const FORWARDED: &str = "x-geostate-forwarded-by";
 
@@ -292,121 +302,27 @@ impl Handler {
         }
     }
 
+    /// A write: admitted under the key's lease if it is owned (or forwarded to the
+    /// holder), checked, stamped and appended to the updates topic, acknowledged once
+    /// ingest applied it (and, if owned, while the lease it was stamped under holds).
     async fn update(
         &self,
         req: pb::UpdateRequest,
         forwarded: bool,
     ) -> Result<pb::UpdateResponse, ApiError> {
         let api = &self.0;
-        let op = match req.op {
-            Some(pb::update_request::Op::Add(n)) => Op::Add(n),
-            Some(pb::update_request::Op::Set(v)) => Op::Set(v),
-            Some(pb::update_request::Op::Cas(c)) => Op::Cas {
-                expected: c.expected,
-                value: c.value,
-            },
-            None => {
-                return Err(ApiError::InvalidArgument(
-                    "one of `add`, `set` or `cas` is required".into(),
-                ));
-            }
-        };
-        let mut update = Update {
-            key: req.key,
-            op,
-            id: (!req.id.is_empty()).then_some(req.id),
-            event_time_ms: None,
-            hlc: None,
-            epoch: None,
-        };
-        // An owned key is written only here at the holder, stamped with its epoch.
-        if let Some(ns) = api.config.namespaces.lookup(&update.key)
-            && ns.ownership == Ownership::Owned
-            && let Some(leases) = &api.leases
-        {
-            match leases.epoch_for(&update.key) {
-                Ok((shard, epoch)) => {
-                    if matches!(update.op, Op::Cas { .. }) {
-                        self.settled(&update.key, shard, epoch).await?;
-                    }
-                    update.epoch = Some(epoch);
-                }
-                Err(refusal) => {
-                    let request = pb::UpdateRequest {
-                        key: update.key,
-                        op: Some(match update.op {
-                            Op::Add(n) => pb::update_request::Op::Add(n),
-                            Op::Set(v) => pb::update_request::Op::Set(v),
-                            Op::Cas { expected, value } => {
-                                pb::update_request::Op::Cas(pb::CompareAndSet { expected, value })
-                            }
-                        }),
-                        id: update.id.unwrap_or_default(),
-                    };
-                    return self.forward(request, refusal, forwarded).await;
-                }
+        let mut update = convert::update_from_pb(req)?;
+        match self.admit(&update).await? {
+            Admit::Unowned => {}
+            Admit::Stamp(epoch) => update.epoch = Some(epoch),
+            Admit::Forward(refusal) => {
+                let request = convert::update_to_pb(update);
+                return self.forward(request, refusal, forwarded).await;
             }
         }
-        let ns = update
-            .check(&api.config.namespaces, &api.config.ingest)
-            .map_err(ApiError::Refused)?;
-        let texts: &[&[u8]] = match &update.op {
-            Op::Add(_) => &[],
-            Op::Set(v) => &[v],
-            Op::Cas { expected, value } => &[value, expected.as_deref().unwrap_or_default()],
-        };
-        if api.config.kafka.format == RecordFormat::Json
-            && texts.iter().any(|v| std::str::from_utf8(v).is_err())
-        {
-            return Err(ApiError::InvalidArgument(
-                "register values must be UTF-8 text while kafka.format = \"json\"".into(),
-            ));
-        }
-        // The order stamp is fixed here, before the write enters the log, and under the
-        // producer's lock: concurrent writes enter the log in stamp order, so the log's
-        // order (which decides a compare-and-set) and the stamps' (which decide the
-        // register) agree.
-        let stamps = ns.crdt == CrdtType::LwwRegister;
-        let queued = api
-            .producer
-            .queue_made(&api.config.kafka.updates_topic, || {
-                if stamps {
-                    update.hlc = Some(api.hlc.now());
-                }
-                Made {
-                    key: update.key.clone(),
-                    payload: update.encode(api.config.kafka.format),
-                    // from the clock that stamped it (ingest bounds the stamp by it)
-                    timestamp_ms: i64::try_from(api.hlc.physical().now_nanos() / 1_000_000)
-                        .unwrap_or(i64::MAX),
-                }
-            })
-            .map_err(|e| ApiError::Kafka(e.into()))?;
-        let delivery = queued.await.map_err(|e| ApiError::Kafka(e.into()))?;
-        let (partition, offset) = (delivery.partition, delivery.offset);
-        let mut applied = api.shared.applied.subscribe();
-        let waited = tokio::time::timeout(
-            APPLY_TIMEOUT,
-            applied.wait_for(|at| at.get(&partition).is_some_and(|&o| o >= offset)),
-        )
-        .await;
-        match waited {
-            Ok(Ok(_)) => {}
-            Ok(Err(_)) => return Err(ApiError::Stopping),
-            Err(_) => {
-                return Err(ApiError::NotApplied {
-                    partition,
-                    offset,
-                    seconds: APPLY_TIMEOUT.as_secs(),
-                    applied: api.shared.applied.borrow().get(&partition).copied(),
-                });
-            }
-        }
-        match api.shared.outcome(partition, offset) {
-            Outcome::Applied => {}
-            Outcome::Refused(why) => return Err(ApiError::Refused(why)),
-            Outcome::Forgotten => return Err(ApiError::OutcomeForgotten { partition, offset }),
-        }
+        let crdt = self.checked(&update)?;
+        let (partition, offset) = self.append(&mut update, crdt).await?;
+        self.applied(partition, offset).await?;
         // acknowledged only if applied under the lease it was accepted with (what a new
         // holder waits for, see `settled`)
         if let (Some(epoch), Some(leases)) = (update.epoch, &api.leases) {
@@ -426,6 +342,106 @@ impl Handler {
             position: Some(pb::Position { partition, offset }),
             stamp: stamp.as_ref().map(convert::stamp),
         })
+    }
+
+    /// An owned key is written only at its holder, stamped with its epoch; a
+    /// compare-and-set first waits until what earlier holders wrote has arrived.
+    async fn admit(&self, update: &Update) -> Result<Admit, ApiError> {
+        let api = &self.0;
+        let owned = api
+            .config
+            .namespaces
+            .lookup(&update.key)
+            .is_some_and(|ns| ns.ownership == Ownership::Owned);
+        let Some(leases) = api.leases.as_ref().filter(|_| owned) else {
+            return Ok(Admit::Unowned);
+        };
+        match leases.epoch_for(&update.key) {
+            Ok((shard, epoch)) => {
+                if matches!(update.op, Op::Cas { .. }) {
+                    self.settled(&update.key, shard, epoch).await?;
+                }
+                Ok(Admit::Stamp(epoch))
+            }
+            Err(refusal) => Ok(Admit::Forward(refusal)),
+        }
+    }
+
+    /// Refuses what ingest would refuse, before it enters the log; answers the key's
+    /// type.
+    fn checked(&self, update: &Update) -> Result<CrdtType, ApiError> {
+        let config = &self.0.config;
+        let ns = update
+            .check(&config.namespaces, &config.ingest)
+            .map_err(ApiError::Refused)?;
+        let texts: &[&[u8]] = match &update.op {
+            Op::Add(_) => &[],
+            Op::Set(v) => &[v],
+            Op::Cas { expected, value } => &[value, expected.as_deref().unwrap_or_default()],
+        };
+        if config.kafka.format == RecordFormat::Json
+            && texts.iter().any(|v| std::str::from_utf8(v).is_err())
+        {
+            return Err(ApiError::InvalidArgument(
+                "register values must be UTF-8 text while kafka.format = \"json\"".into(),
+            ));
+        }
+        Ok(ns.crdt)
+    }
+
+    /// Stamps a register write and appends the write to the updates topic; answers its
+    /// position. The order stamp is fixed here, before the write enters the log, and
+    /// under the producer's lock: concurrent writes enter the log in stamp order, so the
+    /// log's order (which decides a compare-and-set) and the stamps' (which decide the
+    /// register) agree.
+    async fn append(&self, update: &mut Update, crdt: CrdtType) -> Result<(i32, i64), ApiError> {
+        let api = &self.0;
+        let queued = api
+            .producer
+            .queue_made(&api.config.kafka.updates_topic, || {
+                if crdt == CrdtType::LwwRegister {
+                    update.hlc = Some(api.hlc.now());
+                }
+                Made {
+                    key: update.key.clone(),
+                    payload: update.encode(api.config.kafka.format),
+                    // from the clock that stamped it (ingest bounds the stamp by it)
+                    timestamp_ms: i64::try_from(api.hlc.physical().now_nanos() / 1_000_000)
+                        .unwrap_or(i64::MAX),
+                }
+            })
+            .map_err(|e| ApiError::Kafka(e.into()))?;
+        let delivery = queued.await.map_err(|e| ApiError::Kafka(e.into()))?;
+        Ok((delivery.partition, delivery.offset))
+    }
+
+    /// Waits until ingest applied the record at `partition`/`offset`, and answers how
+    /// it was decided.
+    async fn applied(&self, partition: i32, offset: i64) -> Result<(), ApiError> {
+        let shared = &self.0.shared;
+        let mut applied = shared.applied.subscribe();
+        let waited = tokio::time::timeout(
+            APPLY_TIMEOUT,
+            applied.wait_for(|at| at.get(&partition).is_some_and(|&o| o >= offset)),
+        )
+        .await;
+        match waited {
+            Ok(Ok(_)) => {}
+            Ok(Err(_)) => return Err(ApiError::Stopping),
+            Err(_) => {
+                return Err(ApiError::NotApplied {
+                    partition,
+                    offset,
+                    seconds: APPLY_TIMEOUT.as_secs(),
+                    applied: shared.applied.borrow().get(&partition).copied(),
+                });
+            }
+        }
+        match shared.outcome(partition, offset) {
+            Outcome::Applied => Ok(()),
+            Outcome::Refused(why) => Err(ApiError::Refused(why)),
+            Outcome::Forgotten => Err(ApiError::OutcomeForgotten { partition, offset }),
+        }
     }
 
     async fn scan(&self, req: pb::ScanRequest) -> Result<pb::ScanResponse, ApiError> {
