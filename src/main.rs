@@ -148,7 +148,7 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
             config,
             role: Role::Witness,
         } => {
-            let config = geostate::lease::config::WitnessConfig::load(&config)?;
+            let config = geostate::config::WitnessConfig::load(&config)?;
             geostate::lease::witness::run(config, shutdown_signal()).await?;
         }
         Command::Leases { addr } => {

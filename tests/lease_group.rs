@@ -12,8 +12,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
 use geostate::clock::SystemClock;
+use geostate::config::{LeaseConfig, Member as MemberConfig};
 use geostate::crdt::RegionId;
-use geostate::lease::config::{LeaseConfig, Member as MemberConfig};
 use geostate::lease::member::Member;
 use geostate::lease::raft_store::{Proposal, Reply};
 use geostate::lease::table::{Command, Outcome};

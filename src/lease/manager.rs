@@ -19,13 +19,13 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 use super::clock_check::{ClockCheck, SHARE, Verdict};
-use super::config::LeaseConfig;
 use super::holder::Holdings;
 use super::network::{ProposeError, Proposer};
 use super::plan::{self, Policy, ShardView};
 use super::raft_store::TableView;
 use super::table::{Command, Lease, Outcome, Refusal, ShardId};
 use crate::clock::Clock;
+use crate::config::LeaseConfig;
 use crate::crdt::RegionId;
 use crate::metrics as m;
 use crate::shutdown::stopped;

@@ -12,10 +12,10 @@ use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio_stream::wrappers::TcpListenerStream;
 
-use super::config::LeaseConfig;
 use super::network::{Network, Proposer, Service};
 use super::raft_store::{self, LeaseRaft, TableView};
 use crate::clock::Clock;
+use crate::config::LeaseConfig;
 
 #[derive(Debug, thiserror::Error)]
 pub enum MemberError {
@@ -67,7 +67,7 @@ impl Member {
         .map_err(MemberError::Storage)?;
         let raft = Raft::new(
             config.member_id,
-            Arc::new(config.raft_config()?),
+            Arc::new(raft_config(config)?),
             Network,
             log,
             machine,
@@ -120,4 +120,17 @@ impl Member {
         }
         let _ = self.server.await;
     }
+}
+
+/// openraft's configuration from the `[lease]` timings.
+fn raft_config(config: &LeaseConfig) -> Result<openraft::Config, MemberError> {
+    openraft::Config {
+        cluster_name: "geostate-leases".into(),
+        heartbeat_interval: config.heartbeat.as_millis() as u64,
+        election_timeout_min: config.election_timeout.as_millis() as u64,
+        election_timeout_max: 2 * config.election_timeout.as_millis() as u64,
+        ..Default::default()
+    }
+    .validate()
+    .map_err(|e| MemberError::Raft(e.to_string()))
 }

@@ -8,7 +8,6 @@
 //!  invariants.rs  PURE  exclusivity and epoch monotonicity, named once
 //!  plan.rs        PURE  a region's round policy: renew, take, ask back, hand home
 //!  sim.rs         test  the protocol simulated over skewed clocks and delayed commands
-//!  config.rs            the `[lease]` section: members, timings, shards, home regions
 //!  raft_store.rs        openraft 0.9 log + state machine storage in RocksDB (synced),
 //!                       and a read-only view of the applied table
 //!  network.rs           Raft traffic, `Propose` and `Clock` over tonic gRPC (`LeaseRaft`
@@ -27,7 +26,6 @@
 //! group over gRPC keeps granting after its leader stops (`tests/lease_group.rs`).
 
 pub mod clock_check;
-pub mod config;
 pub mod holder;
 pub mod invariants;
 pub mod manager;

@@ -5,9 +5,9 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use super::config::WitnessConfig;
 use super::member::{Member, MemberError};
 use crate::clock::SystemClock;
+use crate::config::WitnessConfig;
 
 /// Runs the witness until `shutdown` completes.
 pub async fn run(

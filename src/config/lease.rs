@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::table::{ShardId, shard_of};
-use crate::config::{ConfigError, invalid, parse_addr, parse_duration};
+use super::{ConfigError, invalid, parse_addr, parse_duration};
 use crate::crdt::RegionId;
+use crate::lease::table::{ShardId, shard_of};
 
 /// One member of the lease group: a region's node, or the witness (no region).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -98,19 +98,6 @@ impl LeaseConfig {
         }
         let regions = self.regions();
         (!regions.is_empty()).then(|| regions[shard as usize % regions.len()].clone())
-    }
-
-    /// openraft's configuration from these timings.
-    pub fn raft_config(&self) -> Result<openraft::Config, ConfigError> {
-        openraft::Config {
-            cluster_name: "geostate-leases".into(),
-            heartbeat_interval: self.heartbeat.as_millis() as u64,
-            election_timeout_min: self.election_timeout.as_millis() as u64,
-            election_timeout_max: 2 * self.election_timeout.as_millis() as u64,
-            ..Default::default()
-        }
-        .validate()
-        .map_err(|e| invalid("lease.election-timeout", e.to_string()))
     }
 }
 
@@ -283,7 +270,13 @@ impl RawLease {
             take_back: self.take_back,
             forward_writes: self.forward_writes,
         };
-        config.raft_config()?;
+        // what the Raft library requires of its timings
+        if config.election_timeout.as_millis() <= config.heartbeat.as_millis() {
+            return Err(invalid(
+                "lease.election-timeout",
+                "must be longer than lease.heartbeat (whole milliseconds)",
+            ));
+        }
         Ok(config)
     }
 }

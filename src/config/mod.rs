@@ -11,8 +11,12 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::crdt::{CrdtType, RegionId};
-pub use crate::lease::config::LeaseConfig;
-use crate::lease::config::RawLease;
+mod fields;
+mod lease;
+
+pub use fields::{ConfigError, invalid, parse_addr, parse_duration};
+use lease::RawLease;
+pub use lease::{LeaseConfig, Member, WitnessConfig};
 
 /// A validated region configuration.
 #[derive(Clone, Debug)]
@@ -197,29 +201,6 @@ impl Namespaces {
 
     pub fn iter(&self) -> impl Iterator<Item = &Namespace> {
         self.0.iter()
-    }
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    #[error("cannot read {path}: {source}")]
-    Read {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("{path}: {source}")]
-    Parse {
-        path: PathBuf,
-        source: Box<toml::de::Error>,
-    },
-    #[error("invalid `{field}`: {reason}")]
-    Invalid { field: &'static str, reason: String },
-}
-
-pub(crate) fn invalid(field: &'static str, reason: impl Into<String>) -> ConfigError {
-    ConfigError::Invalid {
-        field,
-        reason: reason.into(),
     }
 }
 
@@ -653,45 +634,6 @@ impl RawCheckpoint {
         })
     }
 }
-
-pub(crate) fn parse_addr(field: &'static str, text: &str) -> Result<SocketAddr, ConfigError> {
-    text.parse().map_err(|_| {
-        invalid(
-            field,
-            format!("{text:?} is not an address like \"127.0.0.1:7000\""),
-        )
-    })
-}
-
-/// Parses `"250ms"`, `"15s"`, `"2m"`, `"1h"`, `"500us"`: a whole number and a unit.
-pub fn parse_duration(field: &'static str, text: &str) -> Result<Duration, ConfigError> {
-    let bad = || {
-        invalid(
-            field,
-            format!("{text:?} is not a duration like \"250ms\", \"15s\", \"2m\" or \"1h\""),
-        )
-    };
-    let text = text.trim();
-    let split = text.find(|c: char| !c.is_ascii_digit()).ok_or_else(bad)?;
-    let (number, unit) = text.split_at(split);
-    let n: u64 = number.parse().map_err(|_| bad())?;
-    let d = match unit {
-        "us" => Duration::from_micros(n),
-        "ms" => Duration::from_millis(n),
-        "s" => Duration::from_secs(n),
-        "m" => Duration::from_secs(n.checked_mul(60).ok_or_else(bad)?),
-        "h" => Duration::from_secs(n.checked_mul(3600).ok_or_else(bad)?),
-        _ => return Err(bad()),
-    };
-    // timers add durations to the monotonic clock: bounded, no sum overflows
-    if d > MAX_DURATION {
-        return Err(invalid(field, format!("{text:?} is longer than 10 years")));
-    }
-    Ok(d)
-}
-
-/// The longest duration a setting may have.
-const MAX_DURATION: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 
 #[cfg(test)]
 mod tests {
