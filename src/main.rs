@@ -7,6 +7,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use geostate::config::Setting;
 use geostate::pb;
 use geostate::pb::admin_client::AdminClient;
 use geostate::pb::state_client::StateClient;
@@ -28,76 +29,39 @@ enum Role {
     Witness,
 }
 
+/// The node a client command talks to.
+#[derive(clap::Args)]
+struct Node {
+    /// The node's gRPC address.
+    #[arg(long = "addr", default_value = "http://127.0.0.1:50051")]
+    addr: String,
+}
+
+/// A configuration file and its overrides.
+#[derive(clap::Args)]
+struct ConfigArgs {
+    #[arg(long)]
+    config: PathBuf,
+    /// Override a setting of the file: `KEY=VALUE`, a dotted key and a TOML value (a bare
+    /// word is a string; an empty value removes the key). Validated with the file.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    set: Vec<Setting>,
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Run one region node, or (`--role witness`) the lease group's third member.
     Run {
-        #[arg(long)]
-        config: PathBuf,
+        #[command(flatten)]
+        config: ConfigArgs,
         #[arg(long, value_enum, default_value_t = Role::Region)]
         role: Role,
-    },
-    /// List the ownership shards: holder, epoch, time to expiry.
-    Leases {
-        #[arg(long, default_value = "http://127.0.0.1:50051")]
-        addr: String,
-    },
-    /// Hand a shard this region holds to another region (planned handoff).
-    TransferLease {
-        #[arg(long, default_value = "http://127.0.0.1:50051")]
-        addr: String,
-        #[arg(long)]
-        shard: u32,
-        #[arg(long)]
-        to: String,
-    },
-    /// Read one key.
-    Get {
-        #[arg(long, default_value = "http://127.0.0.1:50051")]
-        addr: String,
-        key: String,
-    },
-    /// Write one key: `--add N` for counters, `--set VALUE` for registers.
-    Update {
-        #[arg(long, default_value = "http://127.0.0.1:50051")]
-        addr: String,
-        key: String,
-        #[arg(long, allow_hyphen_values = true, conflicts_with = "set")]
-        add: Option<i64>,
-        #[arg(long)]
-        set: Option<String>,
-        /// Idempotency id.
-        #[arg(long)]
-        id: Option<String>,
-    },
-    /// List keys with a prefix.
-    Scan {
-        #[arg(long, default_value = "http://127.0.0.1:50051")]
-        addr: String,
-        prefix: String,
-        #[arg(long, default_value_t = 100)]
-        limit: u32,
-    },
-    /// Show the node's region, incarnation and per-partition progress.
-    Status {
-        #[arg(long, default_value = "http://127.0.0.1:50051")]
-        addr: String,
-    },
-    /// Take a checkpoint now; prints its id and what was uploaded.
-    Checkpoint {
-        #[arg(long, default_value = "http://127.0.0.1:50051")]
-        addr: String,
-    },
-    /// Write a savepoint (a logical dump of the node's store) to the checkpoint store.
-    Savepoint {
-        #[arg(long, default_value = "http://127.0.0.1:50051")]
-        addr: String,
     },
     /// Restore a stopped node's empty data dir from a checkpoint (default: the newest) or
     /// a savepoint; the next `run` replays the log from there.
     Restore {
-        #[arg(long)]
-        config: PathBuf,
+        #[command(flatten)]
+        config: ConfigArgs,
         /// A checkpoint id (see `--list`).
         #[arg(long, conflicts_with = "savepoint")]
         checkpoint: Option<String>,
@@ -113,6 +77,62 @@ enum Command {
     },
     /// Decode one `geostate.deltas` record value (protobuf `geostate.v1.Delta`) from stdin.
     DecodeDelta,
+    /// Read one key.
+    Get {
+        #[command(flatten)]
+        node: Node,
+        key: String,
+    },
+    /// Write one key: `--add N` for counters, `--set VALUE` for registers.
+    Update {
+        #[command(flatten)]
+        node: Node,
+        key: String,
+        #[arg(long, allow_hyphen_values = true, conflicts_with = "set")]
+        add: Option<i64>,
+        #[arg(long)]
+        set: Option<String>,
+        /// Idempotency id.
+        #[arg(long)]
+        id: Option<String>,
+    },
+    /// List keys with a prefix.
+    Scan {
+        #[command(flatten)]
+        node: Node,
+        prefix: String,
+        #[arg(long, default_value_t = 100)]
+        limit: u32,
+    },
+    /// Show the node's region, incarnation and per-partition progress.
+    Status {
+        #[command(flatten)]
+        node: Node,
+    },
+    /// Take a checkpoint now; prints its id and what was uploaded.
+    Checkpoint {
+        #[command(flatten)]
+        node: Node,
+    },
+    /// Write a savepoint (a logical dump of the node's store) to the checkpoint store.
+    Savepoint {
+        #[command(flatten)]
+        node: Node,
+    },
+    /// List the ownership shards: holder, epoch, time to expiry.
+    Leases {
+        #[command(flatten)]
+        node: Node,
+    },
+    /// Hand a shard this region holds to another region (planned handoff).
+    TransferLease {
+        #[command(flatten)]
+        node: Node,
+        #[arg(long)]
+        shard: u32,
+        #[arg(long)]
+        to: String,
+    },
 }
 
 fn main() -> std::process::ExitCode {
@@ -144,230 +164,255 @@ fn main() -> std::process::ExitCode {
 
 async fn dispatch(command: Command) -> anyhow::Result<()> {
     match command {
-        Command::Run {
-            config,
-            role: Role::Witness,
-        } => {
-            let config = geostate::config::WitnessConfig::load(&config)?;
-            geostate::lease::witness::run(config, shutdown_signal()).await?;
-        }
-        Command::Leases { addr } => {
-            let mut client = AdminClient::connect(addr).await?;
-            let r = client.leases(pb::LeasesRequest {}).await?.into_inner();
-            println!(
-                "region {} (lease group leader: member {})",
-                r.region, r.leader
-            );
-            println!(
-                "{:>5}  {:<12} {:<12} {:>6} {:>10}  {:<5} prefix",
-                "shard", "home", "holder", "epoch", "expires", "here"
-            );
-            for s in r.shards {
-                println!(
-                    "{:>5}  {:<12} {:<12} {:>6} {:>8}ms  {:<5} {}",
-                    s.shard, s.home, s.holder, s.epoch, s.expires_in_ms, s.held_here, s.prefix
-                );
-            }
-        }
-        Command::TransferLease { addr, shard, to } => {
-            let mut client = AdminClient::connect(addr).await?;
-            let r = client
-                .transfer_lease(pb::TransferLeaseRequest {
-                    shard,
-                    to_region: to,
-                })
-                .await?
-                .into_inner();
-            let l = r.lease.unwrap_or_default();
-            println!(
-                "shard {} now held by {} at epoch {}",
-                l.shard, l.holder, l.epoch
-            );
-        }
-        Command::Run { config, .. } => {
-            let config = geostate::config::Config::load(&config)?;
-            let listeners = geostate::node::Listeners::bind(&config)
-                .await
-                .context("binding the gRPC and metrics addresses")?;
-            geostate::node::run(config, listeners, shutdown_signal()).await?;
-        }
-        Command::Get { addr, key } => {
-            let mut client = StateClient::connect(addr).await?;
-            let value = client
-                .get(pb::GetRequest {
-                    key,
-                    ..Default::default()
-                })
-                .await?
-                .into_inner();
-            println!("{}", show(&value));
-        }
-        Command::Update {
-            addr,
-            key,
-            add,
-            set,
-            id,
-        } => {
-            let op = match (add, set) {
-                (Some(n), None) => pb::update_request::Op::Add(n),
-                (None, Some(v)) => pb::update_request::Op::Set(v.into_bytes()),
-                _ => anyhow::bail!("give exactly one of --add or --set"),
-            };
-            let mut client = StateClient::connect(addr).await?;
-            let reply = client
-                .update(pb::UpdateRequest {
-                    key,
-                    op: Some(op),
-                    id: id.unwrap_or_default(),
-                })
-                .await?
-                .into_inner();
-            let at = reply.position.unwrap_or_default();
-            println!("applied at partition {} offset {}", at.partition, at.offset);
-        }
-        Command::Scan {
-            addr,
-            prefix,
-            limit,
-        } => {
-            let mut client = StateClient::connect(addr).await?;
-            let mut page_token = String::new();
-            loop {
-                let page = client
-                    .scan(pb::ScanRequest {
-                        prefix: prefix.clone(),
-                        page_token,
-                        limit,
-                    })
-                    .await?
-                    .into_inner();
-                for value in &page.values {
-                    println!("{}", show(value));
-                }
-                if page.next_page_token.is_empty() {
-                    break;
-                }
-                page_token = page.next_page_token;
-            }
-        }
-        Command::Status { addr } => {
-            let mut client = AdminClient::connect(addr).await?;
-            let s = client.status(pb::StatusRequest {}).await?.into_inner();
-            println!(
-                "region {} incarnation {} topic {} applied {} dead-lettered {}",
-                s.region, s.incarnation, s.updates_topic, s.events_applied, s.events_dead_lettered
-            );
-            for p in s.partitions {
-                println!(
-                    "  partition {} applied {} end {} lag {}",
-                    p.partition, p.applied_offset, p.end_offset, p.lag
-                );
-            }
-            for r in s.remotes {
-                println!(
-                    "remote {} topic {} merged {} refused {} lag {} ms caught-up {}",
-                    r.region, r.topic, r.deltas_merged, r.deltas_refused, r.lag_ms, r.caught_up
-                );
-                for p in r.partitions {
-                    println!(
-                        "  partition {} merged {} end {} lag {}",
-                        p.partition, p.applied_offset, p.end_offset, p.lag
-                    );
-                }
-            }
-            if let Some(c) = s.checkpoint {
-                println!(
-                    "checkpoints to {}: last {} ({} ms ago, took {} ms, uploaded {} bytes), taken {} failed {}{}",
-                    c.target,
-                    if c.last_id.is_empty() {
-                        "-"
-                    } else {
-                        &c.last_id
-                    },
-                    c.last_age_ms,
-                    c.last_duration_ms,
-                    c.last_bytes_uploaded,
-                    c.taken,
-                    c.failures,
-                    if c.restored_from.is_empty() {
-                        String::new()
-                    } else {
-                        format!("; restored from {}", c.restored_from)
-                    }
-                );
-            }
-        }
-        Command::Checkpoint { addr } => {
-            let mut client = AdminClient::connect(addr).await?;
-            let c = client
-                .checkpoint(pb::CheckpointRequest {})
-                .await?
-                .into_inner();
-            println!(
-                "checkpoint {} ({} files, {} bytes, {} uploaded, {} ms): {}",
-                c.id, c.files, c.bytes_total, c.bytes_uploaded, c.duration_ms, c.manifest
-            );
-        }
-        Command::Savepoint { addr } => {
-            let mut client = AdminClient::connect(addr).await?;
-            let s = client
-                .savepoint(pb::SavepointRequest {})
-                .await?
-                .into_inner();
-            println!(
-                "savepoint {} ({} entries, {} bytes): {}",
-                s.id, s.entries, s.bytes, s.location
-            );
-        }
+        Command::Run { config, role } => run(config, role).await,
         Command::Restore {
             config,
             checkpoint,
             savepoint,
             seed,
             list,
-        } => {
-            use geostate::checkpoint::{self, objects::Objects};
-            let config = geostate::config::Config::load(&config)?;
-            let objects = Objects::connect(&config.checkpoint.target).await;
-            if list {
-                for id in checkpoint::list(&objects).await? {
-                    println!("{id}");
-                }
-                return Ok(());
-            }
-            match savepoint {
-                Some(savepoint) => {
-                    let header =
-                        checkpoint::savepoint::restore(&config, &objects, &savepoint, seed).await?;
-                    println!(
-                        "restored savepoint {savepoint} (region {}, written by geostate {}) into {}",
-                        header.region,
-                        header.writer_version,
-                        config.data_dir.display()
-                    );
-                }
-                None => {
-                    let manifest =
-                        checkpoint::restore(&config, &objects, checkpoint.as_deref()).await?;
-                    println!(
-                        "restored checkpoint {} ({} files) into {}",
-                        manifest.id,
-                        manifest.files.len(),
-                        config.data_dir.display()
-                    );
-                }
-            }
+        } => restore(config, checkpoint, savepoint, seed, list).await,
+        Command::DecodeDelta => decode_delta(),
+        Command::Get { node, key } => get(node, key).await,
+        Command::Update {
+            node,
+            key,
+            add,
+            set,
+            id,
+        } => update(node, key, add, set, id).await,
+        Command::Scan {
+            node,
+            prefix,
+            limit,
+        } => scan(node, prefix, limit).await,
+        Command::Status { node } => status(node).await,
+        Command::Checkpoint { node } => checkpoint(node).await,
+        Command::Savepoint { node } => savepoint(node).await,
+        Command::Leases { node } => leases(node).await,
+        Command::TransferLease { node, shard, to } => transfer_lease(node, shard, to).await,
+    }
+}
+
+async fn run(config: ConfigArgs, role: Role) -> anyhow::Result<()> {
+    let ConfigArgs { config, set } = config;
+    if role == Role::Witness {
+        let config = geostate::config::WitnessConfig::load(&config, &set)?;
+        geostate::lease::witness::run(config, shutdown_signal()).await?;
+        return Ok(());
+    }
+    let config = geostate::config::Config::load_with(&config, &set)?;
+    let listeners = geostate::node::Listeners::bind(&config)
+        .await
+        .context("binding the gRPC and metrics addresses")?;
+    geostate::node::run(config, listeners, shutdown_signal()).await?;
+    Ok(())
+}
+
+async fn restore(
+    config: ConfigArgs,
+    checkpoint: Option<String>,
+    savepoint: Option<String>,
+    seed: bool,
+    list: bool,
+) -> anyhow::Result<()> {
+    use geostate::checkpoint::{self, objects::Objects};
+    let config = geostate::config::Config::load_with(&config.config, &config.set)?;
+    let objects = Objects::connect(&config.checkpoint.target).await;
+    if list {
+        for id in checkpoint::list(&objects).await? {
+            println!("{id}");
         }
-        Command::DecodeDelta => {
-            let mut bytes = Vec::new();
-            std::io::stdin()
-                .read_to_end(&mut bytes)
-                .context("reading stdin")?;
-            let delta = geostate::crdt::Delta::decode(&bytes).context("decoding delta")?;
-            println!("{delta:#?}");
+        return Ok(());
+    }
+    let into = config.data_dir.display();
+    match savepoint {
+        Some(savepoint) => {
+            let header =
+                checkpoint::savepoint::restore(&config, &objects, &savepoint, seed).await?;
+            println!(
+                "restored savepoint {savepoint} (region {}, written by geostate {}) into {into}",
+                header.region, header.writer_version,
+            );
+        }
+        None => {
+            let manifest = checkpoint::restore(&config, &objects, checkpoint.as_deref()).await?;
+            println!(
+                "restored checkpoint {} ({} files) into {into}",
+                manifest.id,
+                manifest.files.len(),
+            );
         }
     }
+    Ok(())
+}
+
+fn decode_delta() -> anyhow::Result<()> {
+    let mut bytes = Vec::new();
+    std::io::stdin()
+        .read_to_end(&mut bytes)
+        .context("reading stdin")?;
+    let delta = geostate::crdt::Delta::decode(&bytes).context("decoding delta")?;
+    println!("{delta:#?}");
+    Ok(())
+}
+
+async fn get(node: Node, key: String) -> anyhow::Result<()> {
+    let mut client = StateClient::connect(node.addr).await?;
+    let request = pb::GetRequest {
+        key,
+        ..Default::default()
+    };
+    let value = client.get(request).await?.into_inner();
+    println!("{}", show(&value));
+    Ok(())
+}
+
+async fn update(
+    node: Node,
+    key: String,
+    add: Option<i64>,
+    set: Option<String>,
+    id: Option<String>,
+) -> anyhow::Result<()> {
+    let op = match (add, set) {
+        (Some(n), None) => pb::update_request::Op::Add(n),
+        (None, Some(v)) => pb::update_request::Op::Set(v.into_bytes()),
+        _ => anyhow::bail!("give exactly one of --add or --set"),
+    };
+    let mut client = StateClient::connect(node.addr).await?;
+    let request = pb::UpdateRequest {
+        key,
+        op: Some(op),
+        id: id.unwrap_or_default(),
+    };
+    let reply = client.update(request).await?.into_inner();
+    let at = reply.position.unwrap_or_default();
+    println!("applied at partition {} offset {}", at.partition, at.offset);
+    Ok(())
+}
+
+async fn scan(node: Node, prefix: String, limit: u32) -> anyhow::Result<()> {
+    let mut client = StateClient::connect(node.addr).await?;
+    let mut page_token = String::new();
+    loop {
+        let request = pb::ScanRequest {
+            prefix: prefix.clone(),
+            page_token,
+            limit,
+        };
+        let page = client.scan(request).await?.into_inner();
+        for value in &page.values {
+            println!("{}", show(value));
+        }
+        if page.next_page_token.is_empty() {
+            return Ok(());
+        }
+        page_token = page.next_page_token;
+    }
+}
+
+async fn status(node: Node) -> anyhow::Result<()> {
+    let mut client = AdminClient::connect(node.addr).await?;
+    let s = client.status(pb::StatusRequest {}).await?.into_inner();
+    println!(
+        "region {} incarnation {} topic {} applied {} dead-lettered {}",
+        s.region, s.incarnation, s.updates_topic, s.events_applied, s.events_dead_lettered
+    );
+    for p in s.partitions {
+        println!(
+            "  partition {} applied {} end {} lag {}",
+            p.partition, p.applied_offset, p.end_offset, p.lag
+        );
+    }
+    for r in s.remotes {
+        println!(
+            "remote {} topic {} merged {} refused {} lag {} ms caught-up {}",
+            r.region, r.topic, r.deltas_merged, r.deltas_refused, r.lag_ms, r.caught_up
+        );
+        for p in r.partitions {
+            println!(
+                "  partition {} merged {} end {} lag {}",
+                p.partition, p.applied_offset, p.end_offset, p.lag
+            );
+        }
+    }
+    if let Some(c) = s.checkpoint {
+        let last = if c.last_id.is_empty() {
+            "-"
+        } else {
+            &c.last_id
+        };
+        let restored = match c.restored_from.as_str() {
+            "" => String::new(),
+            from => format!("; restored from {from}"),
+        };
+        println!(
+            "checkpoints to {}: last {last} ({} ms ago, took {} ms, uploaded {} bytes), taken {} failed {}{restored}",
+            c.target, c.last_age_ms, c.last_duration_ms, c.last_bytes_uploaded, c.taken, c.failures,
+        );
+    }
+    Ok(())
+}
+
+async fn checkpoint(node: Node) -> anyhow::Result<()> {
+    let mut client = AdminClient::connect(node.addr).await?;
+    let c = client
+        .checkpoint(pb::CheckpointRequest {})
+        .await?
+        .into_inner();
+    println!(
+        "checkpoint {} ({} files, {} bytes, {} uploaded, {} ms): {}",
+        c.id, c.files, c.bytes_total, c.bytes_uploaded, c.duration_ms, c.manifest
+    );
+    Ok(())
+}
+
+async fn savepoint(node: Node) -> anyhow::Result<()> {
+    let mut client = AdminClient::connect(node.addr).await?;
+    let s = client
+        .savepoint(pb::SavepointRequest {})
+        .await?
+        .into_inner();
+    println!(
+        "savepoint {} ({} entries, {} bytes): {}",
+        s.id, s.entries, s.bytes, s.location
+    );
+    Ok(())
+}
+
+async fn leases(node: Node) -> anyhow::Result<()> {
+    let mut client = AdminClient::connect(node.addr).await?;
+    let r = client.leases(pb::LeasesRequest {}).await?.into_inner();
+    println!(
+        "region {} (lease group leader: member {})",
+        r.region, r.leader
+    );
+    println!(
+        "{:>5}  {:<12} {:<12} {:>6} {:>10}  {:<5} prefix",
+        "shard", "home", "holder", "epoch", "expires", "here"
+    );
+    for s in r.shards {
+        println!(
+            "{:>5}  {:<12} {:<12} {:>6} {:>8}ms  {:<5} {}",
+            s.shard, s.home, s.holder, s.epoch, s.expires_in_ms, s.held_here, s.prefix
+        );
+    }
+    Ok(())
+}
+
+async fn transfer_lease(node: Node, shard: u32, to: String) -> anyhow::Result<()> {
+    let mut client = AdminClient::connect(node.addr).await?;
+    let request = pb::TransferLeaseRequest {
+        shard,
+        to_region: to,
+    };
+    let r = client.transfer_lease(request).await?.into_inner();
+    let l = r.lease.unwrap_or_default();
+    println!(
+        "shard {} now held by {} at epoch {}",
+        l.shard, l.holder, l.epoch
+    );
     Ok(())
 }
 

@@ -12,11 +12,14 @@ pub enum ConfigError {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("{path}: {source}")]
+    /// Not `source`: the message is part of this error's own text, once.
+    #[error("{path}: {error}")]
     Parse {
         path: PathBuf,
-        source: Box<toml::de::Error>,
+        error: Box<toml::de::Error>,
     },
+    #[error("--set {setting}: {reason}")]
+    Set { setting: String, reason: String },
     #[error("invalid `{field}`: {reason}")]
     Invalid { field: &'static str, reason: String },
 }

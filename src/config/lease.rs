@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::{ConfigError, invalid, parse_addr, parse_duration};
+use super::{ConfigError, Setting, invalid, parse_addr, parse_duration};
 use crate::crdt::RegionId;
 use crate::lease::table::{ShardId, shard_of};
 
@@ -303,15 +303,9 @@ fn default_max_clock_offset() -> String {
 }
 
 impl WitnessConfig {
-    pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            path: path.to_owned(),
-            source,
-        })?;
-        let raw: RawWitness = toml::from_str(&text).map_err(|source| ConfigError::Parse {
-            path: path.to_owned(),
-            source: Box::new(source),
-        })?;
+    /// The file at `path` with `settings` (`--set`) applied, validated.
+    pub fn load(path: &Path, settings: &[Setting]) -> Result<Self, ConfigError> {
+        let raw: RawWitness = super::settings::read(path, settings)?;
         let max_clock_offset = parse_duration("max-clock-offset", &raw.max_clock_offset)?;
         Ok(Self {
             data_dir: raw.data_dir,

@@ -13,10 +13,12 @@ use serde::Deserialize;
 use crate::crdt::{CrdtType, RegionId};
 mod fields;
 mod lease;
+mod settings;
 
 pub use fields::{ConfigError, invalid, parse_addr, parse_duration};
 use lease::RawLease;
 pub use lease::{LeaseConfig, Member, WitnessConfig};
+pub use settings::Setting;
 
 /// A validated region configuration.
 #[derive(Clone, Debug)]
@@ -206,25 +208,16 @@ impl Namespaces {
 
 impl Config {
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            path: path.to_owned(),
-            source,
-        })?;
-        Self::parse(&text).map_err(|e| match e {
-            ConfigError::Parse { source, .. } => ConfigError::Parse {
-                path: path.to_owned(),
-                source,
-            },
-            other => other,
-        })
+        Self::load_with(path, &[])
+    }
+
+    /// The file at `path` with `settings` (`--set`) applied, validated.
+    pub fn load_with(path: &Path, settings: &[Setting]) -> Result<Self, ConfigError> {
+        settings::read::<RawConfig>(path, settings)?.validate()
     }
 
     pub fn parse(text: &str) -> Result<Self, ConfigError> {
-        let raw: RawConfig = toml::from_str(text).map_err(|source| ConfigError::Parse {
-            path: PathBuf::new(),
-            source: Box::new(source),
-        })?;
-        raw.validate()
+        settings::parse::<RawConfig>(text, &[])?.validate()
     }
 }
 
@@ -638,6 +631,55 @@ impl RawCheckpoint {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Regions must agree on what decides a key's fate everywhere (namespaces, the limits
+    /// a merge checks, the clock bound) and on the lease group; the repository's region
+    /// files and the witness's are checked here.
+    #[test]
+    fn the_region_files_agree_on_namespaces_limits_and_the_lease_group() {
+        let load = |region: &str| {
+            Config::load(&crate::repo_file(&format!("regions/{region}.toml"))).unwrap()
+        };
+        let (us, eu) = (load("us-east-1"), load("eu-west-1"));
+        let witness = WitnessConfig::load(&crate::repo_file("regions/witness.toml"), &[]).unwrap();
+        let shared = |c: &Config| {
+            let i = &c.ingest;
+            format!(
+                "{:?} {:?} {} {} {}",
+                c.namespaces,
+                c.max_clock_offset,
+                i.max_key_bytes,
+                i.max_value_bytes,
+                i.max_id_bytes
+            )
+        };
+        assert_eq!(shared(&us), shared(&eu));
+        // the group as a whole: everything but which member this file is
+        let group = |l: &LeaseConfig| {
+            format!(
+                "{:?}",
+                LeaseConfig {
+                    member_id: 0,
+                    listen: "0.0.0.0:0".parse().unwrap(),
+                    ..l.clone()
+                }
+            )
+        };
+        let (us_group, eu_group) = (
+            group(us.lease.as_ref().unwrap()),
+            group(eu.lease.as_ref().unwrap()),
+        );
+        assert_eq!(us_group, eu_group);
+        assert_eq!(us_group, group(&witness.lease));
+        assert_eq!(us.max_clock_offset, witness.max_clock_offset);
+        // and each file is the member it says it is
+        for (config, region) in [(&us, "us-east-1"), (&eu, "eu-west-1")] {
+            let lease = config.lease.as_ref().unwrap();
+            let me = &lease.members[&lease.member_id];
+            assert_eq!(me.region.as_ref().map(|r| r.as_str()), Some(region));
+            assert_eq!(me.addr, lease.listen.to_string());
+        }
+    }
 
     const MINIMAL: &str = r#"
         region = "us-east-1"
