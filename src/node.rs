@@ -13,6 +13,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
@@ -106,8 +107,11 @@ pub async fn run(
     listeners: Listeners,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), NodeError> {
+    // first: a metric recorded before the recorder exists is lost (a gauge set once on a
+    // change, such as the clock check's, would never show)
+    let recorder = m::install();
     let opened = open(Arc::new(config)).await?;
-    let running = opened.spawn(listeners.metrics).await?;
+    let running = opened.spawn(listeners.metrics, recorder).await?;
     running.serve(listeners.grpc, shutdown).await
 }
 
@@ -239,7 +243,11 @@ struct Running {
 
 impl Opened {
     /// Starts the lease group member and every long-running task, and builds the API.
-    async fn spawn(self, metrics: TcpListener) -> Result<Running, NodeError> {
+    async fn spawn(
+        self,
+        metrics: TcpListener,
+        recorder: Option<PrometheusHandle>,
+    ) -> Result<Running, NodeError> {
         let Opened { config, store, .. } = &self;
         let topic = config.kafka.updates_topic.clone();
         let partitions = log::partitions(&config.kafka, &topic).await?;
@@ -265,7 +273,7 @@ impl Opened {
         tasks.spawn(
             "the metrics server",
             OnStop::Abort,
-            returns(m::serve(metrics, m::install())),
+            returns(m::serve(metrics, recorder)),
         );
         let lag = report_lag(
             config.clone(),
