@@ -39,15 +39,15 @@ async fn run() -> anyhow::Result<()> {
     let topics = Topics::create(&kafka, "ckpt-bench", 4).await?;
     let dir = tempfile::tempdir()?;
     let mut node = Node::configure(dir.path(), &kafka, &topics)?;
-    node.edit("interval", Some("\"0s\""))?;
-    node.edit("keep", Some("10"))?;
-    node.edit("upload-bytes-per-second", Some("0"))?;
-    node.edit("restore-on-empty", Some("true"))?;
+    node.set("checkpoint.interval", "\"0s\"");
+    node.set("checkpoint.keep", "10");
+    node.set("checkpoint.upload-bytes-per-second", "0");
+    node.set("checkpoint.restore-on-empty", "true");
     node.checkpoint_to_s3(
         &cluster.s3,
         &cluster.s3.endpoint,
         &format!("{}/", unique("ckpt-bench")),
-    )?;
+    );
     println!("# geostate checkpoint benchmark");
     println!();
     println!(

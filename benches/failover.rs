@@ -33,7 +33,7 @@ const PROFILES: [(&str, &str); 2] = [
     ("template (make up)", ""),
     (
         "fast",
-        "duration=700ms,renew-every=150ms,heartbeat=50ms,election-timeout=250ms,max-clock-offset=100ms",
+        "lease.duration=700ms lease.renew-every=150ms lease.heartbeat=50ms lease.election-timeout=250ms max-clock-offset=100ms",
     ),
 ];
 
@@ -58,11 +58,11 @@ async fn run() -> anyhow::Result<()> {
     );
     let mut rows = Vec::new();
     for (name, spec) in PROFILES {
-        cluster_script_env(&["restart-nodes"], &[("GEOSTATE_LEASE", spec)])?;
+        cluster_script_env(&["restart-nodes"], &[("GEOSTATE_SET", spec)])?;
         rows.push(profile(name).await?);
     }
     // leave the cluster as `make up` configures it
-    cluster_script_env(&["restart-nodes"], &[("GEOSTATE_LEASE", "")])?;
+    cluster_script_env(&["restart-nodes"], &[("GEOSTATE_SET", "")])?;
 
     println!();
     println!(
@@ -89,7 +89,7 @@ fn counter(region: &Region, name: &str) -> anyhow::Result<f64> {
 async fn epochs(region: &mut Region) -> anyhow::Result<BTreeMap<u32, (String, u64)>> {
     Ok(region
         .admin
-        .leases(pb::LeasesRequest {})
+        .leases(pb::LeasesRequest::default())
         .await?
         .into_inner()
         .shards
@@ -110,7 +110,7 @@ async fn settled(regions: &mut [Region], lease: &LeaseConfig) -> anyhow::Result<
         for region in regions.iter_mut() {
             let shards = region
                 .admin
-                .leases(pb::LeasesRequest {})
+                .leases(pb::LeasesRequest::default())
                 .await?
                 .into_inner()
                 .shards;
@@ -229,10 +229,8 @@ async fn profile(name: &str) -> anyhow::Result<String> {
 }
 
 fn max_clock_offset(cluster: &common::Cluster) -> anyhow::Result<Duration> {
-    let r = cluster.regions.values().next();
-    let path = r.and_then(|r| r.config.clone());
-    let Some(path) = path else {
-        bail!("no node config");
+    let Some(r) = cluster.regions.values().next() else {
+        bail!("no region");
     };
-    Ok(geostate::config::Config::load(&path)?.max_clock_offset)
+    Ok(common::node_config(r)?.max_clock_offset)
 }

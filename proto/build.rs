@@ -1,13 +1,13 @@
-//! Generates the protobuf and gRPC code from `proto/` with a vendored `protoc`, so the
-//! build needs no system protobuf compiler.
+//! Generates the protobuf and gRPC code from `geostate/v1/` with a vendored `protoc`, so
+//! the build needs no system protobuf compiler.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let protos = [
-        "proto/geostate/v1/crdt.proto",
-        "proto/geostate/v1/update.proto",
-        "proto/geostate/v1/state.proto",
-        "proto/geostate/v1/savepoint.proto",
-        "proto/geostate/v1/raft.proto",
+        "geostate/v1/crdt.proto",
+        "geostate/v1/update.proto",
+        "geostate/v1/state.proto",
+        "geostate/v1/savepoint.proto",
+        "geostate/v1/raft.proto",
     ];
     for proto in protos {
         println!("cargo:rerun-if-changed={proto}");
@@ -22,6 +22,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         std::path::PathBuf::from(std::env::var("OUT_DIR")?).join("geostate_descriptor.bin");
     tonic_prost_build::configure()
         .file_descriptor_set_path(descriptors)
-        .compile_protos(&protos, &["proto"])?;
+        .compile_protos(&protos, &["."])?;
     Ok(())
 }

@@ -32,8 +32,8 @@
 //!  supervise    the background tasks a node stops without
 //!  crdt         PURE counters, LWW register, order stamps, deltas and their encoding
 //!  clock        PURE injected physical clock, hybrid logical clock with max-offset guard
-//!  pb           generated protobuf code (proto/)
-//!  workload     load generation for the demo and the benchmarks (Zipf, geohashes)
+//!  pb           generated protobuf code (re-exported from the geostate-proto crate, proto/)
+//!  workload     load generation (Zipf, geohashes; re-exported from geostate-proto)
 //! ```
 
 pub mod api;
@@ -46,12 +46,12 @@ pub mod lease;
 pub mod log;
 pub mod metrics;
 pub mod node;
-pub mod pb;
+pub use geostate_proto::pb;
 pub mod replication;
 pub mod shutdown;
 pub mod store;
 pub mod supervise;
-pub mod workload;
+pub use geostate_proto::workload;
 
 #[cfg(test)]
 mod fuzz;

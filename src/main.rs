@@ -123,6 +123,9 @@ enum Command {
     Leases {
         #[command(flatten)]
         node: Node,
+        /// Only the shard of this owned key.
+        #[arg(long, default_value = "")]
+        key: String,
     },
     /// Hand a shard this region holds to another region (planned handoff).
     TransferLease {
@@ -189,7 +192,7 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
         Command::Status { node } => status(node).await,
         Command::Checkpoint { node } => checkpoint(node).await,
         Command::Savepoint { node } => savepoint(node).await,
-        Command::Leases { node } => leases(node).await,
+        Command::Leases { node, key } => leases(node, key).await,
         Command::TransferLease { node, shard, to } => transfer_lease(node, shard, to).await,
     }
 }
@@ -381,9 +384,9 @@ async fn savepoint(node: Node) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn leases(node: Node) -> anyhow::Result<()> {
+async fn leases(node: Node, key: String) -> anyhow::Result<()> {
     let mut client = AdminClient::connect(node.addr).await?;
-    let r = client.leases(pb::LeasesRequest {}).await?.into_inner();
+    let r = client.leases(pb::LeasesRequest { key }).await?.into_inner();
     println!(
         "region {} (lease group leader: member {})",
         r.region, r.leader

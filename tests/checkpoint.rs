@@ -92,10 +92,10 @@ async fn kill_9_and_a_wiped_disk_restore_from_s3_with_exact_totals() -> anyhow::
     let dir = tempfile::tempdir()?;
     let node_dir = dir.path();
     let mut node = Node::configure(node_dir, &kafka, &topics)?;
-    node.edit("interval", Some("\"1s\""))?;
-    node.edit("restore-on-empty", Some("true"))?;
+    node.set("checkpoint.interval", "\"1s\"");
+    node.set("checkpoint.restore-on-empty", "true");
     let prefix = format!("{}/", unique("ckpt-test"));
-    node.checkpoint_to_s3(&cluster.s3, &cluster.s3.endpoint, &prefix)?;
+    node.checkpoint_to_s3(&cluster.s3, &cluster.s3.endpoint, &prefix);
 
     let mut rng = Rng(0x1234_5678_9abc_def1);
     let mut expected = BTreeMap::new();
@@ -230,11 +230,11 @@ async fn an_upload_cut_midway_leaves_the_previous_checkpoint_restorable() -> any
     let server = S3Server::start(&cluster.tools.s3s_fs, &cluster.s3, &s3_dir, port)?;
     std::fs::create_dir_all(dir.path().join("node"))?;
     let mut node = Node::configure(&dir.path().join("node"), &kafka, &topics)?;
-    node.edit("interval", Some("\"0s\""))?;
-    node.edit("restore-on-empty", Some("true"))?;
+    node.set("checkpoint.interval", "\"0s\"");
+    node.set("checkpoint.restore-on-empty", "true");
     // slow uploads, so the server can be stopped halfway through one
-    node.edit("upload-bytes-per-second", Some("300000"))?;
-    node.checkpoint_to_s3(&cluster.s3, &server.endpoint, "cut/")?;
+    node.set("checkpoint.upload-bytes-per-second", "300000");
+    node.checkpoint_to_s3(&cluster.s3, &server.endpoint, "cut/");
     let producer = producer(&kafka)?;
     let mut rng = Rng(0x0bad_cafe_f00d_0001);
     let mut expected = BTreeMap::new();
@@ -319,9 +319,9 @@ async fn an_s3_server_that_never_answers_fails_the_checkpoint_in_bounded_time() 
         }
     });
     let mut node = Node::configure(dir.path(), &kafka, &topics)?;
-    node.edit("interval", Some("\"0s\""))?;
-    node.checkpoint_to_s3(&cluster.s3, &endpoint, "mute/")?;
-    node.append("timeout = \"1s\"")?;
+    node.set("checkpoint.interval", "\"0s\"");
+    node.checkpoint_to_s3(&cluster.s3, &endpoint, "mute/");
+    node.set("checkpoint.s3.timeout", "\"1s\"");
     node.start().await?;
     let started = Instant::now();
     let answer = tokio::time::timeout(Duration::from_secs(120), checkpoint_now(&node))
@@ -356,7 +356,7 @@ async fn a_savepoint_restores_identical_state_and_a_truncated_one_is_refused() -
     let topics = Topics::create(&kafka, "savepoint", 2).await?;
     let dir = tempfile::tempdir()?;
     let mut node = Node::configure(dir.path(), &kafka, &topics)?;
-    node.edit("interval", Some("\"0s\""))?;
+    node.set("checkpoint.interval", "\"0s\"");
     node.start().await?;
     let mut state = node.state().await?;
     for i in 0..200i64 {
@@ -457,6 +457,7 @@ fn restore(node: &Node, args: &[&str]) -> anyhow::Result<std::process::Output> {
         .arg("restore")
         .arg("--config")
         .arg(&node.config)
+        .args(node.set_args())
         .args(args)
         .output()?)
 }
@@ -491,10 +492,10 @@ async fn retention_keeps_k_manifests_and_only_their_files() -> anyhow::Result<()
     let topics = Topics::create(&kafka, "retention", 2).await?;
     let dir = tempfile::tempdir()?;
     let mut node = Node::configure(dir.path(), &kafka, &topics)?;
-    node.edit("interval", Some("\"0s\""))?;
-    node.edit("keep", Some(&KEEP.to_string()))?;
+    node.set("checkpoint.interval", "\"0s\"");
+    node.set("checkpoint.keep", &KEEP.to_string());
     let prefix = format!("{}/", unique("retention"));
-    node.checkpoint_to_s3(&cluster.s3, &cluster.s3.endpoint, &prefix)?;
+    node.checkpoint_to_s3(&cluster.s3, &cluster.s3.endpoint, &prefix);
     node.start().await?;
     let producer = producer(&kafka)?;
     let mut rng = Rng(0x5eed_0000_0000_0007);

@@ -64,7 +64,7 @@ async fn a_region_with_its_clock_beyond_the_bound_holds_no_lease() -> anyhow::Re
     for _ in 0..10 {
         let leases = skewed
             .admin
-            .leases(pb::LeasesRequest {})
+            .leases(pb::LeasesRequest::default())
             .await?
             .into_inner();
         let held: Vec<u32> = leases

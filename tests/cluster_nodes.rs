@@ -7,36 +7,7 @@ mod common;
 use std::process::Command;
 
 use anyhow::{Context, bail};
-use common::{http_get, unique};
-use serde::Deserialize;
-
-#[derive(Deserialize)]
-struct ClusterNodes {
-    regions: std::collections::BTreeMap<String, Node>,
-    tools: Tools,
-}
-
-#[derive(Deserialize)]
-struct Node {
-    grpc: String,
-    metrics: String,
-}
-
-#[derive(Deserialize)]
-struct Tools {
-    grpcurl: String,
-}
-
-fn nodes() -> anyhow::Result<ClusterNodes> {
-    let path = std::env::var("GEOSTATE_CLUSTER").unwrap_or_else(|_| {
-        format!(
-            "{}/regions/local/run/cluster.json",
-            std::env::var("CARGO_MANIFEST_DIR").unwrap_or_default()
-        )
-    });
-    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
-    Ok(serde_json::from_str(&text)?)
-}
+use common::{cluster, http_get, unique};
 
 fn grpcurl(tool: &str, args: &[&str]) -> anyhow::Result<String> {
     let out = Command::new(tool)
@@ -54,9 +25,10 @@ fn grpcurl(tool: &str, args: &[&str]) -> anyhow::Result<String> {
 
 #[test]
 fn grpcurl_lists_the_services_and_a_write_reads_back_in_every_region() -> anyhow::Result<()> {
-    let cluster = nodes()?;
+    let cluster = cluster()?;
     for (region, node) in &cluster.regions {
-        let services = grpcurl(&cluster.tools.grpcurl, &["-plaintext", &node.grpc, "list"])?;
+        let grpc = node.grpc.as_deref().context("a node per region")?;
+        let services = grpcurl(&cluster.tools.grpcurl, &["-plaintext", grpc, "list"])?;
         for service in [
             "geostate.v1.State",
             "geostate.v1.Admin",
@@ -75,25 +47,20 @@ fn grpcurl_lists_the_services_and_a_write_reads_back_in_every_region() -> anyhow
                 "-plaintext",
                 "-d",
                 &update,
-                &node.grpc,
+                grpc,
                 "geostate.v1.State/Update",
             ],
         )?;
         let get = format!(r#"{{"key":"{key}"}}"#);
         let value: serde_json::Value = serde_json::from_str(&grpcurl(
             &cluster.tools.grpcurl,
-            &[
-                "-plaintext",
-                "-d",
-                &get,
-                &node.grpc,
-                "geostate.v1.State/Get",
-            ],
+            &["-plaintext", "-d", &get, grpc, "geostate.v1.State/Get"],
         )?)?;
         assert_eq!(value["counter"], "7", "{region}: {value}");
         assert_eq!(value["kind"], "CRDT_KIND_G_COUNTER");
 
-        let metrics = http_get(&node.metrics, "/metrics")?;
+        let metrics_addr = node.metrics.as_deref().context("metrics")?;
+        let metrics = http_get(metrics_addr, "/metrics")?;
         assert!(
             metrics.contains("geostate_events_applied_total"),
             "{region}: {metrics}"
@@ -102,7 +69,7 @@ fn grpcurl_lists_the_services_and_a_write_reads_back_in_every_region() -> anyhow
             metrics.contains("geostate_grpc_seconds"),
             "{region}: {metrics}"
         );
-        assert!(http_get(&node.metrics, "/health")?.ends_with("ok\n"));
+        assert!(http_get(metrics_addr, "/health")?.ends_with("ok\n"));
     }
     Ok(())
 }
@@ -115,11 +82,12 @@ async fn writes_in_both_regions_meet_through_mirrormaker2() -> anyhow::Result<()
     use geostate::pb;
     use geostate::pb::state_client::StateClient;
 
-    let cluster = nodes()?;
+    let cluster = cluster()?;
     let key = format!("requests/{}", unique("mm2"));
     let mut clients = Vec::new();
     for (i, node) in cluster.regions.values().enumerate() {
-        let mut client = StateClient::connect(format!("http://{}", node.grpc)).await?;
+        let grpc = node.grpc.as_deref().context("a node per region")?;
+        let mut client = StateClient::connect(format!("http://{grpc}")).await?;
         client
             .update(pb::UpdateRequest {
                 key: key.clone(),

@@ -11,7 +11,6 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, ensure};
 use common::failover::{epoch_of, key_homed_at, regions, register, replica, set, wait_held};
 use common::{cluster, produce_all, producer, unique};
-use geostate::config::Config;
 use geostate::ingest::event::{Op, Update};
 use rdkafka::ClientConfig;
 use rdkafka::Message;
@@ -29,7 +28,7 @@ async fn an_epoch_the_lease_group_never_granted_is_dead_lettered_and_fences_noth
     let (key, shard) = key_homed_at(&lease, &home.name, &label);
     let epoch = wait_held(&mut home, shard, Duration::from_secs(30)).await?;
     let node = &cluster.regions[&home.name];
-    let config = Config::load(node.config.as_ref().context("node config")?)?;
+    let config = common::node_config(node)?;
 
     // two forged writes of the shard: the last epoch there is, and one far past the
     // current grant (the home keeps the shard: it renews, which keeps the epoch)

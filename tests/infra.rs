@@ -6,7 +6,7 @@
 //! Needs a running cluster: `make test` starts one and points `GEOSTATE_CLUSTER` at its
 //! `cluster.json`; without the variable, the one from `make up` is used.
 
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use aws_sdk_s3::primitives::ByteStream;
@@ -25,11 +25,7 @@ use common::{Cluster, cluster};
 const MIRROR_DEADLINE: Duration = Duration::from_secs(30);
 
 fn unique(label: &str) -> String {
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    format!("infra-test/{label}/{nanos}-{}", std::process::id())
+    common::unique(&format!("infra-test/{label}"))
 }
 
 /// Produces one real delta to `from`'s `geostate.deltas` and waits for it to appear in
@@ -160,7 +156,7 @@ async fn an_object_put_to_the_s3_server_reads_back() -> anyhow::Result<()> {
     let listed = client
         .list_objects_v2()
         .bucket(&s3.bucket)
-        .prefix("infra-test/s3/")
+        .prefix("infra-test/s3-")
         .send()
         .await
         .context("list_objects_v2")?;

@@ -33,7 +33,7 @@ async fn a_frozen_broker_gives_unavailable_and_the_node_recovers() -> anyhow::Re
     let topics = Topics::create(&region.kafka, "kafka-down", 2).await?;
     let dir = tempfile::tempdir()?;
     let mut node = Node::configure(dir.path(), &region.kafka, &topics)?;
-    node.edit("interval", Some("\"0s\""))?;
+    node.set("checkpoint.interval", "\"0s\"");
     node.start().await?;
     let mut state = node.state().await?;
     state.update(add("requests/frozen", 1)).await?;

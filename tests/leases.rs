@@ -11,7 +11,6 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, ensure};
 use common::failover::{epoch_of, set, wait_held, write_until_accepted};
 use common::{Node, Topics, cluster, free_port};
-use geostate::config::Config;
 use geostate::pb;
 use geostate::pb::admin_client::AdminClient;
 use tonic::Code;
@@ -19,24 +18,24 @@ use tonic::transport::Channel;
 
 /// The `[lease]` section of member `id` of the group (us-east-1 = 1, eu-west-1 = 2,
 /// witness = 3).
-fn lease_section(id: u64, raft: &[u16; 3], apis: &[String; 2]) -> String {
-    let mut s = format!(
-        "[lease]\nmember-id = {id}\nlisten = \"127.0.0.1:{}\"\nshards = 4\nduration = \"4s\"\nforward-writes = true\n",
-        raft[id as usize - 1]
-    );
+/// The `[lease]` table of member `id` (TOML, inline) in a group of two regions and a
+/// witness.
+fn lease_table(id: u64, raft: &[u16; 3], apis: &[String; 2]) -> String {
+    let mut members = Vec::new();
     for (i, region) in ["us-east-1", "eu-west-1"].iter().enumerate() {
-        s += &format!(
-            "[[lease.member]]\nid = {}\naddr = \"127.0.0.1:{}\"\nregion = \"{region}\"\napi = \"{}\"\n",
+        members.push(format!(
+            "{{ id = {}, addr = \"127.0.0.1:{}\", region = \"{region}\", api = \"{}\" }}",
             i + 1,
             raft[i],
             apis[i].trim_start_matches("http://")
-        );
+        ));
     }
-    s += &format!(
-        "[[lease.member]]\nid = 3\naddr = \"127.0.0.1:{}\"\n",
-        raft[2]
-    );
-    s
+    members.push(format!("{{ id = 3, addr = \"127.0.0.1:{}\" }}", raft[2]));
+    format!(
+        "{{ member-id = {id}, listen = \"127.0.0.1:{}\", shards = 4, duration = \"4s\", forward-writes = true, member = [{}] }}",
+        raft[id as usize - 1],
+        members.join(", ")
+    )
 }
 
 struct Witness(Child);
@@ -50,7 +49,7 @@ impl Drop for Witness {
 
 async fn holder_of(admin: &mut AdminClient<Channel>, shard: u32) -> anyhow::Result<pb::ShardLease> {
     admin
-        .leases(pb::LeasesRequest {})
+        .leases(pb::LeasesRequest::default())
         .await?
         .into_inner()
         .shards
@@ -73,15 +72,15 @@ async fn owned_writes_forward_to_the_holder_and_a_transfer_sticks() -> anyhow::R
     let (mut a, mut b) = Node::pair(&kafka, (&ta, &tb), (dirs[0].path(), dirs[1].path()))?;
     let raft = [free_port(), free_port(), free_port()];
     let apis = [a.grpc.clone(), b.grpc.clone()];
-    a.append(&lease_section(1, &raft, &apis))?;
-    b.append(&lease_section(2, &raft, &apis))?;
+    a.set("lease", &lease_table(1, &raft, &apis));
+    b.set("lease", &lease_table(2, &raft, &apis));
     let witness_config = dirs[2].path().join("witness.toml");
     std::fs::write(
         &witness_config,
         format!(
-            "data-dir = {:?}\n{}",
+            "data-dir = {:?}\nlease = {}\n",
             dirs[2].path().join("raft"),
-            lease_section(3, &raft, &apis)
+            lease_table(3, &raft, &apis)
         ),
     )?;
     let _witness = Witness(
@@ -95,7 +94,7 @@ async fn owned_writes_forward_to_the_holder_and_a_transfer_sticks() -> anyhow::R
     );
     let pid_a = a.start().await?;
     b.start().await?;
-    let lease = Config::load(&a.config)?.lease.context("[lease]")?;
+    let lease = a.config()?.lease.context("[lease]")?;
     // the regions as the failover helpers see them: a non-holder's copy of the lease
     // table may lag the leader's for a moment, so a forwarded write is retried briefly
     let region = |name: &str, node: &Node, state, admin| common::failover::Region {

@@ -505,8 +505,8 @@ async fn requests_and_streams_are_bounded() -> anyhow::Result<()> {
     let topics = Topics::create(&kafka, "limits", 1).await?;
     let dir = tempfile::tempdir()?;
     let mut node = Node::configure(dir.path(), &kafka, &topics)?;
-    node.edit("max-batch-keys", Some("10"))?;
-    node.edit("max-watchers", Some("2"))?;
+    node.set("api.max-batch-keys", "10");
+    node.set("api.max-watchers", "2");
     node.start().await?;
     let mut state = node.state().await?;
 

@@ -564,8 +564,8 @@ async fn a_backlog_ships_in_bounded_rounds() -> anyhow::Result<()> {
     let topics = Topics::create(&kafka, "outbox", 1).await?;
     let dir = tempfile::tempdir()?;
     let mut node = Node::configure(dir.path(), &kafka, &topics)?;
-    node.edit("max-outbox-keys", Some(&bound.to_string()))?;
-    node.edit("batch-max-events", Some(&BATCH.to_string()))?;
+    node.set("replication.max-outbox-keys", &bound.to_string());
+    node.set("ingest.batch-max-events", &BATCH.to_string());
     let stuck = Unwritable::new(&kafka, &topics.deltas).await?;
     node.start().await?;
     let started = Instant::now();

@@ -28,7 +28,6 @@ use common::failover::{
 };
 use common::unwritable::Unwritable;
 use common::{cluster, cluster_script, produce_all, producer, unique};
-use geostate::config::Config;
 use geostate::ingest::event::{Op, Update};
 use geostate::pb;
 use geostate::pb::state_client::StateClient;
@@ -76,7 +75,7 @@ async fn an_acknowledged_owned_write_survives_its_holders_disk_loss() -> anyhow:
 
     // from here the holder applies and acknowledges, and ships nothing
     let node = &cluster.regions[&holder.name];
-    let config = Config::load(node.config.as_ref().context("node config")?)?;
+    let config = common::node_config(node)?;
     let unwritable = Unwritable::new(&node.kafka, &config.kafka.deltas_topic).await?;
     let backlog: Vec<(String, Vec<u8>)> = (0..BACKLOG)
         .map(|i| {

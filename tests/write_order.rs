@@ -11,7 +11,6 @@ use std::time::Duration;
 use anyhow::{Context, ensure};
 use common::failover::{key_homed_at, regions, set, wait_held};
 use common::{cluster, unique};
-use geostate::config::Config;
 use geostate::ingest::event::Update;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
@@ -59,7 +58,7 @@ async fn concurrent_writes_of_a_key_enter_the_log_in_stamp_order() -> anyhow::Re
 
     // the key's records, in log order, with their stamps
     let node = &cluster.regions[&home.name];
-    let config = Config::load(node.config.as_ref().context("node config")?)?;
+    let config = common::node_config(node)?;
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", &node.kafka)
         .set("group.id", unique("order-reader"))

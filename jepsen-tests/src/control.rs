@@ -8,30 +8,67 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use geostate::pb;
-use geostate::pb::admin_client::AdminClient;
-use geostate::pb::state_client::StateClient;
+use geostate_proto::pb;
+use geostate_proto::pb::admin_client::AdminClient;
+use geostate_proto::pb::state_client::StateClient;
 use serde::Deserialize;
 use tonic::transport::Channel;
 
+/// `cluster.json`: what `regions/local/cluster.py up` started and where. The one model of
+/// the file, for the harness, the drills, the integration tests and the benchmarks.
 #[derive(Deserialize, Clone)]
 pub struct ClusterFile {
+    pub s3: S3Endpoint,
     pub regions: BTreeMap<String, RegionFile>,
     #[serde(default)]
     pub tools: Tools,
+    /// The lease group's third member.
+    pub witness: Option<WitnessFile>,
 }
 
 #[derive(Deserialize, Clone, Default)]
 pub struct Tools {
     /// The `cluster.py` that started the cluster (older files do not name it).
     pub cluster_py: Option<PathBuf>,
+    #[serde(default)]
+    pub grpcurl: String,
+    /// The S3-compatible server binary, for tests that need one of their own.
+    #[serde(default)]
+    pub s3s_fs: String,
+    #[serde(default)]
+    pub geostate: String,
 }
 
 #[derive(Deserialize, Clone)]
+pub struct S3Endpoint {
+    pub endpoint: String,
+    pub bucket: String,
+    pub access_key: String,
+    pub secret_key: String,
+    pub region: String,
+}
+
+/// One region: its Kafka broker and its node.
+#[derive(Deserialize, Clone)]
 pub struct RegionFile {
+    pub kafka: String,
+    pub kafka_pid: u32,
     pub grpc: Option<String>,
+    pub metrics: Option<String>,
     pub pid: Option<u32>,
     pub data_dir: Option<PathBuf>,
+    /// The node's region file and its `--set KEY=VALUE` overrides.
+    pub config: Option<PathBuf>,
+    #[serde(default)]
+    pub set: Vec<String>,
+    /// The node's lease group address.
+    pub lease: Option<String>,
+}
+
+#[derive(Deserialize, Clone)]
+pub struct WitnessFile {
+    pub grpc: Option<String>,
+    pub pid: Option<u32>,
 }
 
 pub fn read_cluster(path: &Path) -> anyhow::Result<ClusterFile> {
@@ -96,11 +133,39 @@ pub fn state_client(addr: &str) -> anyhow::Result<StateClient<Channel>> {
     Ok(StateClient::new(endpoint.connect_lazy()))
 }
 
-/// How many hash shards owned keys spread over, from `region`'s public lease listing.
-pub async fn hash_shards(region: &RegionFile) -> anyhow::Result<u32> {
+/// The ownership shard of each of `keys`, as `region`'s node maps keys to shards (`None`:
+/// the key is in no owned namespace, or the node has no lease group).
+pub async fn shards_of(
+    region: &RegionFile,
+    keys: &[String],
+) -> anyhow::Result<BTreeMap<String, Option<u32>>> {
     let mut admin = AdminClient::connect(grpc(region)?).await?;
-    let leases = admin.leases(pb::LeasesRequest {}).await?.into_inner();
-    Ok(leases.shards.iter().filter(|s| s.prefix.is_empty()).count() as u32)
+    let mut shards = BTreeMap::new();
+    for key in keys {
+        let request = pb::LeasesRequest { key: key.clone() };
+        let shard = match admin.leases(request).await {
+            Ok(r) => r.into_inner().shards.first().map(|s| s.shard),
+            Err(s) if s.code() == tonic::Code::FailedPrecondition => None,
+            Err(s) => return Err(s.into()),
+        };
+        shards.insert(key.clone(), shard);
+    }
+    Ok(shards)
+}
+
+/// Freezes `pid` (SIGSTOP) for `down`, then lets it run again (SIGCONT).
+pub async fn pause(pid: u32, down: Duration) {
+    signal("-STOP", pid).await;
+    tokio::time::sleep(down).await;
+    signal("-CONT", pid).await;
+}
+
+/// Stops MirrorMaker 2 for `down`, then starts it again: the regions keep running, and
+/// what they ship meanwhile waits in their own deltas topics.
+pub async fn mirror_outage(cluster_json: &Path, down: Duration) -> anyhow::Result<()> {
+    cluster_script(cluster_json, &["mirror", "stop"]).await?;
+    tokio::time::sleep(down).await;
+    cluster_script(cluster_json, &["mirror", "start"]).await
 }
 
 /// Kills `region`'s Kafka broker, keeps it down for `down`, starts it again, and restarts
@@ -204,26 +269,25 @@ pub fn target_region(cluster: &ClusterFile, round: usize) -> String {
     names[round % names.len()].clone()
 }
 
-/// The region (and node pid) holding `key`'s lease, or the first region for shared keys.
-pub async fn holder(
-    cluster: &ClusterFile,
-    key: &str,
-    hash_shards: u32,
-) -> anyhow::Result<(String, u32)> {
+/// The region (and node pid) holding `key`'s lease, or the first region for a key no
+/// region holds (a shared key, or a shard never granted).
+pub async fn holder(cluster: &ClusterFile, key: &str) -> anyhow::Result<(String, u32)> {
     let (first, r) = cluster.regions.iter().next().context("no region")?;
-    let mut pick = first.clone();
-    if hash_shards > 0 && key.starts_with("surge/") {
-        let shard = geostate::lease::table::shard_of(key, hash_shards);
-        let mut admin = AdminClient::connect(grpc(r)?).await?;
-        let leases = admin.leases(pb::LeasesRequest {}).await?.into_inner();
-        if let Some(s) = leases
+    let mut admin = AdminClient::connect(grpc(r)?).await?;
+    let request = pb::LeasesRequest {
+        key: key.to_owned(),
+    };
+    let holder = match admin.leases(request).await {
+        Ok(r) => r
+            .into_inner()
             .shards
-            .iter()
-            .find(|s| s.shard == shard && !s.holder.is_empty())
-        {
-            pick = s.holder.clone();
-        }
-    }
+            .into_iter()
+            .map(|s| s.holder)
+            .find(|h| !h.is_empty()),
+        Err(s) if s.code() == tonic::Code::FailedPrecondition => None,
+        Err(s) => return Err(s.into()),
+    };
+    let pick = holder.unwrap_or_else(|| first.clone());
     let pid = cluster.regions[&pick].pid.context("node pid")?;
     Ok((pick, pid))
 }

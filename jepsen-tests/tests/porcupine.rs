@@ -7,9 +7,9 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-use geostate::workload::Rng;
 use geostate_jepsen::history::parse;
 use geostate_jepsen::register;
+use geostate_proto::workload::Rng;
 
 const HISTORIES: u64 = 400;
 

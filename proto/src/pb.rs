@@ -1,5 +1,6 @@
-//! Code generated from `proto/` (package `geostate.v1`) by `build.rs`. Domain types never
-//! leak these structs; conversions live next to the domain type they encode.
+//! Code generated from `geostate/v1/*.proto` (package `geostate.v1`) by `build.rs`. The
+//! server's domain types never leak these structs; its conversions live next to the
+//! domain type they encode.
 
 #![allow(clippy::all, clippy::pedantic, missing_docs)]
 

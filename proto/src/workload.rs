@@ -1,5 +1,6 @@
-//! Load generation shared by the surge-pricing demo (`src/bin/surge.rs`) and the
-//! benchmarks: a Zipf key choice, a deterministic generator, geohash cells.
+//! Load generation shared by the surge-pricing demo (`src/bin/surge.rs`), the benchmarks,
+//! the Jepsen harness and the drills: a Zipf key choice, a deterministic generator (a
+//! seed replays a run), geohash cells.
 
 /// Zipf(s) over `n` ranks by inverse CDF.
 pub struct Zipf {

@@ -506,121 +506,75 @@ def build_node() -> None:
                    + (["--release"] if release() else []), check=True, cwd=REPO, env=env)
 
 
-LEASE_LOCAL_KEYS = ("member-id", "listen")
+def toml(value) -> str:
+    """`value` as a TOML value (JSON's strings, numbers and booleans are TOML's)."""
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{k} = {toml(v)}" for k, v in value.items()) + " }"
+    if isinstance(value, list):
+        return "[" + ", ".join(toml(v) for v in value) + "]"
+    return json.dumps(value)
 
 
-def overrides() -> dict[str, str]:
-    """GEOSTATE_LEASE="duration=600ms,renew-every=150ms,max-clock-offset=100ms" overrides
-    the templates' lease timings (and max-clock-offset) in every generated config: how
-    the failover benchmark tries other settings (`cluster.py restart-nodes`)."""
-    out = {}
-    for item in filter(None, os.environ.get("GEOSTATE_LEASE", "").split(",")):
-        key, _, value = item.partition("=")
-        out[key.strip()] = value.strip()
-    return out
+def extra_settings() -> list[str]:
+    """GEOSTATE_SET="lease.duration=700ms lease.renew-every=150ms max-clock-offset=100ms":
+    `--set` overrides for every node and the witness (how the failover benchmark tries
+    other lease timings with `cluster.py restart-nodes`)."""
+    return os.environ.get("GEOSTATE_SET", "").split()
 
 
-def apply_overrides(lines: list[str]) -> list[str]:
-    extra = overrides()
-    out = []
-    for line in lines:
-        key = line.split("=", 1)[0].strip()
-        if "=" in line and not line.lstrip().startswith("#") and key in extra:
-            line = f'{key} = "{extra[key]}"'
-        out.append(line)
-    return out
+def lease_settings(member_id: int, listen: str, cluster: dict) -> list[str]:
+    """This cluster's lease group in place of the template's: this member's id and
+    address, and every member (regions by name, then the witness)."""
+    members = [{"id": i, "addr": r["lease"], "region": region, "api": r["grpc"]}
+               for i, (region, r) in enumerate(sorted(cluster["regions"].items()), start=1)]
+    members.append({"id": len(members) + 1, "addr": cluster["witness"]["lease"]})
+    return [f"lease.member-id={member_id}", f"lease.listen={toml(listen)}",
+            f"lease.member={toml(members)}"]
 
 
-def lease_members(cluster: dict) -> list[str]:
-    """The [[lease.member]] entries of this cluster: regions by name, then the witness."""
-    out = []
-    for i, (region, r) in enumerate(sorted(cluster["regions"].items()), start=1):
-        out += ["", "[[lease.member]]", f"id = {i}", f'addr = "{r["lease"]}"',
-                f'region = "{region}"', f'api = "{r["grpc"]}"']
-    out += ["", "[[lease.member]]", f"id = {len(cluster['regions']) + 1}",
-            f'addr = "{cluster["witness"]["lease"]}"']
-    return out
-
-
-def with_lease(template: str, member_id: int, listen: str, cluster: dict) -> list[str]:
-    """`template` up to its [lease] section, then that section's settings with this
-    cluster's member id, address and members (the template's own members are dropped)."""
-    head, _, lease = template.partition("\n[lease]\n")
-    settings = []
-    for line in lease.split("\n[[")[0].splitlines():
-        key = line.split("=", 1)[0].strip()
-        if "=" in line and not line.lstrip().startswith("#") and key not in LEASE_LOCAL_KEYS:
-            settings.append(line)
-    return apply_overrides(head.splitlines() + ["", "[lease]", f"member-id = {member_id}",
-                                                f'listen = "{listen}"'] + settings
-                           + lease_members(cluster))
-
-
-def witness_config(cluster: dict) -> Path:
+def witness_settings(cluster: dict) -> list[str]:
     w = cluster["witness"]
-    text = (REPO / "regions" / "witness.toml").read_text()
-    text = text.replace('data-dir = "data/witness"', f'data-dir = "{w["data_dir"]}"')
-    lines = with_lease(text, len(cluster["regions"]) + 1, w["lease"], cluster)
-    path = RUN / "nodes" / "witness.toml"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(lines) + "\n")
-    return path
+    return ([f"data-dir={toml(w['data_dir'])}"]
+            + lease_settings(len(cluster["regions"]) + 1, w["lease"], cluster)
+            + extra_settings())
 
 
 def start_witness(cluster: dict) -> None:
     w = cluster["witness"]
     if w.get("pid") and pid_alive(w["pid"]):
         stop_pid("witness", w["pid"])
-    config = witness_config(cluster)
+    w["config"] = str(REPO / "regions" / "witness.toml")
+    w["set"] = witness_settings(cluster)
     w["pid"] = spawn("witness", [str(geostate_bin()), "run", "--role", "witness",
-                                 "--config", str(config)],
+                                 "--config", w["config"]] + set_args(w["set"]),
                      env={"RUST_LOG": os.environ.get("RUST_LOG", "info,openraft=warn")})
     w["grpc"] = w["lease"]
     log(f"witness: pid {w['pid']}, raft {w['lease']}")
 
 
-def node_config(region: str, kafka: str, grpc: int, metrics: int, data_dir: Path,
-                s3: dict, cluster: dict, clock_offset_ms: int = 0) -> Path:
-    """A copy of regions/<region>.toml with this cluster's addresses filled in, checkpointing
-    to the cluster's S3 server and restoring from it when the data dir is empty, and a
-    member of the cluster's lease group; with `clock_offset_ms`, the node's wall clock is
-    shifted by that much (`clock-offset`)."""
-    template = (REPO / "regions" / f"{region}.toml").read_text()
+def set_args(settings: list[str]) -> list[str]:
+    return [arg for setting in settings for arg in ("--set", setting)]
+
+
+def node_settings(region: str, r: dict, s3: dict, cluster: dict,
+                  clock_offset_ms: int = 0) -> list[str]:
+    """What the node of `region` runs with on top of regions/<region>.toml: this cluster's
+    addresses, checkpoints to the cluster's S3 server (restored from when the data dir is
+    empty), and the cluster's lease group; with `clock_offset_ms`, its wall clock shifted
+    by that much (`clock-offset`)."""
+    bucket = {"bucket": s3["bucket"], "prefix": f"{region}/", "endpoint": s3["endpoint"],
+              "region": s3["region"], "path-style": True, "access-key": s3["access_key"],
+              "secret-key": s3["secret_key"]}
+    settings = [f"data-dir={toml(r['data_dir'])}", f"kafka.bootstrap={toml(r['kafka'])}",
+                f"api.grpc-listen={toml(r['grpc'])}", f"api.metrics-listen={toml(r['metrics'])}",
+                "checkpoint.restore-on-empty=true", "checkpoint.local-dir=",
+                f"checkpoint.s3={toml(bucket)}"]
     member_id = sorted(cluster["regions"]).index(region) + 1
-    text = "\n".join(with_lease(template, member_id, cluster["regions"][region]["lease"],
-                                cluster))
-    replacements = {
-        "data-dir": f'"{data_dir}"',
-        "bootstrap": f'"{kafka}"',
-        "grpc-listen": f'"127.0.0.1:{grpc}"',
-        "metrics-listen": f'"127.0.0.1:{metrics}"',
-        "restore-on-empty": "true",
-    }
-    out = []
-    in_lease = False
-    for line in text.splitlines():
-        key = line.split("=", 1)[0].strip()
-        in_lease = in_lease or line.startswith("[lease]")
-        if "=" in line and not line.lstrip().startswith("#") and not in_lease:
-            if key == "local-dir":
-                continue  # the S3 section below replaces it
-            if key in replacements:
-                line = f"{key} = {replacements[key]}"
-        out.append(line)
-        if key == "max-clock-offset" and clock_offset_ms:
-            out.append(f'clock-offset = "{"-" if clock_offset_ms < 0 else ""}{abs(clock_offset_ms)}ms"')
-    out += ["", "[checkpoint.s3]",
-            f'bucket = "{s3["bucket"]}"',
-            f'prefix = "{region}/"',
-            f'endpoint = "{s3["endpoint"]}"',
-            f'region = "{s3["region"]}"',
-            "path-style = true",
-            f'access-key = "{s3["access_key"]}"',
-            f'secret-key = "{s3["secret_key"]}"']
-    path = RUN / "nodes" / f"{region}.toml"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(out) + "\n")
-    return path
+    settings += lease_settings(member_id, r["lease"], cluster)
+    if clock_offset_ms:
+        sign = "-" if clock_offset_ms < 0 else ""
+        settings.append(f"clock-offset={sign}{abs(clock_offset_ms)}ms")
+    return settings + extra_settings()
 
 
 def node_ready(grpc: str) -> bool:
@@ -634,16 +588,14 @@ def start_node(region: str, r: dict, s3: dict, cluster: dict,
     """Starts (or restarts) the node of `region`, keeping its data dir and ports."""
     if r.get("pid") and pid_alive(r["pid"]):
         stop_pid(f"node-{region}", r["pid"])
-    grpc = int(r["grpc"].rsplit(":", 1)[1]) if r.get("grpc") else free_port()
-    metrics = int(r["metrics"].rsplit(":", 1)[1]) if r.get("metrics") else free_port()
-    data_dir = Path(r["data_dir"])
-    config = node_config(region, r["kafka"], grpc, metrics, data_dir, s3, cluster,
-                         clock_offset_ms)
-    pid = spawn(f"node-{region}", [str(geostate_bin()), "run", "--config", str(config)],
-                env={"RUST_LOG": os.environ.get("RUST_LOG", "info,openraft=warn")})
-    r.update({"grpc": f"127.0.0.1:{grpc}", "metrics": f"127.0.0.1:{metrics}", "pid": pid,
-              "config": str(config)})
-    log(f"node {region}: pid {pid}, grpc {r['grpc']}, metrics {r['metrics']}")
+    r["grpc"] = r.get("grpc") or f"127.0.0.1:{free_port()}"
+    r["metrics"] = r.get("metrics") or f"127.0.0.1:{free_port()}"
+    r["config"] = str(REPO / "regions" / f"{region}.toml")
+    r["set"] = node_settings(region, r, s3, cluster, clock_offset_ms)
+    r["pid"] = spawn(f"node-{region}", [str(geostate_bin()), "run", "--config", r["config"]]
+                     + set_args(r["set"]),
+                     env={"RUST_LOG": os.environ.get("RUST_LOG", "info,openraft=warn")})
+    log(f"node {region}: pid {r['pid']}, grpc {r['grpc']}, metrics {r['metrics']}")
 
 
 def wait_node(region: str, r: dict) -> None:
@@ -819,8 +771,8 @@ def start_lease_group(cluster: dict) -> None:
 
 
 def cmd_restart_nodes(_args: argparse.Namespace) -> None:
-    """Restart the witness and every node with freshly generated configs (data kept): how
-    new lease settings (GEOSTATE_LEASE) take effect."""
+    """Restart the witness and every node with freshly generated settings (data kept): how
+    new lease settings (GEOSTATE_SET) take effect."""
     cluster = read_cluster()
     if cluster is None:
         sys.exit("cluster: down (no cluster.json)")
@@ -828,7 +780,7 @@ def cmd_restart_nodes(_args: argparse.Namespace) -> None:
         if r.get("pid") and pid_alive(r["pid"]):
             stop_pid(f"node-{region}", r["pid"])
     start_lease_group(cluster)
-    log(f"restarted the witness and nodes ({os.environ.get('GEOSTATE_LEASE') or 'template settings'})")
+    log(f"restarted the witness and nodes ({os.environ.get('GEOSTATE_SET') or 'template settings'})")
 
 
 def cmd_mirror(args: argparse.Namespace) -> None:

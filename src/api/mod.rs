@@ -584,11 +584,23 @@ impl Handler {
         })
     }
 
-    async fn list_leases(&self) -> Result<pb::LeasesResponse, ApiError> {
+    /// Every shard, or (`key` set) the shard of an owned key.
+    async fn list_leases(&self, req: pb::LeasesRequest) -> Result<pb::LeasesResponse, ApiError> {
         let leases = self.leases()?;
+        let mut shards = leases.status();
+        if !req.key.is_empty() {
+            let owned = self
+                .0
+                .config
+                .namespaces
+                .lookup(&req.key)
+                .is_some_and(|ns| ns.ownership == Ownership::Owned);
+            let shard = leases.config().shard_of_key(&req.key);
+            shards.retain(|s| owned && s.shard == shard);
+        }
         Ok(pb::LeasesResponse {
             region: self.0.config.region.to_string(),
-            shards: leases.status().iter().map(shard_lease).collect(),
+            shards: shards.iter().map(shard_lease).collect(),
             leader: leases.leader().unwrap_or(0),
         })
     }
@@ -805,10 +817,11 @@ impl Admin for Handler {
 
     async fn leases(
         &self,
-        _req: Request<pb::LeasesRequest>,
+        req: Request<pb::LeasesRequest>,
     ) -> Result<Response<pb::LeasesResponse>, Status> {
         let started = Instant::now();
-        observe("leases", started, Handler::list_leases(self).await).map(Response::new)
+        let listed = Handler::list_leases(self, req.into_inner()).await;
+        observe("leases", started, listed).map(Response::new)
     }
 
     async fn transfer_lease(

@@ -7,7 +7,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
-use geostate::config::{Config, LeaseConfig};
+use geostate::config::LeaseConfig;
 use geostate::pb;
 use geostate::pb::admin_client::AdminClient;
 use geostate::pb::state_client::StateClient;
@@ -33,7 +33,7 @@ pub async fn regions(cluster: &Cluster) -> anyhow::Result<(Vec<Region>, LeaseCon
             .grpc
             .clone()
             .context("the cluster runs a node per region")?;
-        let config = Config::load(r.config.as_ref().context("node config")?)?;
+        let config = super::node_config(r)?;
         lease = config.lease.or(lease);
         out.push(Region {
             name: name.clone(),
@@ -93,7 +93,7 @@ pub async fn wait_held(region: &mut Region, shard: u32, within: Duration) -> any
     loop {
         let leases = region
             .admin
-            .leases(pb::LeasesRequest {})
+            .leases(pb::LeasesRequest::default())
             .await?
             .into_inner();
         if let Some(s) = leases
@@ -195,7 +195,7 @@ pub async fn cut_off(
 pub async fn leader(region: &mut Region) -> anyhow::Result<usize> {
     Ok(region
         .admin
-        .leases(pb::LeasesRequest {})
+        .leases(pb::LeasesRequest::default())
         .await?
         .into_inner()
         .leader as usize)

@@ -6,7 +6,6 @@
 pub mod failover;
 pub mod unwritable;
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -19,61 +18,38 @@ use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient as KafkaAdmin, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::producer::{FutureProducer, FutureRecord};
-use serde::Deserialize;
 use tonic::transport::Channel;
 
-#[derive(Deserialize)]
-pub struct Cluster {
-    pub s3: S3Endpoint,
-    pub regions: BTreeMap<String, RegionEndpoints>,
-    pub tools: Tools,
-    /// The lease group's third member (`make up` starts one).
-    pub witness: Option<WitnessEndpoint>,
+/// `cluster.json`, as the harness and the drills read it.
+pub use geostate_jepsen::control::{ClusterFile as Cluster, RegionFile, S3Endpoint};
+
+/// The configuration a node of `cluster.json` runs with: its region file and overrides.
+pub fn node_config(r: &RegionFile) -> anyhow::Result<geostate::config::Config> {
+    config_with(r.config.as_ref().context("no node config")?, &r.set)
 }
 
-#[derive(Deserialize)]
-pub struct WitnessEndpoint {
-    pub grpc: Option<String>,
-    pub pid: Option<u32>,
+/// The configuration in `path` with `set` (`--set KEY=VALUE`) applied.
+pub fn config_with(path: &Path, set: &[String]) -> anyhow::Result<geostate::config::Config> {
+    let settings = set
+        .iter()
+        .map(|s| s.parse().map_err(anyhow::Error::msg))
+        .collect::<anyhow::Result<Vec<geostate::config::Setting>>>()?;
+    Ok(geostate::config::Config::load_with(path, &settings)?)
 }
 
-#[derive(Deserialize)]
-pub struct Tools {
-    /// The S3-compatible server binary, for tests that need one of their own.
-    pub s3s_fs: String,
-}
-
-#[derive(Deserialize)]
-pub struct S3Endpoint {
-    pub endpoint: String,
-    pub bucket: String,
-    pub access_key: String,
-    pub secret_key: String,
-    pub region: String,
-}
-
-#[derive(Deserialize)]
-pub struct RegionEndpoints {
-    pub kafka: String,
-    pub kafka_pid: u32,
-    pub grpc: Option<String>,
-    pub metrics: Option<String>,
-    /// The node's process and its configuration file.
-    pub pid: Option<u32>,
-    pub config: Option<PathBuf>,
+/// `--set` arguments for the binary.
+pub fn set_args(set: &[String]) -> Vec<String> {
+    set.iter()
+        .flat_map(|s| ["--set".to_owned(), s.clone()])
+        .collect()
 }
 
 pub fn cluster() -> anyhow::Result<Cluster> {
     let path = std::env::var_os("GEOSTATE_CLUSTER")
         .map(PathBuf::from)
         .unwrap_or_else(|| repo_file("regions/local/run/cluster.json"));
-    let text = std::fs::read_to_string(&path).with_context(|| {
-        format!(
-            "no cluster at {}: run `make test` (or `make up` first)",
-            path.display()
-        )
-    })?;
-    serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))
+    geostate_jepsen::control::read_cluster(&path)
+        .context("no cluster: run `make test` (or `make up` first)")
 }
 
 /// An idempotent producer for feeding topics in tests.
@@ -332,9 +308,13 @@ impl Topics {
     }
 }
 
-/// A region node running the real `geostate` binary with its own data dir and topics.
+/// A region node running the real `geostate` binary with its own data dir and topics:
+/// `regions/<region>.toml` with `--set` overrides.
 pub struct Node {
+    /// The region file the node runs with.
     pub config: PathBuf,
+    /// Its `--set KEY=VALUE` overrides, in order.
+    pub set: Vec<String>,
     pub grpc: String,
     /// host:port of the Prometheus endpoint.
     pub metrics: String,
@@ -343,15 +323,15 @@ pub struct Node {
 }
 
 impl Node {
-    /// Writes a config for region `us-east-1` over `kafka` and `topics`, data in `dir`,
-    /// merging no remote region.
+    /// A node of region `us-east-1` over `kafka` and `topics`, data in `dir`, merging no
+    /// remote region.
     pub fn configure(dir: &Path, kafka: &str, topics: &Topics) -> anyhow::Result<Self> {
         Self::configure_region(dir, "us-east-1", kafka, topics, &[])
     }
 
-    /// Writes a config for `region` from `regions/<region>.toml` over `kafka` and
-    /// `topics`, data in `dir`, merging each `(remote region, deltas topic)` directly from
-    /// `kafka`.
+    /// A node of `region` (`regions/<region>.toml`) over `kafka` and `topics`, data in
+    /// `dir`, in no lease group, merging each `(remote region, deltas topic)` directly
+    /// from `kafka`.
     pub fn configure_region(
         dir: &Path,
         region: &str,
@@ -359,41 +339,29 @@ impl Node {
         topics: &Topics,
         remotes: &[(&str, &str)],
     ) -> anyhow::Result<Self> {
-        let template = std::fs::read_to_string(repo_file(&format!("regions/{region}.toml")))?;
-        // the example's own remotes are replaced by the test's
-        let template = template
-            .split("[[replication.remote]]")
-            .next()
-            .unwrap_or_default()
-            .to_owned();
         let grpc = format!("127.0.0.1:{}", free_port());
         let metrics = format!("127.0.0.1:{}", free_port());
-        let mut text = String::new();
-        for line in template.lines() {
-            let key = line.split('=').next().unwrap_or("").trim();
-            let line = match key {
-                "data-dir" => format!("data-dir = {:?}", dir.join("data")),
-                "local-dir" => format!("local-dir = {:?}", dir.join("checkpoints")),
-                "bootstrap" => format!("bootstrap = {kafka:?}"),
-                "updates-topic" => format!("updates-topic = {:?}", topics.updates),
-                "deltas-topic" => format!("deltas-topic = {:?}", topics.deltas),
-                "dlq-topic" => format!("dlq-topic = {:?}", topics.dlq),
-                "grpc-listen" => format!("grpc-listen = {grpc:?}"),
-                "metrics-listen" => format!("metrics-listen = {metrics:?}"),
-                _ => line.to_owned(),
-            };
-            text.push_str(&line);
-            text.push('\n');
-        }
-        for (remote, topic) in remotes {
-            text.push_str(&format!(
-                "\n[[replication.remote]]\nregion = {remote:?}\ntopic = {topic:?}\nbootstrap = {kafka:?}\n"
-            ));
-        }
-        let config = dir.join("node.toml");
-        std::fs::write(&config, text)?;
+        let remotes: Vec<String> = remotes
+            .iter()
+            .map(|(remote, topic)| {
+                format!("{{ region = {remote:?}, topic = {topic:?}, bootstrap = {kafka:?} }}")
+            })
+            .collect();
+        let set = vec![
+            format!("data-dir={:?}", dir.join("data")),
+            format!("checkpoint.local-dir={:?}", dir.join("checkpoints")),
+            format!("kafka.bootstrap={kafka:?}"),
+            format!("kafka.updates-topic={:?}", topics.updates),
+            format!("kafka.deltas-topic={:?}", topics.deltas),
+            format!("kafka.dlq-topic={:?}", topics.dlq),
+            format!("api.grpc-listen={grpc:?}"),
+            format!("api.metrics-listen={metrics:?}"),
+            "lease=".to_owned(),
+            format!("replication.remote=[{}]", remotes.join(", ")),
+        ];
         Ok(Self {
-            config,
+            config: repo_file(&format!("regions/{region}.toml")),
+            set,
             grpc: format!("http://{grpc}"),
             metrics,
             log: dir.join("node.log"),
@@ -414,49 +382,32 @@ impl Node {
         ))
     }
 
-    /// Rewrites the config line `key = …` to `key = value` (TOML), or drops it (`None`).
-    pub fn edit(&self, key: &str, value: Option<&str>) -> anyhow::Result<()> {
-        let text = std::fs::read_to_string(&self.config)?;
-        let mut found = false;
-        let mut out = String::new();
-        for line in text.lines() {
-            if !found && line.split('=').next().unwrap_or("").trim() == key {
-                found = true;
-                if let Some(value) = value {
-                    out.push_str(&format!("{key} = {value}\n"));
-                }
-                continue;
-            }
-            out.push_str(line);
-            out.push('\n');
-        }
-        if !found {
-            bail!("no `{key}` in {}", self.config.display());
-        }
-        Ok(std::fs::write(&self.config, out)?)
+    /// Sets `key` (dotted) to `value` (TOML; empty removes the key) from the next start.
+    pub fn set(&mut self, key: &str, value: &str) {
+        self.set.push(format!("{key}={value}"));
     }
 
-    /// Appends TOML (a table) to the config.
-    pub fn append(&self, toml: &str) -> anyhow::Result<()> {
-        let mut text = std::fs::read_to_string(&self.config)?;
-        text.push('\n');
-        text.push_str(toml);
-        Ok(std::fs::write(&self.config, text)?)
+    /// The node's configuration, as it starts with it.
+    pub fn config(&self) -> anyhow::Result<geostate::config::Config> {
+        config_with(&self.config, &self.set)
+    }
+
+    /// The `--set` arguments.
+    pub fn set_args(&self) -> Vec<String> {
+        set_args(&self.set)
     }
 
     /// Checkpoints to `endpoint` (an S3-compatible server) under `prefix` instead of the
     /// local folder.
-    pub fn checkpoint_to_s3(
-        &self,
-        s3: &S3Endpoint,
-        endpoint: &str,
-        prefix: &str,
-    ) -> anyhow::Result<()> {
-        self.edit("local-dir", None)?;
-        self.append(&format!(
-            "[checkpoint.s3]\nbucket = {:?}\nprefix = {prefix:?}\nendpoint = {endpoint:?}\nregion = {:?}\npath-style = true\naccess-key = {:?}\nsecret-key = {:?}\n",
-            s3.bucket, s3.region, s3.access_key, s3.secret_key
-        ))
+    pub fn checkpoint_to_s3(&mut self, s3: &S3Endpoint, endpoint: &str, prefix: &str) {
+        self.set("checkpoint.local-dir", "");
+        self.set(
+            "checkpoint.s3",
+            &format!(
+                "{{ bucket = {:?}, prefix = {prefix:?}, endpoint = {endpoint:?}, region = {:?}, path-style = true, access-key = {:?}, secret-key = {:?} }}",
+                s3.bucket, s3.region, s3.access_key, s3.secret_key
+            ),
+        );
     }
 
     /// Starts the node and waits until its gRPC API answers; returns its pid.
@@ -469,6 +420,7 @@ impl Node {
             .arg("run")
             .arg("--config")
             .arg(&self.config)
+            .args(self.set_args())
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)

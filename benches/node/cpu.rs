@@ -1,0 +1,179 @@
+//! CPU accounting (/proc) and pinning (`taskset`): rates per CPU-second, progress probes.
+
+use super::*;
+
+/// A rate measured by following a system's progress: from the first sample that shows
+/// progress to the first that shows all of it, so start-up is left out.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Rate {
+    pub(crate) events_per_second: f64,
+    pub(crate) per_cpu_second: f64,
+}
+
+impl Rate {
+    pub(crate) fn of(events: usize, took: Duration, cpu: f64) -> Self {
+        Self {
+            events_per_second: events as f64 / took.as_secs_f64().max(1e-9),
+            per_cpu_second: events as f64 / cpu.max(1e-9),
+        }
+    }
+    pub(crate) fn json(&self) -> Value {
+        json!({
+            "events_per_second": self.events_per_second.round(),
+            "events_per_cpu_second": self.per_cpu_second.round(),
+        })
+    }
+}
+
+/// CPU seconds (user + system) a process has used, from /proc.
+pub(crate) fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let fields: Vec<&str> = stat
+        .rsplit(')')
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (ticks(11) + ticks(12)) / 100.0 // utime, stime; USER_HZ is 100 on Linux
+}
+
+/// The machine's online cores (not this process's affinity: `scripts/bench.sh` starts the
+/// benchmark on core 0 alone).
+pub(crate) fn cores() -> usize {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .map(|c| c.lines().filter(|l| l.starts_with("processor")).count())
+        .unwrap_or(1)
+        .max(1)
+}
+
+/// (busy, total) jiffies of core `n` so far, from /proc/stat.
+pub(crate) fn core_jiffies(n: usize) -> (u64, u64) {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let Some(line) = stat
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(&format!("cpu{n}")))
+    else {
+        return (0, 0);
+    };
+    let v: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    let total: u64 = v.iter().take(8).sum();
+    let idle = v.get(3).copied().unwrap_or(0) + v.get(4).copied().unwrap_or(0);
+    (total - idle, total)
+}
+
+/// Whether the system under test gets a core of its own.
+pub(crate) fn pinning() -> bool {
+    cores() >= 2
+        && Command::new("taskset")
+            .arg("-V")
+            .stdout(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+}
+
+/// Moves every thread of `pid` to `cores` (a `taskset` list).
+pub(crate) fn pin(pid: u32, cores: &str) -> anyhow::Result<()> {
+    if !pinning() {
+        return Ok(());
+    }
+    let status = Command::new("taskset")
+        .args(["-a", "-p", "-c", cores, &pid.to_string()])
+        .stdout(Stdio::null())
+        .status()?;
+    anyhow::ensure!(status.success(), "taskset -p {cores} {pid}: {status}");
+    Ok(())
+}
+
+/// A command that runs on the system under test's core.
+pub(crate) fn on_sut_core(program: &str) -> Command {
+    if pinning() {
+        let mut c = Command::new("taskset");
+        c.args(["-c", SUT_CORE, program]);
+        c
+    } else {
+        Command::new(program)
+    }
+}
+
+/// How far a system got through a topic of `EVENTS` records.
+pub(crate) enum Probe<'a> {
+    /// The node's applied offsets (its offsets live in RocksDB, not in Kafka).
+    Node(&'a Node),
+    /// The offsets a consumer group committed.
+    Group(Arc<BaseConsumer>, TopicPartitionList),
+}
+
+impl Probe<'_> {
+    pub(crate) fn group(kafka: &str, group: &str, topic: &str) -> anyhow::Result<Self> {
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", kafka)
+            .set("group.id", group)
+            .set("enable.auto.commit", "false")
+            .create()?;
+        let mut tpl = TopicPartitionList::new();
+        for p in 0..PARTITIONS {
+            tpl.add_partition(topic, p);
+        }
+        Ok(Probe::Group(Arc::new(consumer), tpl))
+    }
+
+    pub(crate) async fn progress(&self) -> anyhow::Result<usize> {
+        match self {
+            Probe::Node(node) => Ok(node
+                .status()
+                .await?
+                .partitions
+                .iter()
+                .map(|p| (p.applied_offset + 1).max(0) as usize)
+                .sum()),
+            Probe::Group(consumer, tpl) => {
+                let (consumer, tpl) = (consumer.clone(), tpl.clone());
+                tokio::task::spawn_blocking(move || {
+                    let committed = consumer.committed_offsets(tpl, Duration::from_secs(10))?;
+                    Ok(committed
+                        .elements()
+                        .iter()
+                        .map(|e| match e.offset() {
+                            Offset::Offset(o) => o.max(0) as usize,
+                            _ => 0,
+                        })
+                        .sum())
+                })
+                .await?
+            }
+        }
+    }
+
+    /// Follows progress until every record is done; `pids` are the processes whose CPU
+    /// time is counted.
+    pub(crate) async fn follow(&self, pids: &[u32], deadline: Duration) -> anyhow::Result<Rate> {
+        let cpu = || pids.iter().map(|&p| cpu_seconds(p)).sum::<f64>();
+        let until = Instant::now() + deadline;
+        let mut first: Option<(Instant, usize, f64)> = None;
+        loop {
+            let done = self.progress().await.unwrap_or(0);
+            let now = (Instant::now(), done, cpu());
+            if done > 0 && first.is_none() {
+                first = Some(now);
+            }
+            if done >= EVENTS {
+                let (t0, done0, cpu0) = first.unwrap_or(now);
+                return Ok(Rate::of(done - done0, now.0 - t0, now.2 - cpu0));
+            }
+            if Instant::now() > until {
+                bail!("{done} of {EVENTS} records done within {deadline:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}

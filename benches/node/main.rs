@@ -1,0 +1,283 @@
+//! Region node benchmark side by side with its peers (`make bench`): prints Markdown,
+//! writes `bench/results/node.json`, asserts nothing. Everything is measured in one run, on
+//! the same broker and the same pre-loaded topics:
+//!
+//! 1. ceilings: raw rdkafka produce and consume; the CRDT core applying the events in
+//!    memory; consume + apply in memory with nothing made durable;
+//! 2. ingest of four datasets (10,000 and 1,000,000 keys, uniform and Zipf 0.99; about
+//!    80-byte JSON events) by the geostate node (exactly-once into RocksDB), a Kafka
+//!    Streams `groupByKey().count()` at `exactly_once_v2` and at `at_least_once`, and a
+//!    consumer applying pipelined `INCRBY`s to Redis with AOF `everysec`: events per second
+//!    and per CPU-second, timed from the first progress to the last (start-up excluded);
+//! 3. `Update` ack latency, open loop (from each request's scheduled send time), at 25, 50
+//!    and 80 % of the node's own maximum, next to Kafka produce → consume at the same rates;
+//! 4. `Get` throughput and latency at 1, 10 and 100 streams, without and with ingest load.
+//!
+//! Where the machine has two cores or more, the system under test (node, Kafka Streams JVM,
+//! Redis server and its consumer) runs on core 1 and the brokers and the load generator on
+//! core 0 (`taskset`; `scripts/bench.sh` pins the cluster). The peers come from
+//! `bench/peers/peers.py install` (`KSTREAMS_CP`, `REDIS_SERVER`); a missing peer is
+//! reported as not run.
+
+#[path = "../../tests/common/mod.rs"]
+mod common;
+mod cpu;
+mod data;
+mod ingest;
+mod latency;
+mod peers;
+
+use cpu::*;
+use data::*;
+use ingest::*;
+use latency::*;
+use peers::*;
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use common::{Node, Topics, cluster, create_topic, percentile};
+use geostate::config::{Config, RecordFormat};
+use geostate::crdt::{Actor, CrdtValue, RegionId};
+use geostate::ingest::batch::{BatchContext, Record, apply_batch};
+use geostate::ingest::event::{Op, Update};
+use geostate::pb;
+use geostate::workload::{Rng, Zipf, geohash};
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, StreamConsumer};
+use rdkafka::message::Message;
+use rdkafka::producer::{
+    BaseRecord, DefaultProducerContext, FutureRecord, Producer, ThreadedProducer,
+};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use serde_json::{Value, json};
+
+const EVENTS: usize = 300_000;
+const PARTITIONS: i32 = 4;
+const BATCH: usize = 1000;
+/// The core the system under test runs on; the rest runs on core 0.
+const SUT_CORE: &str = "1";
+const LEVELS: [u32; 3] = [25, 50, 80];
+const LEVEL_SECONDS: u64 = 5;
+const GET_STREAMS: [usize; 3] = [1, 10, 100];
+const GET_SECONDS: u64 = 3;
+
+fn main() -> anyhow::Result<()> {
+    if let Ok(spec) = std::env::var("GEOSTATE_BENCH_REDIS_CONSUMER") {
+        return redis_consumer(&spec);
+    }
+    common::block_on(run())
+}
+
+async fn run() -> anyhow::Result<()> {
+    let cluster = cluster()?;
+    let kafka = cluster.regions["us-east-1"].kafka.clone();
+    let config = Config::load(
+        &Path::new(&std::env::var("CARGO_MANIFEST_DIR")?).join("regions/us-east-1.toml"),
+    )?;
+    let work = tempfile::tempdir()?;
+    let cores = cores();
+    let pinned = pinning();
+
+    println!("# geostate node benchmark, side by side with its peers");
+    println!();
+    println!(
+        "machine: {cores} cores. {}",
+        if pinned {
+            "The system under test (geostate node, Kafka Streams JVM, Redis server and its consumer, and the in-process ceilings) runs on core 1; the Kafka brokers, MirrorMaker 2 and the load generator on core 0 (taskset)."
+        } else {
+            "Not pinned (one core, or no taskset): everything shares the cores."
+        }
+    );
+    println!();
+
+    if std::env::var("GEOSTATE_BENCH_ONLY").as_deref() == Ok("latency") {
+        // sections 3 and 4 alone, for working on them; writes no JSON
+        latency_and_gets(&kafka, work.path(), 20_000).await?;
+        return Ok(());
+    }
+
+    // the datasets, produced once
+    let producer = common::producer(&kafka)?;
+    let mut datasets = Vec::new();
+    let mut produce = Duration::ZERO;
+    for (keys, zipf) in [
+        (10_000, false),
+        (10_000, true),
+        (1_000_000, false),
+        (1_000_000, true),
+    ] {
+        let topic = Topics::create(&kafka, "bench", PARTITIONS).await?;
+        let data = Dataset::generate(keys, zipf, topic);
+        let started = Instant::now();
+        common::produce_all(&producer, &data.topic.updates, &data.records).await?;
+        produce += started.elapsed();
+        datasets.push(data);
+    }
+    let produce_rate = (EVENTS * datasets.len()) as f64 / produce.as_secs_f64();
+
+    // 1. ceilings, per dataset
+    println!(
+        "## Ceilings ({EVENTS} events per dataset, {PARTITIONS} partitions, {:.0} bytes per event)",
+        datasets.iter().map(Dataset::mean_bytes).sum::<f64>() / datasets.len() as f64
+    );
+    println!();
+    println!(
+        "rdkafka produce (idempotent, acks=all, from core 0): {produce_rate:.0} events/s. The rest runs on the system under test's core; events/s (events per CPU-second):"
+    );
+    println!();
+    println!(
+        "| dataset | rdkafka consume, raw | CRDT core in memory (decode, check, apply, delta; no Kafka) | consume + apply in memory (nothing durable, no offsets) |"
+    );
+    println!("|---|---:|---:|---:|");
+    let mut ceilings_json = Vec::new();
+    let mut in_memory = Vec::new();
+    for data in &datasets {
+        let [raw, core, no_durability] = ceilings(&kafka, data, &config).await?;
+        let cell = |r: Rate| format!("{:.0} ({:.0})", r.events_per_second, r.per_cpu_second);
+        println!(
+            "| {} | {} | {} | {} |",
+            data.name,
+            cell(raw),
+            cell(core),
+            cell(no_durability)
+        );
+        ceilings_json.push(json!({
+            "dataset": data.name,
+            "raw_consume": raw.json(),
+            "crdt_core_in_memory": core.json(),
+            "consume_and_apply_in_memory": no_durability.json(),
+        }));
+        in_memory.push(no_durability);
+    }
+    println!();
+
+    // 2. ingest, each system over each dataset
+    let mut ingest_json = Vec::new();
+    println!("## Ingest of one pre-loaded topic ({EVENTS} events, {PARTITIONS} partitions)");
+    println!();
+    println!(
+        "Timed from the first progress the system shows (applied offsets for geostate, committed offsets for the peers, polled every 50 ms) to the last, so start-up is left out. Kafka Streams: 1 stream thread, `commit.interval.ms` 100 for both guarantees, default RocksDB store and record cache, counts written to an output topic; it counts records without parsing them. Redis 7 baseline: one consumer, pipelines of up to {BATCH} `INCRBY`s, offsets committed after the replies (at least once), AOF `everysec`; every counter is checked afterwards."
+    );
+    println!();
+    println!(
+        "| dataset | system | events/s | events per CPU-second | ratio to geostate (events/s) |"
+    );
+    println!("|---|---|---:|---:|---:|");
+    let mut headline = Vec::new();
+    for data in &datasets {
+        let dir = work.path().join(data.name.replace([' ', ',', '.'], "-"));
+        std::fs::create_dir_all(&dir)?;
+        let (ours, deltas_per_event) = geostate(&kafka, data, &dir).await?;
+        let eos = kafka_streams(&kafka, data, "exactly_once_v2", &dir).await?;
+        let alos = kafka_streams(&kafka, data, "at_least_once", &dir).await?;
+        let redis = redis(&kafka, data, &dir).await?;
+        let mut systems = vec![json!({
+            "system": "geostate (exactly-once, RocksDB)",
+            "deltas_shipped_per_event": (deltas_per_event * 1000.0).round() / 1000.0,
+        })];
+        systems[0]
+            .as_object_mut()
+            .unwrap()
+            .extend(ours.json().as_object().unwrap().clone());
+        let row = |name: &str, r: Option<Rate>| match r {
+            Some(r) => println!(
+                "| {} | {name} | {:.0} | {:.0} | {} |",
+                data.name,
+                r.events_per_second,
+                r.per_cpu_second,
+                ratio(r.events_per_second, ours.events_per_second)
+            ),
+            None => println!("| {} | {name} | not run | | |", data.name),
+        };
+        row("geostate (exactly-once, RocksDB)", Some(ours));
+        for (name, r) in [
+            ("Kafka Streams exactly_once_v2", eos),
+            ("Kafka Streams at_least_once", alos),
+            ("Redis INCRBY, AOF everysec", redis),
+        ] {
+            row(name, r);
+            if let Some(r) = r {
+                let mut v = r.json();
+                v["system"] = json!(name);
+                systems.push(v);
+            }
+        }
+        headline.push((data.name.clone(), ours, eos, alos, redis));
+        ingest_json.push(json!({
+            "name": data.name,
+            "keys": data.keys,
+            "events": EVENTS,
+            "bytes_per_event": data.mean_bytes().round(),
+            "systems": systems,
+        }));
+    }
+    println!();
+    println!(
+        "Ratios and exactly-once taxes (tax = 1 − exactly-once rate ÷ the same work without it):"
+    );
+    println!();
+    println!(
+        "| dataset | geostate ÷ Kafka Streams EOS | geostate ÷ Kafka Streams ALOS | geostate ÷ Redis | Kafka Streams EOS tax (vs ALOS) | geostate tax (vs consume + apply in memory) |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|");
+    let mut ratios_json = Vec::new();
+    for ((name, ours, eos, alos, redis), no_durability) in headline.iter().zip(&in_memory) {
+        let over = |r: &Option<Rate>| {
+            r.map_or("—".into(), |r| {
+                ratio(ours.events_per_second, r.events_per_second)
+            })
+        };
+        let ks_tax = match (eos, alos) {
+            (Some(e), Some(a)) => format!(
+                "{:.0} %",
+                100.0 * (1.0 - e.events_per_second / a.events_per_second)
+            ),
+            _ => "—".into(),
+        };
+        let our_tax = 100.0 * (1.0 - ours.events_per_second / no_durability.events_per_second);
+        println!(
+            "| {name} | {} | {} | {} | {ks_tax} | {our_tax:.0} % |",
+            over(eos),
+            over(alos),
+            over(redis)
+        );
+        ratios_json.push(json!({
+            "dataset": name,
+            "geostate_over_kstreams_eos": eos.map(|r| ours.events_per_second / r.events_per_second),
+            "geostate_over_kstreams_alos": alos.map(|r| ours.events_per_second / r.events_per_second),
+            "geostate_over_redis": redis.map(|r| ours.events_per_second / r.events_per_second),
+            "kstreams_eos_tax": match (eos, alos) {
+                (Some(e), Some(a)) => Some(1.0 - e.events_per_second / a.events_per_second),
+                _ => None,
+            },
+            "geostate_eos_tax": 1.0 - ours.events_per_second / no_durability.events_per_second,
+        }));
+    }
+    println!();
+
+    // 3 and 4
+    let load_rate = (headline[0].1.events_per_second / 4.0).max(1000.0) as u64;
+    let served = latency_and_gets(&kafka, work.path(), load_rate).await?;
+
+    let report = json!({
+        "machine": {"cores": cores, "pinned": pinned, "sut_core": if pinned { Some(SUT_CORE) } else { None }},
+        "produce_events_per_second": produce_rate.round(),
+        "ceilings": ceilings_json,
+        "ingest": ingest_json,
+        "ratios": ratios_json,
+        "latency": served["latency"],
+        "get": served["get"],
+    });
+    std::fs::create_dir_all("bench/results")?;
+    std::fs::write(
+        "bench/results/node.json",
+        serde_json::to_string_pretty(&report)?,
+    )?;
+    Ok(())
+}

@@ -1,0 +1,220 @@
+//! The steady load: clients of each kind in every region through the public gRPC API,
+//! every operation recorded with its outcome; the convergence marker after the heal; the
+//! final counters once the regions agree.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use geostate_jepsen::control::{ClusterFile, grpc, state_client};
+use geostate_proto::pb;
+use geostate_proto::workload::Rng;
+use serde::Serialize;
+use tokio::sync::Mutex;
+use tonic::Code;
+
+use crate::SETTLE;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub(crate) enum Kind {
+    /// `add 1` to a shared g-counter with a unique idempotency id.
+    Write,
+    /// `set` of an owned register (refused outside the holder's region).
+    OwnedWrite,
+    Read,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub(crate) enum Outcome {
+    Ok,
+    /// Certainly not applied (refused).
+    Fail,
+    /// Indeterminate: timed out or unavailable; may have been applied.
+    Info,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub(crate) struct Op {
+    pub(crate) kind: Kind,
+    pub(crate) region: String,
+    pub(crate) key: String,
+    pub(crate) start_ns: u64,
+    pub(crate) end_ns: u64,
+    pub(crate) outcome: Outcome,
+}
+
+pub(crate) struct Load {
+    pub(crate) started: Instant,
+    pub(crate) ops: Mutex<Vec<Op>>,
+    pub(crate) stop: tokio::sync::watch::Receiver<bool>,
+}
+
+impl Load {
+    pub(crate) fn now_ns(&self) -> u64 {
+        self.started.elapsed().as_nanos() as u64
+    }
+}
+
+/// One client loop of one kind in one region until the load stops.
+pub(crate) async fn run_client(
+    load: Arc<Load>,
+    kind: Kind,
+    region: String,
+    addr: String,
+    keys: Vec<String>,
+    seed: u64,
+) -> anyhow::Result<()> {
+    let mut state = state_client(&addr)?;
+    let mut rng = Rng(seed);
+    let mut n = 0u64;
+    let mut stop = load.stop.clone();
+    while !*stop.borrow() {
+        n += 1;
+        let key = keys[rng.below(keys.len() as u64) as usize].clone();
+        let start_ns = load.now_ns();
+        let result = match kind {
+            Kind::Write => state
+                .update(pb::UpdateRequest {
+                    key: key.clone(),
+                    op: Some(pb::update_request::Op::Add(1)),
+                    id: format!("{region}-{seed}-{n}"),
+                })
+                .await
+                .map(drop),
+            Kind::OwnedWrite => state
+                .update(pb::UpdateRequest {
+                    key: key.clone(),
+                    op: Some(pb::update_request::Op::Set(n.to_string().into_bytes())),
+                    id: String::new(),
+                })
+                .await
+                .map(drop),
+            Kind::Read => match state
+                .get(pb::GetRequest {
+                    key: key.clone(),
+                    ..Default::default()
+                })
+                .await
+            {
+                Err(s) if s.code() == Code::NotFound => Ok(()),
+                other => other.map(drop),
+            },
+        };
+        let outcome = match result {
+            Ok(()) => Outcome::Ok,
+            Err(s)
+                if matches!(
+                    s.code(),
+                    Code::InvalidArgument | Code::FailedPrecondition | Code::OutOfRange
+                ) =>
+            {
+                Outcome::Fail
+            }
+            Err(_) => Outcome::Info,
+        };
+        let op = Op {
+            kind,
+            region: region.clone(),
+            key,
+            start_ns,
+            end_ns: load.now_ns(),
+            outcome,
+        };
+        load.ops.lock().await.push(op);
+        tokio::select! {
+            _ = stop.changed() => {}
+            () = tokio::time::sleep(Duration::from_millis(20)) => {}
+        }
+    }
+    Ok(())
+}
+
+/// Right after the heal, every region adds 1 to one marker key (retrying until it is
+/// acknowledged); the time until every region reads the full count.
+pub(crate) async fn converge_marker(
+    cluster: &ClusterFile,
+    regions: &[String],
+    tag: &str,
+) -> anyhow::Result<Option<Duration>> {
+    let healed = Instant::now();
+    let key = format!("requests/{tag}-marker");
+    for region in regions {
+        let mut state = state_client(&grpc(&cluster.regions[region])?)?;
+        let add = pb::UpdateRequest {
+            key: key.clone(),
+            op: Some(pb::update_request::Op::Add(1)),
+            id: format!("marker-{region}"),
+        };
+        while state.update(add.clone()).await.is_err() {
+            if healed.elapsed() > SETTLE {
+                return Ok(None);
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    for region in regions {
+        let mut state = state_client(&grpc(&cluster.regions[region])?)?;
+        loop {
+            let read = state
+                .get(pb::GetRequest {
+                    key: key.clone(),
+                    ..Default::default()
+                })
+                .await;
+            if read.is_ok_and(|v| counter(&v.into_inner()) == regions.len() as i64) {
+                break;
+            }
+            if healed.elapsed() > SETTLE {
+                return Ok(None);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    Ok(Some(healed.elapsed()))
+}
+
+pub(crate) fn counter(v: &pb::Value) -> i64 {
+    match v.value {
+        Some(pb::value::Value::Counter(n)) => n,
+        _ => 0,
+    }
+}
+
+/// Every counter in every region once they agree (or after [`SETTLE`]): key → region →
+/// value.
+pub(crate) async fn settle(
+    cluster: &ClusterFile,
+    regions: &[String],
+    keys: &[String],
+) -> anyhow::Result<BTreeMap<String, BTreeMap<String, i64>>> {
+    let deadline = Instant::now() + SETTLE;
+    loop {
+        let mut finals: BTreeMap<String, BTreeMap<String, i64>> = BTreeMap::new();
+        for region in regions {
+            let mut state = state_client(&grpc(&cluster.regions[region])?)?;
+            if let Ok(values) = state
+                .batch_get(pb::BatchGetRequest {
+                    keys: keys.to_vec(),
+                })
+                .await
+            {
+                for v in values.into_inner().values {
+                    finals
+                        .entry(v.key.clone())
+                        .or_default()
+                        .insert(region.clone(), counter(&v));
+                }
+            }
+        }
+        let agreed = finals.len() == keys.len()
+            && finals.values().all(|by| {
+                by.len() == regions.len() && by.values().all(|v| Some(v) == by.values().next())
+            });
+        if agreed || Instant::now() > deadline {
+            return Ok(finals);
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}

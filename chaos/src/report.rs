@@ -1,0 +1,468 @@
+//! The verdict of a drill: what the run recorded ([`DrillRun`]) measured per scope (RTO,
+//! RPO, duplicates, agreement, convergence, latency) and judged against the budgets, then
+//! written as `<drill>.json` and `<drill>.md`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::fault::Fault;
+use crate::load::{Kind, Op, Outcome};
+use crate::{Args, Drill, RECOVERY_BUDGET, SETTLE, UNAFFECTED_BUDGET};
+
+/// One scope's longest stretch without a success, from the fault to the end of the load.
+#[derive(Serialize)]
+struct Rto {
+    scope: String,
+    longest_gap_ms: f64,
+    budget_ms: f64,
+    pass: bool,
+}
+
+/// Latency of successful operations in one phase.
+#[derive(Serialize)]
+struct Latency {
+    scope: String,
+    phase: &'static str,
+    count: usize,
+    p50_ms: f64,
+    p99_ms: f64,
+}
+
+#[derive(Serialize)]
+pub(crate) struct Report {
+    drill: Drill,
+    target: String,
+    fault_at_s: f64,
+    fault_lasted_s: f64,
+    operations: usize,
+    ok: usize,
+    fail: usize,
+    info: usize,
+    rto: Vec<Rto>,
+    /// Acknowledged increments missing from the final counters.
+    rpo_lost_writes: i64,
+    /// Increments counted beyond every acknowledged and indeterminate one.
+    duplicates: i64,
+    regions_agree: bool,
+    /// From the heal until a write made in every region right after it was read back in
+    /// every region; `None` if that took longer than two minutes.
+    convergence_ms: Option<f64>,
+    latency: Vec<Latency>,
+    failures: Vec<String>,
+    pub(crate) pass: bool,
+}
+
+/// The longest time between successes at `times` (sorted) from `from_ns` to `to_ns`.
+fn longest_gap(times: &[u64], from_ns: u64, to_ns: u64) -> u64 {
+    let mut previous = times
+        .iter()
+        .rev()
+        .find(|&&t| t < from_ns)
+        .copied()
+        .unwrap_or(from_ns);
+    let mut longest = 0;
+    for &t in times.iter().filter(|&&t| t >= from_ns && t <= to_ns) {
+        longest = longest.max(t - previous);
+        previous = t;
+    }
+    longest.max(to_ns - previous)
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+/// What one drill recorded, from the start of the load to its end.
+pub(crate) struct DrillRun<'a> {
+    pub(crate) regions: &'a [String],
+    pub(crate) fault: &'a Fault,
+    pub(crate) ops: &'a [Op],
+    /// Every counter in every region at the end: key → region → value.
+    pub(crate) finals: &'a BTreeMap<String, BTreeMap<String, i64>>,
+    pub(crate) convergence: Option<Duration>,
+    pub(crate) fault_ns: u64,
+    pub(crate) heal_ns: u64,
+    pub(crate) end_ns: u64,
+}
+
+impl DrillRun<'_> {
+    /// The end times of the successful operations `pick` selects, sorted.
+    fn successes(&self, pick: impl Fn(&Op) -> bool) -> Vec<u64> {
+        let mut t: Vec<u64> = self
+            .ops
+            .iter()
+            .filter(|o| o.outcome == Outcome::Ok && pick(o))
+            .map(|o| o.end_ns)
+            .collect();
+        t.sort_unstable();
+        t
+    }
+
+    /// Per scope, the longest stretch without a success from the fault on, against its
+    /// budget: the fault's length plus the recovery budget where it hit, a few seconds
+    /// where it did not.
+    fn rto(&self, drill: Drill) -> Vec<Rto> {
+        let fault_budget = Duration::from_nanos(self.heal_ns - self.fault_ns) + RECOVERY_BUDGET;
+        let judge = |scope: String, gap_ns: u64, budget: Duration| {
+            let gap_ms = gap_ns as f64 / 1e6;
+            let budget_ms = budget.as_secs_f64() * 1e3;
+            Rto {
+                scope,
+                longest_gap_ms: gap_ms,
+                budget_ms,
+                pass: gap_ms <= budget_ms,
+            }
+        };
+        let mut rto = Vec::new();
+        for region in self.regions {
+            let hit = self.fault.affected.contains(region);
+            for (kind, label) in [(Kind::Write, "writes"), (Kind::Read, "reads")] {
+                let times = self.successes(|o| o.kind == kind && o.region == *region);
+                // broker loss leaves reads (served from the node's own store) untouched
+                let spared = kind == Kind::Read && drill == Drill::BrokerLoss;
+                let budget = if hit && !spared {
+                    fault_budget
+                } else {
+                    UNAFFECTED_BUDGET
+                };
+                let gap = longest_gap(&times, self.fault_ns, self.end_ns);
+                rto.push(judge(format!("{label} in {region}"), gap, budget));
+            }
+        }
+        let owned_keys: BTreeSet<&str> = self
+            .ops
+            .iter()
+            .filter(|o| o.kind == Kind::OwnedWrite)
+            .map(|o| o.key.as_str())
+            .collect();
+        let owned_gap = owned_keys
+            .iter()
+            .map(|key| {
+                let times = self.successes(|o| o.kind == Kind::OwnedWrite && o.key == *key);
+                longest_gap(&times, self.fault_ns, self.end_ns)
+            })
+            .max()
+            .unwrap_or(self.end_ns - self.fault_ns);
+        let budget = self.fault.owned_budget.unwrap_or(fault_budget);
+        rto.push(judge(
+            "owned-key writes (any region, worst key)".into(),
+            owned_gap,
+            budget,
+        ));
+        rto
+    }
+
+    /// Every add is +1: per key, acknowledged ≤ final ≤ acknowledged + indeterminate.
+    /// Answers (lost, duplicated) increments.
+    fn accounting(&self) -> (i64, i64) {
+        let (mut lost, mut duplicates) = (0, 0);
+        for (key, by_region) in self.finals {
+            let count = |outcome| {
+                let ops = self.ops.iter();
+                ops.filter(|o| o.kind == Kind::Write && o.key == *key && o.outcome == outcome)
+                    .count() as i64
+            };
+            let (acked, info) = (count(Outcome::Ok), count(Outcome::Info));
+            let last = by_region.values().copied().max().unwrap_or(0);
+            lost += (acked - last).max(0);
+            duplicates += (last - acked - info).max(0);
+        }
+        (lost, duplicates)
+    }
+
+    fn regions_agree(&self) -> bool {
+        self.finals.values().all(|by| {
+            by.len() == self.regions.len() && by.values().all(|v| Some(v) == by.values().next())
+        })
+    }
+
+    /// Latency of successful operations per kind, before, during and after the fault.
+    fn latency(&self) -> Vec<Latency> {
+        let mut latency = Vec::new();
+        for (kind, label) in [
+            (Kind::Write, "writes"),
+            (Kind::OwnedWrite, "owned-key writes"),
+            (Kind::Read, "reads"),
+        ] {
+            for (phase, from, to) in [
+                ("before", 0, self.fault_ns),
+                ("during", self.fault_ns, self.heal_ns),
+                ("after", self.heal_ns, self.end_ns),
+            ] {
+                let mut ms: Vec<f64> = self
+                    .ops
+                    .iter()
+                    .filter(|o| {
+                        o.kind == kind
+                            && o.outcome == Outcome::Ok
+                            && (from..to).contains(&o.start_ns)
+                    })
+                    .map(|o| (o.end_ns - o.start_ns) as f64 / 1e6)
+                    .collect();
+                ms.sort_by(f64::total_cmp);
+                latency.push(Latency {
+                    scope: label.into(),
+                    phase,
+                    count: ms.len(),
+                    p50_ms: percentile(&ms, 0.5),
+                    p99_ms: percentile(&ms, 0.99),
+                });
+            }
+        }
+        latency
+    }
+}
+
+impl Report {
+    /// Measures `run` and judges every figure against its budget.
+    pub(crate) fn new(args: &Args, run: &DrillRun<'_>) -> Self {
+        let rto = run.rto(args.drill);
+        let (lost, duplicates) = run.accounting();
+        let regions_agree = run.regions_agree();
+        let mut failures: Vec<String> = rto
+            .iter()
+            .filter(|r| !r.pass)
+            .map(|r| {
+                format!(
+                    "RTO of {}: {:.0} ms, budget {:.0} ms",
+                    r.scope, r.longest_gap_ms, r.budget_ms
+                )
+            })
+            .collect();
+        if lost > 0 {
+            failures.push(format!("RPO: {lost} acknowledged increments lost"));
+        }
+        if duplicates > 0 {
+            failures.push(format!("{duplicates} increments applied twice"));
+        }
+        if !regions_agree {
+            failures.push(format!(
+                "regions disagree {} s after the load stopped",
+                SETTLE.as_secs()
+            ));
+        }
+        if run.convergence.is_none() {
+            failures.push("no convergence within two minutes of the heal".into());
+        }
+        let count = |outcome| run.ops.iter().filter(|o| o.outcome == outcome).count();
+        Report {
+            drill: args.drill,
+            target: run.fault.target.clone(),
+            fault_at_s: run.fault_ns as f64 / 1e9,
+            fault_lasted_s: (run.heal_ns - run.fault_ns) as f64 / 1e9,
+            operations: run.ops.len(),
+            ok: count(Outcome::Ok),
+            fail: count(Outcome::Fail),
+            info: count(Outcome::Info),
+            rto,
+            rpo_lost_writes: lost,
+            duplicates,
+            regions_agree,
+            convergence_ms: run.convergence.map(|d| d.as_secs_f64() * 1e3),
+            latency: run.latency(),
+            pass: failures.is_empty(),
+            failures,
+        }
+    }
+
+    pub(crate) fn write(&self, out: &Path, drill: Drill) -> anyhow::Result<()> {
+        std::fs::create_dir_all(out)?;
+        let name = serde_json::to_value(drill)?
+            .as_str()
+            .unwrap_or("drill")
+            .to_string();
+        std::fs::write(
+            out.join(format!("{name}.json")),
+            serde_json::to_string_pretty(self)? + "\n",
+        )?;
+        let mut md = format!(
+            "# Drill `{name}`: **{}**\n\n\
+             Fault: {} at {:.1} s, healed after {:.1} s. {} operations: {} ok, {} refused, \
+             {} indeterminate.\n\n\
+             | check | figure | budget | |\n|---|---:|---:|---|\n",
+            if self.pass { "pass" } else { "FAIL" },
+            self.target,
+            self.fault_at_s,
+            self.fault_lasted_s,
+            self.operations,
+            self.ok,
+            self.fail,
+            self.info,
+        );
+        for r in &self.rto {
+            md.push_str(&format!(
+                "| RTO, {} | {:.0} ms | {:.0} ms | {} |\n",
+                r.scope,
+                r.longest_gap_ms,
+                r.budget_ms,
+                if r.pass { "pass" } else { "FAIL" }
+            ));
+        }
+        let mark = |ok: bool| if ok { "pass" } else { "FAIL" };
+        md.push_str(&format!(
+            "| RPO, acknowledged increments lost | {} | 0 | {} |\n\
+             | duplicate applications | {} | 0 | {} |\n\
+             | regions agree once the load stops | {} | yes | {} |\n\
+             | convergence after the heal | {} | {} s | {} |\n",
+            self.rpo_lost_writes,
+            mark(self.rpo_lost_writes == 0),
+            self.duplicates,
+            mark(self.duplicates == 0),
+            if self.regions_agree { "yes" } else { "no" },
+            mark(self.regions_agree),
+            self.convergence_ms
+                .map_or("none".into(), |ms| format!("{ms:.0} ms")),
+            SETTLE.as_secs(),
+            mark(self.convergence_ms.is_some()),
+        ));
+        md.push_str(
+            "\nLatency of successful operations (ms):\n\n\
+             | operation | phase | count | p50 | p99 |\n|---|---|---:|---:|---:|\n",
+        );
+        for l in &self.latency {
+            md.push_str(&format!(
+                "| {} | {} | {} | {:.1} | {:.1} |\n",
+                l.scope, l.phase, l.count, l.p50_ms, l.p99_ms
+            ));
+        }
+        if !self.failures.is_empty() {
+            md.push_str("\nFailed checks:\n\n");
+            for f in &self.failures {
+                md.push_str(&format!("- {f}\n"));
+            }
+        }
+        std::fs::write(out.join(format!("{name}.md")), &md)?;
+        print!("{md}");
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[test]
+    fn the_longest_gap_spans_the_fault_and_runs_to_the_end_without_recovery() {
+        // successes at 1, 2, then 10 and 11 s; the fault starts at 3 s
+        let s = 1_000_000_000;
+        let times = [s, 2 * s, 10 * s, 11 * s];
+        assert_eq!(longest_gap(&times, 3 * s, 12 * s), 8 * s);
+        // nothing after the fault: the gap runs to the end
+        assert_eq!(longest_gap(&times[..2], 3 * s, 12 * s), 10 * s);
+        // no success at all before or after: the whole window
+        assert_eq!(longest_gap(&[], 3 * s, 12 * s), 9 * s);
+    }
+
+    #[test]
+    fn percentiles_of_a_sorted_sample() {
+        let sample: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(percentile(&sample, 0.5), 51.0);
+        assert_eq!(percentile(&sample, 0.99), 99.0);
+        assert_eq!(percentile(&[], 0.5), 0.0);
+    }
+
+    fn op(kind: Kind, region: &str, key: &str, at_s: u64, outcome: Outcome) -> Op {
+        let s = 1_000_000_000;
+        Op {
+            kind,
+            region: region.into(),
+            key: key.into(),
+            start_ns: at_s * s,
+            end_ns: at_s * s + 1_000_000,
+            outcome,
+        }
+    }
+
+    /// Two regions, writes and reads every second in both; the fault at 10 s hits
+    /// us-east-1 (healed at 12 s); owned writes every second.
+    fn steady(lost_at: Option<u64>) -> (Vec<Op>, BTreeMap<String, BTreeMap<String, i64>>) {
+        let mut ops = Vec::new();
+        for t in 0..30 {
+            for region in ["eu-west-1", "us-east-1"] {
+                ops.push(op(Kind::Write, region, "requests/k", t, Outcome::Ok));
+                ops.push(op(Kind::Read, region, "requests/k", t, Outcome::Ok));
+            }
+            ops.push(op(Kind::OwnedWrite, "eu-west-1", "surge/k", t, Outcome::Ok));
+        }
+        let acked = ops.iter().filter(|o| o.kind == Kind::Write).count() as i64;
+        let last = acked - i64::from(lost_at.is_some());
+        let finals = BTreeMap::from([(
+            "requests/k".to_string(),
+            BTreeMap::from([
+                ("eu-west-1".to_string(), last),
+                ("us-east-1".to_string(), last),
+            ]),
+        )]);
+        (ops, finals)
+    }
+
+    fn judged(ops: &[Op], finals: &BTreeMap<String, BTreeMap<String, i64>>) -> Report {
+        let args = Args::parse_from(["chaos", "kill-region"]);
+        let regions = ["eu-west-1".to_string(), "us-east-1".to_string()];
+        let fault = Fault {
+            target: "us-east-1".into(),
+            affected: vec!["us-east-1".into()],
+            owned_budget: None,
+        };
+        let s = 1_000_000_000;
+        let run = DrillRun {
+            regions: &regions,
+            fault: &fault,
+            ops,
+            finals,
+            convergence: Some(Duration::from_millis(300)),
+            fault_ns: 10 * s,
+            heal_ns: 12 * s,
+            end_ns: 30 * s,
+        };
+        Report::new(&args, &run)
+    }
+
+    #[test]
+    fn a_drill_without_loss_gap_or_disagreement_passes() {
+        let (ops, finals) = steady(None);
+        let report = judged(&ops, &finals);
+        assert!(report.pass, "{:?}", report.failures);
+        assert_eq!(report.rpo_lost_writes, 0);
+    }
+
+    #[test]
+    fn a_lost_increment_and_a_gap_where_the_fault_did_not_hit_fail_the_drill() {
+        let (mut ops, finals) = steady(Some(5));
+        // eu-west-1, which the fault left alone, stops writing for 5 s
+        ops.retain(|o| {
+            !(o.kind == Kind::Write
+                && o.region == "eu-west-1"
+                && (11..16).contains(&(o.start_ns / 1_000_000_000)))
+        });
+        let finals = finals
+            .into_iter()
+            .map(|(k, by)| (k, by.into_iter().map(|(r, v)| (r, v - 5)).collect()))
+            .collect();
+        let report = judged(&ops, &finals);
+        assert!(!report.pass);
+        assert!(
+            report
+                .failures
+                .iter()
+                .any(|f| f.starts_with("RPO: 1 acknowledged")),
+            "{:?}",
+            report.failures
+        );
+        assert!(
+            report
+                .failures
+                .iter()
+                .any(|f| f.starts_with("RTO of writes in eu-west-1")),
+            "{:?}",
+            report.failures
+        );
+    }
+}

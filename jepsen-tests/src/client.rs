@@ -1,0 +1,353 @@
+//! The clients: one per process, each running the workload through the public gRPC API
+//! and recording every operation (invoke, then ok / fail / info) in the run's history.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::bail;
+use geostate_jepsen::control;
+use geostate_jepsen::history::{Event, EventType, Function, Stamp};
+use geostate_proto::pb;
+use geostate_proto::pb::state_client::StateClient;
+use geostate_proto::workload::Rng;
+use tokio::sync::Mutex;
+use tonic::Code;
+use tonic::transport::Channel;
+
+use crate::Workload;
+
+pub(crate) struct Run {
+    pub(crate) started: Instant,
+    pub(crate) history: Mutex<Vec<Event>>,
+}
+
+impl Run {
+    pub(crate) fn now_ns(&self) -> u64 {
+        self.started.elapsed().as_nanos() as u64
+    }
+
+    pub(crate) async fn record(&self, event: Event) {
+        self.history.lock().await.push(event);
+    }
+}
+
+pub(crate) struct Client {
+    pub(crate) run: Arc<Run>,
+    pub(crate) region: String,
+    pub(crate) addr: String,
+    pub(crate) keys: Vec<String>,
+    pub(crate) workload: Workload,
+    /// Each key's ownership shard (`None`: not owned).
+    pub(crate) shards: Arc<BTreeMap<String, Option<u32>>>,
+    /// Added to the process id after an indeterminate operation (that process may still
+    /// have it in flight; Jepsen's rule: a process does one operation at a time).
+    pub(crate) stride: u64,
+    pub(crate) rng: Rng,
+    /// The value this client last read per key, which its compare-and-sets expect.
+    pub(crate) last_read: BTreeMap<String, i64>,
+}
+
+impl Client {
+    pub(crate) fn connect(&self) -> Option<StateClient<Channel>> {
+        control::state_client(&self.addr).ok()
+    }
+
+    pub(crate) fn event(
+        &self,
+        process: u64,
+        kind: EventType,
+        f: Function,
+        key: &str,
+        value: Option<i64>,
+    ) -> Event {
+        Event {
+            process,
+            kind,
+            f,
+            key: key.to_string(),
+            value,
+            region: self.region.clone(),
+            time_ns: self.run.now_ns(),
+            shard: self.shards.get(key).copied().flatten(),
+            epoch: None,
+            expected: None,
+            list: None,
+            stamp: None,
+        }
+    }
+
+    pub(crate) async fn run(
+        mut self,
+        mut process: u64,
+        stop: tokio::sync::watch::Receiver<bool>,
+    ) -> anyhow::Result<()> {
+        let Some(mut client) = self.connect() else {
+            bail!("bad address {}", self.addr);
+        };
+        let mut n = 0u64;
+        while !*stop.borrow() {
+            n += 1;
+            let key = self.keys[self.rng.below(self.keys.len() as u64) as usize].clone();
+            // unique per operation
+            let unique = (process * 1_000_000 + n) as i64;
+            let dice = self.rng.below(6);
+            let indeterminate = match self.workload {
+                Workload::PnCounter | Workload::GCounter => {
+                    let v = self.rng.below(5) as i64 + 1;
+                    let negative = self.workload == Workload::PnCounter && dice < 2;
+                    let v = if negative { -v } else { v };
+                    self.add(&mut client, process, &key, v, n).await
+                }
+                Workload::SharedRegister if dice < 3 => {
+                    self.write(&mut client, process, &key, unique, None).await
+                }
+                Workload::OwnedRegister if dice < 2 => {
+                    self.write(&mut client, process, &key, unique, None).await
+                }
+                Workload::OwnedRegister if dice < 4 && self.last_read.contains_key(&key) => {
+                    let expected = self.last_read.get(&key).copied();
+                    self.write(&mut client, process, &key, unique, expected)
+                        .await
+                }
+                Workload::SharedRegister | Workload::OwnedRegister => {
+                    if let Some(Some(v)) = self.read(&mut client, process, &key).await {
+                        self.last_read.insert(key.clone(), v);
+                    }
+                    false
+                }
+                Workload::OwnedAppend if dice < 2 => {
+                    self.read_list(&mut client, process, &key).await;
+                    false
+                }
+                Workload::OwnedAppend => self.append(&mut client, process, &key, unique).await,
+            };
+            if indeterminate {
+                process += self.stride;
+            }
+            tokio::time::sleep(Duration::from_millis(10 + self.rng.below(20))).await;
+        }
+        Ok(())
+    }
+
+    /// Records the completion of an update; true if indeterminate.
+    pub(crate) async fn complete(
+        &self,
+        mut done: Event,
+        result: Result<pb::UpdateResponse, tonic::Status>,
+    ) -> bool {
+        let (kind, stamp) = match &result {
+            Ok(r) => (EventType::Ok, r.stamp.as_ref().map(stamp)),
+            // certainly not applied
+            Err(s)
+                if matches!(
+                    s.code(),
+                    Code::InvalidArgument | Code::FailedPrecondition | Code::OutOfRange
+                ) =>
+            {
+                (EventType::Fail, None)
+            }
+            Err(_) => (EventType::Info, None),
+        };
+        done.kind = kind;
+        done.epoch = stamp
+            .as_ref()
+            .map(|s| s.epoch)
+            .filter(|_| self.workload.owned());
+        done.stamp = stamp;
+        done.time_ns = self.run.now_ns();
+        self.run.record(done).await;
+        kind == EventType::Info
+    }
+
+    pub(crate) async fn add(
+        &self,
+        client: &mut StateClient<Channel>,
+        p: u64,
+        key: &str,
+        v: i64,
+        n: u64,
+    ) -> bool {
+        let invoke = self.event(p, EventType::Invoke, Function::Add, key, Some(v));
+        self.run.record(invoke.clone()).await;
+        let result = client
+            .update(pb::UpdateRequest {
+                key: key.into(),
+                op: Some(pb::update_request::Op::Add(v)),
+                id: format!("{}-{p}-{n}", self.region),
+            })
+            .await
+            .map(|r| r.into_inner());
+        self.complete(invoke, result).await
+    }
+
+    /// A write of `v`, or with `expected` a compare-and-set; true if indeterminate.
+    pub(crate) async fn write(
+        &self,
+        client: &mut StateClient<Channel>,
+        p: u64,
+        key: &str,
+        v: i64,
+        expected: Option<i64>,
+    ) -> bool {
+        let f = if expected.is_some() {
+            Function::Cas
+        } else {
+            Function::Write
+        };
+        let mut invoke = self.event(p, EventType::Invoke, f, key, Some(v));
+        invoke.expected = expected;
+        self.run.record(invoke.clone()).await;
+        let value = v.to_string().into_bytes();
+        let op = match expected {
+            Some(e) => pb::update_request::Op::Cas(pb::CompareAndSet {
+                expected: Some(e.to_string().into_bytes()),
+                value,
+            }),
+            None => pb::update_request::Op::Set(value),
+        };
+        let result = client
+            .update(pb::UpdateRequest {
+                key: key.into(),
+                op: Some(op),
+                id: String::new(),
+            })
+            .await
+            .map(|r| r.into_inner());
+        self.complete(invoke, result).await
+    }
+
+    /// A read (at the lease holder for owned keys); the register's value if it answered.
+    pub(crate) async fn get(
+        &self,
+        client: &mut StateClient<Channel>,
+        e: &mut Event,
+    ) -> Option<pb::Value> {
+        self.run.record(e.clone()).await;
+        let result = client
+            .get(pb::GetRequest {
+                key: e.key.clone(),
+                leaseholder: self.workload.owned(),
+            })
+            .await;
+        e.time_ns = self.run.now_ns();
+        match result {
+            Ok(v) => {
+                let v = v.into_inner();
+                e.kind = EventType::Ok;
+                e.stamp = v.stamp.as_ref().map(stamp);
+                e.epoch = e.stamp.as_ref().map(|s| s.epoch);
+                Some(v)
+            }
+            Err(s) if s.code() == Code::NotFound => {
+                e.kind = EventType::Ok;
+                None
+            }
+            // a read changes nothing: a failed one is simply not an observation
+            Err(_) => {
+                e.kind = EventType::Fail;
+                None
+            }
+        }
+    }
+
+    /// Reads a register; `Some(value)` if the read succeeded.
+    pub(crate) async fn read(
+        &self,
+        client: &mut StateClient<Channel>,
+        p: u64,
+        key: &str,
+    ) -> Option<Option<i64>> {
+        let mut e = self.event(p, EventType::Invoke, Function::Read, key, None);
+        let v = self.get(client, &mut e).await;
+        e.value = v.as_ref().and_then(register_value);
+        let seen = (e.kind == EventType::Ok).then_some(e.value);
+        self.run.record(e).await;
+        seen
+    }
+
+    pub(crate) async fn read_list(&self, client: &mut StateClient<Channel>, p: u64, key: &str) {
+        let mut e = self.event(p, EventType::Invoke, Function::Read, key, None);
+        let v = self.get(client, &mut e).await;
+        if e.kind == EventType::Ok {
+            e.list = Some(v.as_ref().map(list_value).unwrap_or_default());
+        }
+        self.run.record(e).await;
+    }
+
+    /// Appends `x`: a leaseholder read, then a compare-and-set of the list one longer;
+    /// true if indeterminate.
+    pub(crate) async fn append(
+        &self,
+        client: &mut StateClient<Channel>,
+        p: u64,
+        key: &str,
+        x: i64,
+    ) -> bool {
+        let invoke = self.event(p, EventType::Invoke, Function::Append, key, Some(x));
+        self.run.record(invoke.clone()).await;
+        let read = client
+            .get(pb::GetRequest {
+                key: key.into(),
+                leaseholder: true,
+            })
+            .await;
+        let current = match read {
+            Ok(v) => v.into_inner().value.and_then(|v| match v {
+                pb::value::Value::Register(b) => Some(b),
+                pb::value::Value::Counter(_) => None,
+            }),
+            Err(s) if s.code() == Code::NotFound => None,
+            // the read failed, so nothing was written
+            Err(s) => {
+                let nothing = tonic::Status::failed_precondition(s.message());
+                return self.complete(invoke, Err(nothing)).await;
+            }
+        };
+        let mut next = current.clone().unwrap_or_default();
+        if !next.is_empty() {
+            next.push(b' ');
+        }
+        next.extend_from_slice(x.to_string().as_bytes());
+        let result = client
+            .update(pb::UpdateRequest {
+                key: key.into(),
+                op: Some(pb::update_request::Op::Cas(pb::CompareAndSet {
+                    expected: current,
+                    value: next,
+                })),
+                id: String::new(),
+            })
+            .await
+            .map(|r| r.into_inner());
+        self.complete(invoke, result).await
+    }
+}
+
+pub(crate) fn stamp(s: &pb::OrderStamp) -> Stamp {
+    let hlc = s.hlc.unwrap_or_default();
+    Stamp {
+        epoch: s.epoch,
+        wall_nanos: hlc.wall_nanos,
+        logical: hlc.logical,
+        origin: s.origin.clone(),
+    }
+}
+
+/// An owned list as stored: elements separated by spaces.
+pub(crate) fn list_value(v: &pb::Value) -> Vec<i64> {
+    match &v.value {
+        Some(pb::value::Value::Register(b)) => String::from_utf8_lossy(b)
+            .split_whitespace()
+            .filter_map(|x| x.parse().ok())
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+pub(crate) fn register_value(v: &pb::Value) -> Option<i64> {
+    match &v.value {
+        Some(pb::value::Value::Register(b)) => String::from_utf8_lossy(b).parse().ok(),
+        _ => None,
+    }
+}

@@ -1,0 +1,82 @@
+//! After the faults are healed: every key read in every region until the regions agree.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use geostate_jepsen::control::{grpc, read_cluster};
+use geostate_jepsen::history::Stamp;
+use geostate_proto::pb;
+use geostate_proto::pb::state_client::StateClient;
+
+use crate::client::{list_value, register_value, stamp};
+
+/// One key's final read in one region.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct FinalRead {
+    /// A counter, or a register holding an integer.
+    pub(crate) value: Option<i64>,
+    /// A register holding a list (`owned-append`).
+    pub(crate) list: Vec<i64>,
+    pub(crate) stamp: Option<Stamp>,
+}
+
+/// The final read of every key in every region: key → region → read.
+pub(crate) type Finals = BTreeMap<String, BTreeMap<String, FinalRead>>;
+
+/// Reads every key in every region until all regions agree (or `within` passes).
+pub(crate) async fn converge(
+    cluster_json: &Path,
+    regions: &[String],
+    keys: &[String],
+    within: Duration,
+) -> anyhow::Result<Finals> {
+    let cluster = read_cluster(cluster_json)?;
+    let deadline = Instant::now() + within;
+    loop {
+        let mut finals: Finals = BTreeMap::new();
+        for region in regions {
+            let mut state = StateClient::connect(grpc(&cluster.regions[region])?).await?;
+            let values = state
+                .batch_get(pb::BatchGetRequest {
+                    keys: keys.to_vec(),
+                })
+                .await?
+                .into_inner();
+            for v in values.values {
+                let read = FinalRead {
+                    value: match &v.value {
+                        Some(pb::value::Value::Counter(n)) => Some(*n),
+                        _ => register_value(&v),
+                    },
+                    list: list_value(&v),
+                    stamp: v.stamp.as_ref().map(stamp),
+                };
+                finals
+                    .entry(v.key.clone())
+                    .or_default()
+                    .insert(region.clone(), read);
+            }
+            for missing in values.missing {
+                let read = FinalRead {
+                    value: None,
+                    list: Vec::new(),
+                    stamp: None,
+                };
+                finals
+                    .entry(missing)
+                    .or_default()
+                    .insert(region.clone(), read);
+            }
+        }
+        let agreed = finals.values().all(|by_region| {
+            let mut seen = by_region.values();
+            let first = seen.next();
+            seen.all(|v| Some(v) == first)
+        });
+        if agreed || Instant::now() > deadline {
+            return Ok(finals);
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
