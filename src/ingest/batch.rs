@@ -232,7 +232,11 @@ struct Working {
     ids_changed: bool,
 }
 
-/// Applies `records` on top of what `source` holds; reads each touched key once.
+/// Applies `records` on top of what `source` holds; reads each touched key once. Per
+/// record, in log order: decode and check ([`checked`]), the lease epoch granted
+/// ([`Grants`]; an epoch to ask about stops the batch), the fence, the idempotency id,
+/// the compare-and-set, the operation ([`apply_one`]); then every changed key's state,
+/// own-part delta and ids ([`finish`]).
 pub fn apply_batch<S: StateSource>(
     records: Vec<Record>,
     source: &S,
@@ -247,31 +251,18 @@ pub fn apply_batch<S: StateSource>(
             record.partition,
             before.map_or(record.offset, |o| o.max(record.offset)),
         );
-        let update = match record.payload.as_deref() {
-            None => Err(Rejection::Malformed("record has no value".into())),
-            Some(bytes) => Update::decode(ctx.format, bytes),
-        };
-        let checked = update.and_then(|u| {
-            u.check(ctx.namespaces, ctx.limits)
-                .map(|ns| (u, ns.crdt, ns.ownership))
-        });
-        let checked = checked.and_then(|(u, crdt, ownership)| {
-            match u.hlc {
-                Some(stamp) => stamp_within(stamp, &record, ctx.max_clock_offset),
-                None => Ok(()),
-            }
-            .map(|()| (u, crdt, ownership))
-        });
-        let (update, crdt, ownership) = match checked {
+        let (update, crdt, ownership) = match checked(&record, ctx) {
             Ok(ok) => ok,
             Err(why) => {
                 out.rejected.push((record, why));
                 continue;
             }
         };
-        if let (Ownership::Owned, Some(epoch), Some(grants)) = (ownership, update.epoch, ctx.grants)
-        {
-            let shard = owned_shard(ctx.lease, &update.key);
+        let owned = match (ownership, update.epoch) {
+            (Ownership::Owned, Some(epoch)) => Some((owned_shard(ctx.lease, &update.key), epoch)),
+            _ => None,
+        };
+        if let (Some((shard, epoch)), Some(grants)) = (owned, ctx.grants) {
             match grants.judge(shard, epoch) {
                 Grant::Granted => {}
                 Grant::Never { granted } => {
@@ -302,31 +293,26 @@ pub fn apply_batch<S: StateSource>(
         }
         if !work.contains_key(&update.key) {
             let state = source.state(&update.key)?;
-            work.insert(
-                update.key.clone(),
-                Working {
-                    state,
-                    ..Working::default()
-                },
-            );
+            let entry = Working {
+                state,
+                ..Working::default()
+            };
+            work.insert(update.key.clone(), entry);
         }
         let Some(entry) = work.get_mut(&update.key) else {
             continue;
         };
-        if let (Ownership::Owned, Some(epoch)) = (ownership, update.epoch) {
-            let shard = owned_shard(ctx.lease, &update.key);
-            if let Err(highest) = out.fences.admit(source, shard, epoch)? {
-                let key = update.key.clone();
-                out.rejected.push((
-                    record,
-                    Rejection::Fenced {
-                        key,
-                        epoch,
-                        highest,
-                    },
-                ));
-                continue;
-            }
+        if let Some((shard, epoch)) = owned
+            && let Err(highest) = out.fences.admit(source, shard, epoch)?
+        {
+            let key = update.key.clone();
+            let why = Rejection::Fenced {
+                key,
+                epoch,
+                highest,
+            };
+            out.rejected.push((record, why));
+            continue;
         }
         if let Some(id) = &update.id {
             if entry.recent_ids.is_none() {
@@ -341,51 +327,82 @@ pub fn apply_batch<S: StateSource>(
                 continue;
             }
         }
-        let stamp = register_stamp(&update, &record, ctx);
-        let op = match update.op {
-            // decided here, in log order, on the state this record sees: a replay decides
-            // the same way
-            Op::Cas { expected, value } => {
-                let current = match &entry.state {
-                    Some(CrdtValue::LwwRegister(r)) => Some(r.value()),
-                    _ => None,
-                };
-                if current != expected.as_deref() {
-                    let current = current.map(|v| String::from_utf8_lossy(v).into_owned());
-                    let key = update.key.clone();
-                    out.rejected
-                        .push((record, Rejection::CompareFailed { key, current }));
-                    continue;
-                }
-                Op::Set(value)
-            }
-            op => op,
-        };
-        match apply_op(entry.state.as_ref(), crdt, &op, ctx.actor, stamp) {
-            Ok(next) => {
-                // a no-op (adding 0) must not create or rewrite the key: regions would
-                // then disagree on which keys exist
-                let no_op = match (&entry.state, &next) {
-                    (None, CrdtValue::PnCounter(c)) => c.is_empty(),
-                    (Some(current), next) => current == next,
-                    (None, _) => false,
-                };
-                if !no_op {
-                    entry.state = Some(next);
-                    entry.state_changed = true;
-                }
-                if let (Some(id), Some(ids)) = (update.id, entry.recent_ids.as_mut()) {
-                    ids.push_back(id);
-                    while ids.len() > ctx.limits.dedup_window {
-                        ids.pop_front();
-                    }
-                    entry.ids_changed = true;
-                }
-                out.applied += 1;
-            }
+        match apply_one(entry, update, crdt, &record, ctx) {
+            Ok(()) => out.applied += 1,
             Err(why) => out.rejected.push((record, why)),
         }
     }
+    finish(work, ctx, &mut out);
+    Ok(out)
+}
+
+/// A record decoded and checked: its update, the key's type and ownership. A register
+/// stamp further ahead of the record's own timestamp than the clock bound is refused.
+fn checked(
+    record: &Record,
+    ctx: &BatchContext<'_>,
+) -> Result<(Update, CrdtType, Ownership), Rejection> {
+    let update = match record.payload.as_deref() {
+        None => return Err(Rejection::Malformed("record has no value".into())),
+        Some(bytes) => Update::decode(ctx.format, bytes)?,
+    };
+    let ns = update.check(ctx.namespaces, ctx.limits)?;
+    let (crdt, ownership) = (ns.crdt, ns.ownership);
+    if let Some(stamp) = update.hlc {
+        stamp_within(stamp, record, ctx.max_clock_offset)?;
+    }
+    Ok((update, crdt, ownership))
+}
+
+/// Applies one admitted update to its key's working copy: a compare-and-set is decided
+/// here, in log order, on the state this record sees (a replay decides the same way); a
+/// no-op (adding 0) neither creates nor rewrites the key (regions would then disagree on
+/// which keys exist); the id joins the key's recent ids.
+fn apply_one(
+    entry: &mut Working,
+    update: Update,
+    crdt: CrdtType,
+    record: &Record,
+    ctx: &BatchContext<'_>,
+) -> Result<(), Rejection> {
+    let stamp = register_stamp(&update, record, ctx);
+    let op = match update.op {
+        Op::Cas { expected, value } => {
+            let current = match &entry.state {
+                Some(CrdtValue::LwwRegister(r)) => Some(r.value()),
+                _ => None,
+            };
+            if current != expected.as_deref() {
+                let current = current.map(|v| String::from_utf8_lossy(v).into_owned());
+                let key = update.key;
+                return Err(Rejection::CompareFailed { key, current });
+            }
+            Op::Set(value)
+        }
+        op => op,
+    };
+    let next = apply_op(entry.state.as_ref(), crdt, &op, ctx.actor, stamp)?;
+    let no_op = match (&entry.state, &next) {
+        (None, CrdtValue::PnCounter(c)) => c.is_empty(),
+        (Some(current), next) => current == next,
+        (None, _) => false,
+    };
+    if !no_op {
+        entry.state = Some(next);
+        entry.state_changed = true;
+    }
+    if let (Some(id), Some(ids)) = (update.id, entry.recent_ids.as_mut()) {
+        ids.push_back(id);
+        while ids.len() > ctx.limits.dedup_window {
+            ids.pop_front();
+        }
+        entry.ids_changed = true;
+    }
+    Ok(())
+}
+
+/// Every changed key's new state and own-part delta, and every changed id window.
+fn finish(work: BTreeMap<String, Working>, ctx: &BatchContext<'_>, out: &mut Applied) {
     let region = &ctx.actor.region;
     for (key, entry) in work {
         if entry.ids_changed
@@ -406,7 +423,6 @@ pub fn apply_batch<S: StateSource>(
             out.states.insert(key, state);
         }
     }
-    Ok(out)
 }
 
 /// A counter's value domain: every region keeps its own part (the sum of its writes)
