@@ -127,7 +127,10 @@ impl Merged {
     }
 }
 
-/// Merges `records` (deltas of `remote`) on top of what `source` holds.
+/// Merges `records` (deltas of `remote`) on top of what `source` holds. Per record:
+/// a heartbeat or resume point is noted ([`control_record`]); a delta is checked (one
+/// held for the clock stops its partition here), then merged into its key's state
+/// ([`merge_one`]).
 pub fn merge_batch<S: StateSource>(
     records: &[Record],
     source: &S,
@@ -146,32 +149,7 @@ pub fn merge_batch<S: StateSource>(
             .entry(record.partition)
             .and_modify(|o| *o = (*o).max(record.offset))
             .or_insert(record.offset);
-        if record.key.as_deref() == Some(super::HEARTBEAT_KEY) {
-            let beat = record.payload.as_deref().and_then(super::Heartbeat::decode);
-            match beat {
-                Some(beat) if beat.origin == remote.as_str() => {
-                    let at = out.heartbeats.entry(record.partition).or_default();
-                    *at = (*at).max(beat.wall_nanos);
-                }
-                _ => out.refused.push((
-                    record.partition,
-                    record.offset,
-                    Refusal::Malformed(DecodeError::Invalid {
-                        field: "heartbeat",
-                        reason: format!("not a heartbeat of {remote}"),
-                    }),
-                )),
-            }
-            continue;
-        }
-        if record.key.as_deref() == Some(RESUME_KEY) {
-            match ResumePoint::decode(record.payload.as_deref().unwrap_or_default()) {
-                Ok(resume) => out.resume = Some(resume),
-                Err(why) => {
-                    out.refused
-                        .push((record.partition, record.offset, Refusal::Malformed(why)))
-                }
-            }
+        if control_record(record, remote, &mut out) {
             continue;
         }
         let (delta, ownership) = match check(record, remote, namespaces, limits, hlc) {
@@ -194,53 +172,86 @@ pub fn merge_batch<S: StateSource>(
         let Some(slot) = loaded.get_mut(&delta.key) else {
             continue;
         };
-        if ownership == Ownership::Owned {
-            // The register's own stamp, not the envelope, is what would win the merge. A
-            // delta below the key's epoch is a stale holder's value: refused and counted.
-            // One below the shard's highest epoch but not the key's is a write its holder
-            // accepted under a valid lease that arrives late (the holder was cut off after
-            // accepting it): it merges, as it does in every other region, so all converge.
-            let epoch = delta.state.epoch();
-            let key_epoch = slot.as_ref().map_or(0, CrdtValue::epoch);
-            if epoch < key_epoch {
-                out.refused.push((
-                    record.partition,
-                    record.offset,
-                    Refusal::Fenced {
-                        key: delta.key,
-                        epoch,
-                        highest: key_epoch,
-                    },
-                ));
-                continue;
-            }
-        }
-        let merged = match slot.take() {
-            None => Ok(delta.state.clone()),
-            Some(mut current) => current.merge(&delta.state).map(|()| current),
-        };
-        match merged {
+        match merge_one(slot.as_ref(), &delta, ownership) {
             Ok(state) => {
                 out.states.insert(delta.key.clone(), state.clone());
                 *slot = Some(state);
                 out.newest = out.newest.max(Some(delta.origin_time));
                 out.merged += 1;
             }
-            Err(source) => {
-                // leave the stored state as it was
-                *slot = out.states.get(&delta.key).cloned();
-                out.refused.push((
-                    record.partition,
-                    record.offset,
-                    Refusal::Type {
-                        key: delta.key,
-                        source,
-                    },
-                ));
-            }
+            // the key stays as it was
+            Err(why) => out.refused.push((record.partition, record.offset, why)),
         }
     }
     Ok(out)
+}
+
+/// Notes a heartbeat or a resume point (true), refusing one that does not decode or is
+/// another region's; false for a delta.
+fn control_record(record: &Record, remote: &RegionId, out: &mut Merged) -> bool {
+    let refuse = |out: &mut Merged, why| out.refused.push((record.partition, record.offset, why));
+    match record.key.as_deref() {
+        Some(super::HEARTBEAT_KEY) => {
+            let beat = record.payload.as_deref().and_then(super::Heartbeat::decode);
+            match beat {
+                Some(beat) if beat.origin == remote.as_str() => {
+                    let at = out.heartbeats.entry(record.partition).or_default();
+                    *at = (*at).max(beat.wall_nanos);
+                }
+                _ => refuse(
+                    out,
+                    Refusal::Malformed(DecodeError::Invalid {
+                        field: "heartbeat",
+                        reason: format!("not a heartbeat of {remote}"),
+                    }),
+                ),
+            }
+            true
+        }
+        Some(RESUME_KEY) => {
+            match ResumePoint::decode(record.payload.as_deref().unwrap_or_default()) {
+                Ok(resume) => out.resume = Some(resume),
+                Err(why) => refuse(out, Refusal::Malformed(why)),
+            }
+            true
+        }
+        _ => false,
+    }
+}
+
+/// The key's state with `delta` merged in, or why not (the state is left as it was).
+fn merge_one(
+    current: Option<&CrdtValue>,
+    delta: &Delta,
+    ownership: Ownership,
+) -> Result<CrdtValue, Refusal> {
+    if ownership == Ownership::Owned {
+        // The register's own stamp, not the envelope, is what would win the merge. A
+        // delta below the key's epoch is a stale holder's value: refused and counted.
+        // One below the shard's highest epoch but not the key's is a write its holder
+        // accepted under a valid lease that arrives late (the holder was cut off after
+        // accepting it): it merges, as it does in every other region, so all converge.
+        let epoch = delta.state.epoch();
+        let key_epoch = current.map_or(0, CrdtValue::epoch);
+        if epoch < key_epoch {
+            return Err(Refusal::Fenced {
+                key: delta.key.clone(),
+                epoch,
+                highest: key_epoch,
+            });
+        }
+    }
+    let Some(current) = current else {
+        return Ok(delta.state.clone());
+    };
+    let mut next = current.clone();
+    match next.merge(&delta.state) {
+        Ok(()) => Ok(next),
+        Err(source) => Err(Refusal::Type {
+            key: delta.key.clone(),
+            source,
+        }),
+    }
 }
 
 fn check(
@@ -638,6 +649,31 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert_eq!(a.newest, Some(HlcTimestamp::new(2, 0)));
+    }
+
+    /// A delta the key's stored state cannot take (its namespace changed type) is refused
+    /// and leaves the key as it was: a later delta of the batch must not replace the
+    /// stored state with its own part alone.
+    #[test]
+    fn a_refused_merge_leaves_the_key_as_stored_for_the_rest_of_the_batch() {
+        let hlc = Hlc::new(
+            Arc::new(ManualClock::new(100 * SEC)),
+            Duration::from_millis(500),
+        );
+        let remote = RegionId::new("eu-west-1").unwrap();
+        let mut other = crate::crdt::PnCounter::new();
+        other
+            .add(&Actor::new(RegionId::new("us-east-1").unwrap(), 1), 7)
+            .unwrap();
+        let stored = BTreeMap::from([("requests/a".to_string(), CrdtValue::PnCounter(other))]);
+        let records = [
+            delta("eu-west-1", "requests/a", 2, 1),
+            delta("eu-west-1", "requests/a", 5, 2),
+        ];
+        let out = merge(&records, &stored, &remote, &hlc).unwrap();
+        assert!(out.states.is_empty(), "{:?}", out.states);
+        let refused: Vec<_> = out.refused.iter().map(|r| (r.1, r.2.code())).collect();
+        assert_eq!(refused, [(1, "type_mismatch"), (2, "type_mismatch")]);
     }
 
     #[test]
