@@ -78,21 +78,34 @@ pub async fn recover_own_past(
     hlc: &Arc<Hlc>,
     store: &Arc<Store>,
 ) -> Result<Recovered, BootstrapError> {
+    let recovered = merge_own_topic(config, hlc, store).await?;
+    if let Some(resume) = &recovered.resume {
+        resume_after(config, hlc, store, resume).await?;
+    }
+    Ok(recovered)
+}
+
+/// Reads the own deltas topic to its end (from where a restored copy was taken, or the
+/// beginning) and merges it; stops at the first delta that cannot be merged and is not
+/// superseded.
+async fn merge_own_topic(
+    config: &Arc<Config>,
+    hlc: &Arc<Hlc>,
+    store: &Arc<Store>,
+) -> Result<Recovered, BootstrapError> {
     let topic = config.kafka.deltas_topic.clone();
     let partitions = log::partitions(&config.kafka, &topic).await?;
     // a restored store starts where its copy was taken; an empty one at the beginning
     let from = store.bootstrap_offsets(&topic)?;
-    let mut reader = log::Reader::start(
-        log::ConsumerSpec {
-            kafka: config.kafka.clone(),
-            group: format!("geostate-bootstrap-{}", config.region),
-            report_end: true,
-            topic: topic.clone(),
-            partitions: partitions.clone(),
-            role: "bootstrap",
-        },
-        &from,
-    )?;
+    let spec = log::ConsumerSpec {
+        kafka: config.kafka.clone(),
+        group: format!("geostate-bootstrap-{}", config.region),
+        report_end: true,
+        topic: topic.clone(),
+        partitions: partitions.clone(),
+        role: "bootstrap",
+    };
+    let mut reader = log::Reader::start(spec, &from)?;
     let batching = log::Batching {
         max: BATCH,
         linger: Duration::ZERO,
@@ -100,8 +113,7 @@ pub async fn recover_own_past(
     };
     // bootstrap runs before the node's tasks: nothing stops it but an error
     let (_running, mut never_stopped) = tokio::sync::watch::channel(false);
-    let mut at_end = BTreeSet::new();
-    let mut keys = BTreeSet::new();
+    let (mut at_end, mut keys) = (BTreeSet::new(), BTreeSet::new());
     let mut recovered = Recovered::default();
     while at_end.len() < partitions.len() {
         let Some(batch) = reader.next_batch(batching, &mut never_stopped).await else {
@@ -109,24 +121,14 @@ pub async fn recover_own_past(
         };
         at_end.extend(batch.at_end.iter().map(|(p, _)| *p));
         if let Some(source) = batch.failed {
-            return Err(BootstrapError::Read {
-                topic: topic.clone(),
-                source,
-            });
+            return Err(BootstrapError::Read { topic, source });
         }
-        let records = batch.records;
-        if records.is_empty() {
+        if batch.records.is_empty() {
             continue;
         }
-        let merged = merge_and_commit(
-            store.clone(),
-            config.clone(),
-            hlc.clone(),
-            records,
-            config.region.clone(),
-            None,
-        )
-        .await?;
+        let (store, config, hlc) = (store.clone(), config.clone(), hlc.clone());
+        let region = config.region.clone();
+        let merged = merge_and_commit(store, config, hlc, batch.records, region, None).await?;
         let held = merged.held.into_iter().map(|(p, (o, why))| (p, o, why));
         let (superseded, fatal) = sort_refusals(merged.refused.into_iter().chain(held).collect());
         if let Some((partition, offset, reason)) = fatal {
@@ -145,51 +147,58 @@ pub async fn recover_own_past(
         }
     }
     recovered.keys = keys.len();
-
-    if let Some(resume) = &recovered.resume {
-        if resume.updates_topic != config.kafka.updates_topic {
-            return Err(BootstrapError::OtherTopic {
-                topic,
-                found: resume.updates_topic.clone(),
-                expected: config.kafka.updates_topic.clone(),
-            });
-        }
-        hlc.advance_past(resume.hlc_high_water);
-        // A restored copy may be newer than the last resume point: keep the later one
-        // (both are snapshots of one history, so one is at or past the other everywhere).
-        let current = store.source_offsets(&config.kafka.updates_topic)?;
-        if !dominates(&resume.updates_offsets, &current) {
-            tracing::info!(restored = ?current, resume = ?resume.updates_offsets, "the restored copy is newer than the last resume point; resuming after the copy");
-            return Ok(recovered);
-        }
-        let (store, resume, updates_topic, hlc) = (
-            store.clone(),
-            resume.clone(),
-            config.kafka.updates_topic.clone(),
-            hlc.clone(),
-        );
-        tokio::task::spawn_blocking(move || {
-            // the records after the resume point are judged by the fence as of it
-            let mut fences = store.fences()?;
-            for (&shard, &epoch) in &resume.fences {
-                let fence = fences.entry(shard).or_default();
-                *fence = (*fence).max(epoch);
-            }
-            store.commit(&Commit {
-                topic: &updates_topic,
-                states: &BTreeMap::new(),
-                offsets: &resume.updates_offsets,
-                outbox: &[],
-                recent_ids: &BTreeMap::<String, VecDeque<String>>::new(),
-                hlc_high_water: hlc.now(),
-                remote_applied: None,
-                fences: &fences,
-            })
-        })
-        .await
-        .unwrap_or_else(|e| Err(StoreError::Task(e.to_string())))?;
-    }
     Ok(recovered)
+}
+
+/// Positions ingest after `resume` (with its fences and clock high-water), unless a
+/// restored copy is newer: both are snapshots of one history, so one is at or past the
+/// other everywhere, and the later one is kept.
+async fn resume_after(
+    config: &Config,
+    hlc: &Arc<Hlc>,
+    store: &Arc<Store>,
+    resume: &ResumePoint,
+) -> Result<(), BootstrapError> {
+    if resume.updates_topic != config.kafka.updates_topic {
+        return Err(BootstrapError::OtherTopic {
+            topic: config.kafka.deltas_topic.clone(),
+            found: resume.updates_topic.clone(),
+            expected: config.kafka.updates_topic.clone(),
+        });
+    }
+    hlc.advance_past(resume.hlc_high_water);
+    let current = store.source_offsets(&config.kafka.updates_topic)?;
+    if !dominates(&resume.updates_offsets, &current) {
+        tracing::info!(restored = ?current, resume = ?resume.updates_offsets, "the restored copy is newer than the last resume point; resuming after the copy");
+        return Ok(());
+    }
+    let (store, resume, updates_topic, hlc) = (
+        store.clone(),
+        resume.clone(),
+        config.kafka.updates_topic.clone(),
+        hlc.clone(),
+    );
+    tokio::task::spawn_blocking(move || {
+        // the records after the resume point are judged by the fence as of it
+        let mut fences = store.fences()?;
+        for (&shard, &epoch) in &resume.fences {
+            let fence = fences.entry(shard).or_default();
+            *fence = (*fence).max(epoch);
+        }
+        store.commit(&Commit {
+            topic: &updates_topic,
+            states: &BTreeMap::new(),
+            offsets: &resume.updates_offsets,
+            outbox: &[],
+            recent_ids: &BTreeMap::<String, VecDeque<String>>::new(),
+            hlc_high_water: hlc.now(),
+            remote_applied: None,
+            fences: &fences,
+        })
+    })
+    .await
+    .unwrap_or_else(|e| Err(StoreError::Task(e.to_string())))?;
+    Ok(())
 }
 
 /// True if `later` is at or past `earlier` in every partition `earlier` has.
