@@ -62,6 +62,8 @@ fn main() -> anyhow::Result<()> {
     tokio::runtime::Runtime::new()?.block_on(run(args))
 }
 
+type Clients = BTreeMap<String, StateClient<Channel>>;
+
 async fn run(args: Args) -> anyhow::Result<()> {
     let text = std::fs::read_to_string(&args.cluster)
         .with_context(|| format!("reading {} (run `make up`)", args.cluster.display()))?;
@@ -70,12 +72,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
     if regions.len() < 2 {
         bail!("the workload needs at least two regions");
     }
-    let mut clients = BTreeMap::new();
+    let mut clients = Clients::new();
     for (name, r) in &cluster.regions {
-        clients.insert(
-            name.clone(),
-            StateClient::connect(format!("http://{}", r.grpc)).await?,
-        );
+        let client = StateClient::connect(format!("http://{}", r.grpc)).await?;
+        clients.insert(name.clone(), client);
     }
     println!(
         "surge workload: {} regions, {} geohashes (Zipf 0.99), {} updates/s per region, {} s",
@@ -84,111 +84,124 @@ async fn run(args: Args) -> anyhow::Result<()> {
         args.rate,
         args.seconds
     );
-
-    let zipf = Arc::new(Zipf::new(args.geohashes, 0.99));
     let deadline = Instant::now() + Duration::from_secs(args.seconds);
     let counts: BTreeMap<String, Arc<Counts>> = regions
         .iter()
         .map(|r| (r.clone(), Arc::new(Counts::default())))
         .collect();
+    let zipf = Arc::new(Zipf::new(args.geohashes, 0.99));
     let mut tasks = Vec::new();
     for (n, region) in regions.iter().enumerate() {
         // a few writers per region, open loop at the configured rate: each update is sent
         // on schedule whether or not the previous ones were answered (at most 256 open)
         let in_flight = Arc::new(tokio::sync::Semaphore::new(256));
         for w in 0..4u64 {
-            let client = clients[region].clone();
-            let in_flight = in_flight.clone();
-            let counts = counts[region].clone();
-            let zipf = zipf.clone();
-            let region = region.clone();
+            let writer = Writer {
+                client: clients[region].clone(),
+                in_flight: in_flight.clone(),
+                counts: counts[region].clone(),
+                zipf: zipf.clone(),
+                region: region.clone(),
+                rng: Rng(0x9e37_79b9_7f4a_7c15 ^ ((n as u64) << 8 | w) | 1),
+            };
             let period = Duration::from_micros(4_000_000 / args.rate.max(1));
-            tasks.push(tokio::spawn(async move {
-                let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ ((n as u64) << 8 | w) | 1);
-                let mut tick = tokio::time::interval(period);
-                let mut i = 0u64;
-                let mut sends: Vec<tokio::task::JoinHandle<()>> = Vec::new();
-                while Instant::now() < deadline {
-                    tick.tick().await;
-                    i += 1;
-                    let gh = geohash(zipf.sample(rng.unit()));
-                    let (key, op) = match rng.next_u64() % 10 {
-                        0..=5 => (format!("requests/{gh}"), pb::update_request::Op::Add(1)),
-                        6..=8 => (
-                            format!("drivers/{gh}"),
-                            pb::update_request::Op::Add(if rng.next_u64().is_multiple_of(2) {
-                                1
-                            } else {
-                                -1
-                            }),
-                        ),
-                        _ => {
-                            // publish the multiplier: accepted only where the lease is held
-                            let multiplier = 1.0 + (rng.next_u64() % 20) as f64 / 10.0;
-                            (
-                                format!("surge/{gh}"),
-                                pb::update_request::Op::Set(
-                                    format!("{multiplier:.1}@{region}#{i}").into_bytes(),
-                                ),
-                            )
-                        }
-                    };
-                    counts.sent.fetch_add(1, Ordering::Relaxed);
-                    let request = pb::UpdateRequest {
-                        key,
-                        op: Some(op),
-                        id: String::new(),
-                    };
-                    let Ok(permit) = in_flight.clone().acquire_owned().await else {
-                        break;
-                    };
-                    let (mut client, counts) = (client.clone(), counts.clone());
-                    sends.push(tokio::spawn(async move {
-                        match client.update(request).await {
-                            Ok(_) => counts.ok.fetch_add(1, Ordering::Relaxed),
-                            Err(s) if s.code() == tonic::Code::FailedPrecondition => {
-                                counts.not_holder.fetch_add(1, Ordering::Relaxed)
-                            }
-                            Err(_) => counts.failed.fetch_add(1, Ordering::Relaxed),
-                        };
-                        drop(permit);
-                    }));
-                }
-                for send in sends {
-                    let _ = send.await;
-                }
+            tasks.push(tokio::spawn(writer.run(period, deadline)));
+        }
+    }
+    let lags = probe_until(&clients, &regions, &counts, deadline).await?;
+    for t in tasks {
+        t.await?;
+    }
+    let digests = settled(&mut clients).await?;
+    report(&cluster, &counts, &digests, lags).await
+}
+
+/// One open-loop writer of one region.
+struct Writer {
+    client: StateClient<Channel>,
+    in_flight: Arc<tokio::sync::Semaphore>,
+    counts: Arc<Counts>,
+    zipf: Arc<Zipf>,
+    region: String,
+    rng: Rng,
+}
+
+impl Writer {
+    /// Sends an update every `period` until `deadline`, then waits for the answers.
+    async fn run(mut self, period: Duration, deadline: Instant) {
+        let mut tick = tokio::time::interval(period);
+        let mut sends: Vec<tokio::task::JoinHandle<()>> = Vec::new();
+        let mut i = 0u64;
+        while Instant::now() < deadline {
+            tick.tick().await;
+            i += 1;
+            let request = self.next_update(i);
+            self.counts.sent.fetch_add(1, Ordering::Relaxed);
+            let Ok(permit) = self.in_flight.clone().acquire_owned().await else {
+                break;
+            };
+            let (mut client, counts) = (self.client.clone(), self.counts.clone());
+            sends.push(tokio::spawn(async move {
+                match client.update(request).await {
+                    Ok(_) => counts.ok.fetch_add(1, Ordering::Relaxed),
+                    Err(s) if s.code() == tonic::Code::FailedPrecondition => {
+                        counts.not_holder.fetch_add(1, Ordering::Relaxed)
+                    }
+                    Err(_) => counts.failed.fetch_add(1, Ordering::Relaxed),
+                };
+                drop(permit);
             }));
+        }
+        for send in sends {
+            let _ = send.await;
         }
     }
 
-    // probes: a write in one region, timed until the next region reads it
+    /// Six in ten a rider's request, three a driver coming or going, one a surge
+    /// multiplier (accepted only where the geohash's lease is held).
+    fn next_update(&mut self, i: u64) -> pb::UpdateRequest {
+        let gh = geohash(self.zipf.sample(self.rng.unit()));
+        let (key, op) = match self.rng.next_u64() % 10 {
+            0..=5 => (format!("requests/{gh}"), pb::update_request::Op::Add(1)),
+            6..=8 => {
+                let change = if self.rng.next_u64().is_multiple_of(2) {
+                    1
+                } else {
+                    -1
+                };
+                (format!("drivers/{gh}"), pb::update_request::Op::Add(change))
+            }
+            _ => {
+                let multiplier = 1.0 + (self.rng.next_u64() % 20) as f64 / 10.0;
+                let value = format!("{multiplier:.1}@{}#{i}", self.region);
+                (
+                    format!("surge/{gh}"),
+                    pb::update_request::Op::Set(value.into_bytes()),
+                )
+            }
+        };
+        pb::UpdateRequest {
+            key,
+            op: Some(op),
+            id: String::new(),
+        }
+    }
+}
+
+/// Until `deadline`: a write in each region, timed until the next region reads it; and
+/// progress every 5 s. Answers the lags, sorted.
+async fn probe_until(
+    clients: &Clients,
+    regions: &[String],
+    counts: &BTreeMap<String, Arc<Counts>>,
+    deadline: Instant,
+) -> anyhow::Result<Vec<Duration>> {
     let mut lags: Vec<Duration> = Vec::new();
     let mut last_report = Instant::now();
     while Instant::now() < deadline {
         for (i, from) in regions.iter().enumerate() {
             let to = &regions[(i + 1) % regions.len()];
-            let key = format!("requests/probe-{from}");
-            let mut writer = clients[from].clone();
-            writer
-                .update(pb::UpdateRequest {
-                    key: key.clone(),
-                    op: Some(pb::update_request::Op::Add(1)),
-                    id: String::new(),
-                })
-                .await?;
-            let written = Instant::now();
-            let target = probe_value(&mut clients[from].clone(), &key).await?;
-            let mut reader = clients[to].clone();
-            loop {
-                if probe_value(&mut reader, &key).await? >= target {
-                    lags.push(written.elapsed());
-                    break;
-                }
-                if written.elapsed() > Duration::from_secs(30) {
-                    bail!("a write in {from} was not visible in {to} after 30 s");
-                }
-                tokio::time::sleep(Duration::from_millis(2)).await;
-            }
+            lags.push(probe(clients, from, to).await?);
         }
         if last_report.elapsed() >= Duration::from_secs(5) {
             last_report = Instant::now();
@@ -196,47 +209,71 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 .iter()
                 .map(|(r, c)| format!("{r}: {} ok", c.ok.load(Ordering::Relaxed)))
                 .collect();
-            println!(
-                "  {:>3} s left  {}",
-                deadline.saturating_duration_since(Instant::now()).as_secs(),
-                line.join("  ")
-            );
+            let left = deadline.saturating_duration_since(Instant::now()).as_secs();
+            println!("  {left:>3} s left  {}", line.join("  "));
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    for t in tasks {
-        t.await?;
-    }
+    lags.sort();
+    Ok(lags)
+}
 
-    // wait for the regions to agree, then compare
-    let settle = Instant::now();
-    let mut digests;
+/// One probe: add 1 to `from`'s probe key there; the time until `to` reads that count.
+async fn probe(clients: &Clients, from: &str, to: &str) -> anyhow::Result<Duration> {
+    let key = format!("requests/probe-{from}");
+    let mut writer = clients[from].clone();
+    let request = pb::UpdateRequest {
+        key: key.clone(),
+        op: Some(pb::update_request::Op::Add(1)),
+        id: String::new(),
+    };
+    writer.update(request).await?;
+    let written = Instant::now();
+    let target = probe_value(&mut writer, &key).await?;
+    let mut reader = clients[to].clone();
     loop {
-        digests = BTreeMap::new();
-        for (r, c) in &mut clients {
+        if probe_value(&mut reader, &key).await? >= target {
+            return Ok(written.elapsed());
+        }
+        if written.elapsed() > Duration::from_secs(30) {
+            bail!("a write in {from} was not visible in {to} after 30 s");
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// Every region's digest, once they agree or 30 s have passed.
+async fn settled(clients: &mut Clients) -> anyhow::Result<BTreeMap<String, (usize, u64)>> {
+    let settle = Instant::now();
+    loop {
+        let mut digests = BTreeMap::new();
+        for (r, c) in clients.iter_mut() {
             digests.insert(r.clone(), digest(c).await?);
         }
         let first = digests.values().next().cloned();
         if digests.values().all(|d| Some(d) == first.as_ref())
             || settle.elapsed() > Duration::from_secs(30)
         {
-            break;
+            return Ok(digests);
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    lags.sort();
-    let pct = |p: f64| {
-        lags.get(((lags.len().max(1) - 1) as f64 * p).round() as usize)
-            .copied()
-            .unwrap_or_default()
-    };
+}
 
+/// The table, the replication lag, and whether the regions hold identical state (an
+/// error if not).
+async fn report(
+    cluster: &Cluster,
+    counts: &BTreeMap<String, Arc<Counts>>,
+    digests: &BTreeMap<String, (usize, u64)>,
+    lags: Vec<Duration>,
+) -> anyhow::Result<()> {
     println!();
     println!(
         "| region | updates sent | acknowledged | not lease holder | failed | events applied | keys | state digest |"
     );
     println!("|---|---:|---:|---:|---:|---:|---:|---|");
-    for (r, c) in &counts {
+    for (r, c) in counts {
         let mut admin = AdminClient::connect(format!("http://{}", cluster.regions[r].grpc)).await?;
         let status = admin.status(pb::StatusRequest {}).await?.into_inner();
         let (keys, d) = &digests[r];
@@ -249,6 +286,11 @@ async fn run(args: Args) -> anyhow::Result<()> {
             status.events_applied
         );
     }
+    let pct = |p: f64| {
+        lags.get(((lags.len().max(1) - 1) as f64 * p).round() as usize)
+            .copied()
+            .unwrap_or_default()
+    };
     println!();
     println!(
         "replication lag, write in one region to read in the other ({} probes): p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
