@@ -222,6 +222,31 @@ impl StateSource for BTreeMap<String, CrdtValue> {
     }
 }
 
+impl Applied {
+    /// Stops the batch before `records` (the first names `epoch` of `shard`, which the
+    /// lease group is to be asked about): neither it nor its offset is consumed.
+    fn ask(
+        &mut self,
+        before: Option<i64>,
+        shard: ShardId,
+        epoch: u64,
+        records: impl Iterator<Item = Record>,
+    ) {
+        let records: Vec<Record> = records.collect();
+        if let Some(first) = records.first() {
+            match before {
+                Some(o) => self.offsets.insert(first.partition, o),
+                None => self.offsets.remove(&first.partition),
+            };
+        }
+        self.pending = Some(Pending {
+            shard,
+            epoch,
+            records,
+        });
+    }
+}
+
 /// A touched key's working copy within a batch.
 #[derive(Default)]
 struct Working {
@@ -277,16 +302,7 @@ pub fn apply_batch<S: StateSource>(
                     continue;
                 }
                 Grant::Ask => {
-                    // this record is not consumed yet: neither is its offset
-                    match before {
-                        Some(o) => out.offsets.insert(record.partition, o),
-                        None => out.offsets.remove(&record.partition),
-                    };
-                    out.pending = Some(Pending {
-                        shard,
-                        epoch,
-                        records: std::iter::once(record).chain(records).collect(),
-                    });
+                    out.ask(before, shard, epoch, std::iter::once(record).chain(records));
                     break;
                 }
             }
