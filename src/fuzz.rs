@@ -24,7 +24,7 @@ use crate::crdt::{Delta, RegionId, ResumePoint, decode_value};
 use crate::ingest::event::Update;
 use crate::log::Record;
 use crate::replication::Heartbeat;
-use crate::replication::inbound::merge_batch;
+use crate::replication::merger::merge_batch;
 use crate::workload::Rng;
 
 fn root() -> PathBuf {

@@ -9,14 +9,14 @@
 //!  gRPC Update ─┐
 //!  producers ───┴► Kafka geostate.updates ─► ingest ─► store (RocksDB: state + offsets
 //!                                                        │         + outbox, one batch)
-//!  <remote>.geostate.deltas ─► replication::inbound ─────┤ (merge, same store)
-//!                              replication::outbound ◄───┘ outbox ─► geostate.deltas
+//!  <remote>.geostate.deltas ─► replication::merger ──────┤ (merge, same store)
+//!                              replication::shipper ◄────┘ outbox ─► geostate.deltas
 //!  api (gRPC State/Admin) reads the store and waits on ingest's applied positions
 //!  lease group (openraft over gRPC, a member per region + a witness) ─► leases: epochs
 //!      for owned writes (api), for ingest's epoch check and the merge's fences
 //!  checkpoint: store files ─► S3 (incremental, manifests); restore on an empty disk
 //!
-//!  node         wiring: build the parts, spawn the tasks, shut down in order
+//!  node         wiring: open, spawn every task into one set, serve, stop in order
 //!  api          tonic services, pb conversions, the one error → Status map
 //!  replication  inbound merge of remote deltas, transactional outbound shipping with
 //!               resume points, bootstrap of an empty disk, freshness

@@ -4,7 +4,7 @@
 use tonic::{Code, Status};
 
 use crate::ingest::event::Rejection;
-use crate::lease::manager::{NotHolder, TransferError};
+use crate::lease::leases::{NotHolder, TransferError};
 use crate::log::LogError;
 use crate::store::StoreError;
 

@@ -3,4 +3,4 @@
 
 pub mod batch;
 pub mod event;
-pub mod pump;
+pub mod ingestor;

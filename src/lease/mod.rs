@@ -4,7 +4,7 @@
 //!  table.rs       PURE  the lease table (the Raft state machine's data): commands carry
 //!                       their proposer's time; grant, renew, release, transfer, read;
 //!                       epochs
-//!  holder.rs      PURE  a region's own holdings: valid until sent + duration − offset
+//!  holdings.rs    PURE  a region's own holdings: valid until sent + duration − offset
 //!  invariants.rs  PURE  exclusivity and epoch monotonicity, named once
 //!  plan.rs        PURE  a region's round policy: renew, take, ask back, hand home
 //!  sim.rs         test  the protocol simulated over skewed clocks and delayed commands
@@ -14,7 +14,7 @@
 //!                       service, JSON bodies); the proposer that forwards to the leader
 //!  member.rs            one member as a running part: storage, service, group start
 //!  witness.rs           the member with no region (`geostate run --role witness`)
-//!  manager.rs           a region's leases: runs the rounds `plan.rs` decides, transfer,
+//!  leases.rs            a region's leases: runs the rounds `plan.rs` decides, transfer,
 //!                       release on stop; the epoch for an owned write; epochs known or read
 //!  clock_check.rs       the members' clock offsets; a region too far off takes nothing
 //! ```
@@ -26,9 +26,9 @@
 //! group over gRPC keeps granting after its leader stops (`tests/lease_group.rs`).
 
 pub mod clock_check;
-pub mod holder;
+pub mod holdings;
 pub mod invariants;
-pub mod manager;
+pub mod leases;
 pub mod member;
 pub mod network;
 pub mod plan;

@@ -9,7 +9,7 @@ use std::collections::BinaryHeap;
 
 use proptest::prelude::*;
 
-use super::holder::Holdings;
+use super::holdings::Holdings;
 use super::invariants::{Validity, Violation, check};
 use super::plan::{self, Policy, ShardView};
 use super::table::{Command, LeaseTable, Outcome};

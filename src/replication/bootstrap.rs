@@ -19,7 +19,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::inbound::{Refusal, merge_and_commit};
+use super::merger::{Refusal, merge_and_commit};
 use crate::clock::Hlc;
 use crate::config::Config;
 use crate::crdt::ResumePoint;

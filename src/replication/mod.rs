@@ -1,7 +1,7 @@
-//! The replication path. Inbound: merge every remote region's deltas (see `inbound.rs`).
+//! The replication path. Inbound: merge every remote region's deltas (see `merger.rs`).
 //! Outbound: ship the outbox — each touched key's own-origin delta, written with the state
 //! in one `WriteBatch` — to this region's deltas topic in one transaction per round, ending
-//! with a resume point, and clear an entry only after the commit (see `outbound.rs`).
+//! with a resume point, and clear an entry only after the commit (see `shipper.rs`).
 //! Bootstrap: a node on an empty disk rebuilds its own past from its deltas topic before it
 //! takes a new incarnation (see `bootstrap.rs`).
 //!
@@ -11,8 +11,8 @@
 //! ```
 
 pub mod bootstrap;
-pub mod inbound;
-pub mod outbound;
+pub mod merger;
+pub mod shipper;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::AtomicU64;

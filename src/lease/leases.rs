@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 use super::clock_check::{ClockCheck, SHARE, Verdict};
-use super::holder::Holdings;
+use super::holdings::Holdings;
 use super::network::{ProposeError, Proposer};
 use super::plan::{self, Policy, ShardView};
 use super::raft_store::TableView;

@@ -36,7 +36,7 @@ use super::event::Rejection;
 use crate::clock::Hlc;
 use crate::config::Config;
 use crate::crdt::{Actor, CrdtValue};
-use crate::lease::manager::Leases;
+use crate::lease::leases::Leases;
 use crate::lease::table::ShardId;
 use crate::log::{
     Batching, DLQ_CODE_HEADER, DLQ_REASON_HEADER, DLQ_SOURCE_HEADER, DLQ_TRUNCATED_HEADER, Out,

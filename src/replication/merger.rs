@@ -33,7 +33,7 @@ use crate::clock::{ClockError, Hlc, HlcTimestamp};
 use crate::config::{Config, IngestConfig, Namespaces, Ownership, RemoteConfig};
 use crate::crdt::{CrdtError, CrdtValue, DecodeError, Delta, RESUME_KEY, RegionId, ResumePoint};
 use crate::ingest::batch::StateSource;
-use crate::ingest::pump::{Change, IngestShared};
+use crate::ingest::ingestor::{Change, IngestShared};
 use crate::log::{self, Batching, Reader, Record};
 use crate::metrics as m;
 use crate::shutdown::stopped;
