@@ -1,0 +1,43 @@
+"""The `cluster.py` command line."""
+
+from __future__ import annotations
+
+import argparse
+
+from .install import cmd_install
+from .lifecycle import (cmd_down, cmd_kafka, cmd_mirror, cmd_node, cmd_restart_nodes, cmd_status,
+                        cmd_up)
+from .net import cmd_net
+
+
+def main(description: str) -> None:
+    parser = argparse.ArgumentParser(description=description)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    for name, fn in [("install", cmd_install), ("up", cmd_up), ("down", cmd_down),
+                     ("status", cmd_status), ("restart-nodes", cmd_restart_nodes)]:
+        command = sub.add_parser(name)
+        command.set_defaults(fn=fn)
+        if name == "up":
+            command.add_argument("--no-build", action="store_true",
+                                 help="use the binaries already built (restarts only)")
+    mirror = sub.add_parser("mirror", help="stop or start MirrorMaker 2 alone")
+    mirror.add_argument("action", choices=["stop", "start"])
+    mirror.set_defaults(fn=cmd_mirror)
+    kafka = sub.add_parser("kafka", help="kill a region's broker or start it again")
+    kafka.add_argument("action", choices=["kill", "start"])
+    kafka.add_argument("region")
+    kafka.set_defaults(fn=cmd_kafka)
+    node = sub.add_parser("node", help="restart a region's node, optionally with its clock off")
+    node.add_argument("action", choices=["restart"])
+    node.add_argument("region")
+    node.add_argument("--clock-offset", type=int, default=0, metavar="MS")
+    node.set_defaults(fn=cmd_node)
+    net = sub.add_parser("net", help="cut a region off the other sites, or heal every cut")
+    net.add_argument("action", choices=["isolate", "delay", "heal"])
+    net.add_argument("region", nargs="?")
+    net.add_argument("--direction", choices=["both", "out", "in"], default="both")
+    net.add_argument("--ms", type=int, default=50, help="delay: per packet, each way")
+    net.add_argument("--jitter", type=int, default=20, help="delay: ± this much")
+    net.set_defaults(fn=cmd_net)
+    args = parser.parse_args()
+    args.fn(args)

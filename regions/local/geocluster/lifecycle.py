@@ -1,0 +1,240 @@
+"""`up`, `down`, `status`, `restart-nodes`, `mirror`, `kafka`, `node`: the cluster as a whole, recorded in cluster.json."""
+
+from __future__ import annotations
+
+from .common import *  # noqa: F401,F403
+from .install import *  # noqa: F401,F403
+from .procs import *  # noqa: F401,F403
+from .kafka import *  # noqa: F401,F403
+from .s3 import *  # noqa: F401,F403
+from .nodes import *  # noqa: F401,F403
+from .net import *  # noqa: F401,F403
+
+
+def health(cluster: dict) -> dict[str, bool]:
+    out = {}
+    for region, r in cluster["regions"].items():
+        port = int(r["kafka"].rsplit(":", 1)[1])
+        out[f"kafka {region}"] = pid_alive(r["kafka_pid"]) and port_open(port)
+    out["mirrormaker2"] = pid_alive(cluster["mirrormaker2"]["pid"])
+    out["s3"] = pid_alive(cluster["s3"]["pid"]) and s3_healthy(cluster["s3"]["endpoint"])
+    for region, r in cluster["regions"].items():
+        out[f"node {region}"] = bool(r.get("pid")) and pid_alive(r["pid"])
+    if "witness" in cluster:
+        out["witness"] = pid_alive(cluster["witness"].get("pid"))
+    return out
+
+
+def cmd_up(_args: argparse.Namespace) -> None:
+    # --no-build: a process restarted during `cargo test` (the Jepsen nemesis) must not
+    # wait for the cargo lock the running tests hold
+    if not getattr(_args, "no_build", False):
+        cmd_install(_args)
+        build_node()
+    existing = read_cluster()
+    if existing is not None:
+        h = health(existing)
+        down = [k for k, v in h.items() if not v]
+        if not down:
+            log(f"already up ({CLUSTER_JSON})")
+            return
+        if all(k.startswith("node ") or k in ("mirrormaker2", "witness") for k in down):
+            if "mirrormaker2" in down:
+                existing["mirrormaker2"]["pid"] = start_mm2(existing["regions"])
+                write_cluster(existing)
+            if "witness" in down:
+                start_witness(existing)
+                write_cluster(existing)
+            for region, r in existing["regions"].items():
+                if f"node {region}" in down:
+                    start_node(region, r, existing["s3"], existing)
+                    write_cluster(existing)
+                    wait_node(region, r)
+            log(f"restarted {', '.join(down)}")
+            return
+        log(f"partly up ({', '.join(down)} down); restarting")
+        cmd_down(_args)
+    started = time.monotonic()
+    RUN.mkdir(parents=True, exist_ok=True)
+    # a fresh cluster: new Kafka logs, so node state and checkpoints of the old one go too
+    for old in (LOGS, RUN / "nodes", RUN / "s3"):
+        shutil.rmtree(old, ignore_errors=True)
+    log4j_config()
+    try:
+        regions = {region: start_kafka(region) for region in REGIONS}
+        s3 = start_s3()
+        cluster = {"s3": s3, "regions": {}, "mirrormaker2": {}, "logs": str(LOGS),
+                   "tools": {"grpcurl": str(GRPCURL), "geostate": str(geostate_bin()),
+                             "s3s_fs": str(S3S_FS), "cluster_py": str(REPO / "regions" / "local" / "cluster.py")}}
+        for region, r in regions.items():
+            cluster["regions"][region] = {
+                "kafka": r["kafka"], "kafka_pid": r["kafka_pid"],
+                # ports fixed up front: every node's config names the others' addresses
+                "grpc": f"127.0.0.1:{free_port()}", "metrics": None,
+                "data_dir": str(RUN / "nodes" / region),
+                "lease": f"127.0.0.1:{free_port()}", "pid": None}
+        cluster["mirrormaker2"] = {"pid": None}
+        # the lease group's third member (two regions + a witness form a majority)
+        cluster["witness"] = {"grpc": None, "lease": f"127.0.0.1:{free_port()}",
+                              "data_dir": str(RUN / "nodes" / "witness"), "pid": None}
+        write_cluster(cluster)  # so `down` finds whatever started, even if `up` fails now
+        for region, r in regions.items():
+            port = int(r["kafka"].rsplit(":", 1)[1])
+            wait_for(f"kafka {region}", lambda p=port: port_open(p), 90)
+            wait_for(f"kafka {region} metadata",
+                     lambda b=r["kafka"]: kafka_topics(b) is not None, 90)
+            create_topics(r["kafka"])
+        wait_for("s3", lambda: s3_healthy(s3["endpoint"]), 30)
+        cluster["mirrormaker2"]["pid"] = start_mm2(regions)
+        write_cluster(cluster)
+        wait_for("mirrormaker 2 remote topics", lambda: mirrored_topics_present(regions), 120)
+        start_lease_group(cluster)
+    except BaseException:
+        log("start failed; stopping what was started")
+        cmd_down(_args)
+        raise
+    log(f"up in {time.monotonic() - started:.1f}s; endpoints in {CLUSTER_JSON}")
+    print(json.dumps(cluster, indent=2))
+
+
+def cmd_down(_args: argparse.Namespace) -> None:
+    # stop every pid we ever recorded, clients first (mirrormaker), then brokers, then s3
+    names = sorted(p.name for p in PIDS.glob("*")) if PIDS.exists() else []
+    order = sorted(names, key=lambda n: (0 if n.startswith("node") or n == "witness" else
+                                         1 if n == "mirrormaker2" else
+                                         2 if n.startswith("kafka") else 3))
+    for name in order:
+        try:
+            pid = int((PIDS / name).read_text())
+        except (OSError, ValueError):
+            continue
+        stop_pid(name, pid)
+        (PIDS / name).unlink(missing_ok=True)
+    CLUSTER_JSON.unlink(missing_ok=True)
+    if shutil.which("iptables") and os.geteuid() == 0:
+        net_heal(remove=True)
+    log("down")
+
+
+def cmd_status(_args: argparse.Namespace) -> None:
+    cluster = read_cluster()
+    if cluster is None:
+        print("cluster: down (no cluster.json)")
+        sys.exit(1)
+    h = health(cluster)
+    topics = {region: kafka_topics(r["kafka"]) for region, r in cluster["regions"].items()}
+    for region, r in cluster["regions"].items():
+        ok = h[f"kafka {region}"] and topics[region] is not None
+        mirrored = sorted(t for t in (topics[region] or ()) if t.endswith("." + DELTAS_TOPIC))
+        print(f"kafka {region:<10} {'healthy' if ok else 'DOWN':<8} {r['kafka']:<22} "
+              f"pid {r['kafka_pid']}  mirrored: {', '.join(mirrored) or '-'}")
+        h[f"kafka {region}"] = ok
+    mm_ok = h["mirrormaker2"] and mirrored_topics_present(cluster["regions"])
+    h["mirrormaker2"] = mm_ok
+    print(f"mirrormaker2     {'healthy' if mm_ok else 'DOWN':<8} "
+          f"{'':<22} pid {cluster['mirrormaker2']['pid']}")
+    for region, r in cluster["regions"].items():
+        ok = h[f"node {region}"] and node_ready(r["grpc"])
+        h[f"node {region}"] = ok
+        print(f"node {region:<11} {'healthy' if ok else 'DOWN':<8} {r['grpc'] or '-':<22} "
+              f"pid {r['pid']}  metrics {r['metrics']}  data {r['data_dir']}")
+    if "witness" in cluster:
+        w = cluster["witness"]
+        print(f"witness          {'healthy' if h['witness'] else 'DOWN':<8} {w['lease']:<22} "
+              f"pid {w['pid']}  (lease group member, no region)")
+    s3 = cluster["s3"]
+    print(f"s3               {'healthy' if h['s3'] else 'DOWN':<8} {s3['endpoint']:<22} "
+          f"pid {s3['pid']}  bucket {s3['bucket']}")
+    print(f"cluster.json     {CLUSTER_JSON}")
+    print(f"logs             {LOGS}")
+    if not all(h.values()):
+        sys.exit(1)
+
+
+def start_lease_group(cluster: dict) -> None:
+    """(Re)start the witness and every node, then wait until the nodes serve."""
+    start_witness(cluster)
+    write_cluster(cluster)
+    for region, r in cluster["regions"].items():
+        start_node(region, r, cluster["s3"], cluster)
+        write_cluster(cluster)
+    for region, r in cluster["regions"].items():
+        wait_node(region, r)
+    write_cluster(cluster)
+
+
+def cmd_restart_nodes(_args: argparse.Namespace) -> None:
+    """Restart the witness and every node with freshly generated settings (data kept): how
+    new lease settings (GEOSTATE_SET) take effect."""
+    cluster = read_cluster()
+    if cluster is None:
+        sys.exit("cluster: down (no cluster.json)")
+    for region, r in cluster["regions"].items():
+        if r.get("pid") and pid_alive(r["pid"]):
+            stop_pid(f"node-{region}", r["pid"])
+    start_lease_group(cluster)
+    log(f"restarted the witness and nodes ({os.environ.get('GEOSTATE_SET') or 'template settings'})")
+
+
+def cmd_mirror(args: argparse.Namespace) -> None:
+    """Stop or start MirrorMaker 2 alone (chaos drills, tests): the regions keep running."""
+    cluster = read_cluster()
+    if cluster is None:
+        sys.exit("cluster: down (no cluster.json)")
+    pid = cluster["mirrormaker2"]["pid"]
+    if args.action == "stop":
+        if pid:
+            stop_pid("mirrormaker2", pid)
+            (PIDS / "mirrormaker2").unlink(missing_ok=True)
+        cluster["mirrormaker2"]["pid"] = None
+        write_cluster(cluster)
+        log("mirrormaker 2 stopped")
+    elif pid and pid_alive(pid):
+        log(f"mirrormaker 2 already running (pid {pid})")
+    else:
+        cluster["mirrormaker2"]["pid"] = start_mm2(cluster["regions"])
+        write_cluster(cluster)
+
+
+def cmd_kafka(args: argparse.Namespace) -> None:
+    """Kill a region's broker (SIGKILL: no clean shutdown) or start it again on the same
+    port and log dir (chaos drills, the Jepsen `broker` nemesis); everything else keeps
+    running."""
+    cluster = read_cluster()
+    if cluster is None:
+        sys.exit("cluster: down (no cluster.json)")
+    if args.region not in cluster["regions"]:
+        die(f"no region {args.region!r} (regions: {', '.join(cluster['regions'])})")
+    r = cluster["regions"][args.region]
+    port = int(r["kafka"].rsplit(":", 1)[1])
+    if args.action == "kill":
+        if pid_alive(r["kafka_pid"]):
+            os.killpg(r["kafka_pid"], signal.SIGKILL)
+            while pid_alive(r["kafka_pid"]):
+                time.sleep(0.05)
+        log(f"kafka {args.region} killed")
+        return
+    if pid_alive(r["kafka_pid"]) and port_open(port):
+        log(f"kafka {args.region} already running (pid {r['kafka_pid']})")
+        return
+    r["kafka_pid"] = spawn_kafka(args.region)
+    write_cluster(cluster)
+    wait_for(f"kafka {args.region}", lambda: kafka_topics(r["kafka"]) is not None, 90)
+    log(f"kafka {args.region}: restarted, pid {r['kafka_pid']}")
+
+
+def cmd_node(args: argparse.Namespace) -> None:
+    """Restart a region's node (data kept), optionally with its wall clock set off by
+    `--clock-offset` ms (the node's `clock-offset`: every wall-clock reading of the node is
+    shifted, its monotonic clock is not). A later plain
+    `node restart` puts the clock right again; `up` restarts only dead nodes."""
+    cluster = read_cluster()
+    if cluster is None:
+        die(f"no cluster at {CLUSTER_JSON}; run `up` first")
+    if args.region not in cluster["regions"]:
+        die(f"no region {args.region!r}")
+    r = cluster["regions"][args.region]
+    start_node(args.region, r, cluster["s3"], cluster, args.clock_offset)
+    write_cluster(cluster)
+    wait_node(args.region, r)
+    log(f"node {args.region}: restarted, clock offset {args.clock_offset} ms")

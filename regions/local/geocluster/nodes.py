@@ -1,0 +1,119 @@
+"""The geostate nodes and the witness: the repository's region files run with this cluster's addresses, S3 target and lease group as `--set` overrides."""
+
+from __future__ import annotations
+
+from .common import *  # noqa: F401,F403
+from .procs import *  # noqa: F401,F403
+
+
+def release() -> bool:
+    """GEOSTATE_PROFILE=release runs the nodes from an optimised build (benchmarks)."""
+    return os.environ.get("GEOSTATE_PROFILE", "debug") == "release"
+
+
+def geostate_bin() -> Path:
+    target = Path(os.environ.get("CARGO_TARGET_DIR", CACHE / "target"))
+    return target / ("release" if release() else "debug") / "geostate"
+
+
+def build_node() -> None:
+    log(f"building geostate ({'release' if release() else 'debug'})")
+    env = dict(os.environ, CARGO_TARGET_DIR=str(geostate_bin().parents[1]))
+    subprocess.run(["cargo", "build", "--locked", "--bin", "geostate"]
+                   + (["--release"] if release() else []), check=True, cwd=REPO, env=env)
+
+
+def toml(value) -> str:
+    """`value` as a TOML value (JSON's strings, numbers and booleans are TOML's)."""
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{k} = {toml(v)}" for k, v in value.items()) + " }"
+    if isinstance(value, list):
+        return "[" + ", ".join(toml(v) for v in value) + "]"
+    return json.dumps(value)
+
+
+def extra_settings() -> list[str]:
+    """GEOSTATE_SET="lease.duration=700ms lease.renew-every=150ms max-clock-offset=100ms":
+    `--set` overrides for every node and the witness (how the failover benchmark tries
+    other lease timings with `cluster.py restart-nodes`)."""
+    return os.environ.get("GEOSTATE_SET", "").split()
+
+
+def lease_settings(member_id: int, listen: str, cluster: dict) -> list[str]:
+    """This cluster's lease group in place of the template's: this member's id and
+    address, and every member (regions by name, then the witness)."""
+    members = [{"id": i, "addr": r["lease"], "region": region, "api": r["grpc"]}
+               for i, (region, r) in enumerate(sorted(cluster["regions"].items()), start=1)]
+    members.append({"id": len(members) + 1, "addr": cluster["witness"]["lease"]})
+    return [f"lease.member-id={member_id}", f"lease.listen={toml(listen)}",
+            f"lease.member={toml(members)}"]
+
+
+def witness_settings(cluster: dict) -> list[str]:
+    w = cluster["witness"]
+    return ([f"data-dir={toml(w['data_dir'])}"]
+            + lease_settings(len(cluster["regions"]) + 1, w["lease"], cluster)
+            + extra_settings())
+
+
+def start_witness(cluster: dict) -> None:
+    w = cluster["witness"]
+    if w.get("pid") and pid_alive(w["pid"]):
+        stop_pid("witness", w["pid"])
+    w["config"] = str(REPO / "regions" / "witness.toml")
+    w["set"] = witness_settings(cluster)
+    w["pid"] = spawn("witness", [str(geostate_bin()), "run", "--role", "witness",
+                                 "--config", w["config"]] + set_args(w["set"]),
+                     env={"RUST_LOG": os.environ.get("RUST_LOG", "info,openraft=warn")})
+    w["grpc"] = w["lease"]
+    log(f"witness: pid {w['pid']}, raft {w['lease']}")
+
+
+def set_args(settings: list[str]) -> list[str]:
+    return [arg for setting in settings for arg in ("--set", setting)]
+
+
+def node_settings(region: str, r: dict, s3: dict, cluster: dict,
+                  clock_offset_ms: int = 0) -> list[str]:
+    """What the node of `region` runs with on top of regions/<region>.toml: this cluster's
+    addresses, checkpoints to the cluster's S3 server (restored from when the data dir is
+    empty), and the cluster's lease group; with `clock_offset_ms`, its wall clock shifted
+    by that much (`clock-offset`)."""
+    bucket = {"bucket": s3["bucket"], "prefix": f"{region}/", "endpoint": s3["endpoint"],
+              "region": s3["region"], "path-style": True, "access-key": s3["access_key"],
+              "secret-key": s3["secret_key"]}
+    settings = [f"data-dir={toml(r['data_dir'])}", f"kafka.bootstrap={toml(r['kafka'])}",
+                f"api.grpc-listen={toml(r['grpc'])}", f"api.metrics-listen={toml(r['metrics'])}",
+                "checkpoint.restore-on-empty=true", "checkpoint.local-dir=",
+                f"checkpoint.s3={toml(bucket)}"]
+    member_id = sorted(cluster["regions"]).index(region) + 1
+    settings += lease_settings(member_id, r["lease"], cluster)
+    if clock_offset_ms:
+        sign = "-" if clock_offset_ms < 0 else ""
+        settings.append(f"clock-offset={sign}{abs(clock_offset_ms)}ms")
+    return settings + extra_settings()
+
+
+def node_ready(grpc: str) -> bool:
+    out = subprocess.run([str(geostate_bin()), "status", "--addr", f"http://{grpc}"],
+                         capture_output=True, timeout=30)
+    return out.returncode == 0
+
+
+def start_node(region: str, r: dict, s3: dict, cluster: dict,
+               clock_offset_ms: int = 0) -> None:
+    """Starts (or restarts) the node of `region`, keeping its data dir and ports."""
+    if r.get("pid") and pid_alive(r["pid"]):
+        stop_pid(f"node-{region}", r["pid"])
+    r["grpc"] = r.get("grpc") or f"127.0.0.1:{free_port()}"
+    r["metrics"] = r.get("metrics") or f"127.0.0.1:{free_port()}"
+    r["config"] = str(REPO / "regions" / f"{region}.toml")
+    r["set"] = node_settings(region, r, s3, cluster, clock_offset_ms)
+    r["pid"] = spawn(f"node-{region}", [str(geostate_bin()), "run", "--config", r["config"]]
+                     + set_args(r["set"]),
+                     env={"RUST_LOG": os.environ.get("RUST_LOG", "info,openraft=warn")})
+    log(f"node {region}: pid {r['pid']}, grpc {r['grpc']}, metrics {r['metrics']}")
+
+
+def wait_node(region: str, r: dict) -> None:
+    wait_for(f"node {region}", lambda: pid_alive(r["pid"]) and node_ready(r["grpc"]), 60)
