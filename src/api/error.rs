@@ -3,6 +3,7 @@
 
 use tonic::{Code, Status};
 
+use crate::checkpoint::CheckpointError;
 use crate::ingest::event::Rejection;
 use crate::lease::leases::{NotHolder, TransferError};
 use crate::log::LogError;
@@ -52,8 +53,11 @@ pub enum ApiError {
     #[error("lease transfer: {0}")]
     Transfer(#[from] TransferError),
     /// A checkpoint or savepoint was asked for and failed.
-    #[error("{what} failed: {reason}")]
-    Checkpoint { what: &'static str, reason: String },
+    #[error("{what} failed: {source}")]
+    Checkpoint {
+        what: &'static str,
+        source: CheckpointError,
+    },
     /// A `Watch` fell so far behind the changes that some are gone for it.
     #[error("watcher fell {batches} batches behind; scan and watch again")]
     WatcherBehind { batches: u64 },
@@ -162,10 +166,13 @@ mod tests {
             (
                 ApiError::Checkpoint {
                     what: "savepoint",
-                    reason: "disk full".into(),
+                    source: CheckpointError::Io {
+                        what: "writing the savepoint".into(),
+                        source: std::io::Error::other("disk full"),
+                    },
                 },
                 Code::Unavailable,
-                "savepoint failed: disk full",
+                "savepoint failed: writing the savepoint: disk full",
             ),
             (
                 ApiError::WatcherBehind { batches: 3 },

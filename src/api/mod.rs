@@ -564,9 +564,9 @@ impl Handler {
         let taken = answer
             .await
             .map_err(|_| ApiError::Stopping)?
-            .map_err(|reason| ApiError::Checkpoint {
+            .map_err(|source| ApiError::Checkpoint {
                 what: "checkpoint",
-                reason,
+                source,
             })?;
         Ok(pb::CheckpointResponse {
             id: taken.id,
@@ -628,9 +628,9 @@ impl Handler {
             api.hlc.physical().as_ref(),
         )
         .await
-        .map_err(|e| ApiError::Checkpoint {
+        .map_err(|source| ApiError::Checkpoint {
             what: "savepoint",
-            reason: e.to_string(),
+            source,
         })?;
         Ok(pb::SavepointResponse {
             id: written.id,

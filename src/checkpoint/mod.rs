@@ -143,7 +143,7 @@ pub struct CheckpointStatus {
 }
 
 /// A request to checkpoint now; answered with the result.
-pub type Request = oneshot::Sender<Result<Taken, String>>;
+pub type Request = oneshot::Sender<Result<Taken, CheckpointError>>;
 
 pub struct Checkpointer {
     pub config: Arc<Config>,
@@ -196,7 +196,7 @@ impl Checkpointer {
                 }
             }
             if let Some(reply) = reply {
-                let _ = reply.send(result.map_err(|e| e.to_string()));
+                let _ = reply.send(result);
             }
             next = tokio::time::Instant::now() + interval;
         }
