@@ -80,6 +80,14 @@ pub enum NodeError {
     Lease(#[from] MemberError),
     #[error("{0}")]
     TaskEnded(String),
+    #[error(
+        "{topic} has {found} partitions, the updates topic {expected}: a region's updates and deltas topics and every mirrored deltas topic need the same partition count (a key's partition is the same in all of them)"
+    )]
+    PartitionCounts {
+        topic: String,
+        found: usize,
+        expected: usize,
+    },
 }
 
 /// Where the lease group member keeps its Raft log: beside the data dir, not in it (the
@@ -251,6 +259,15 @@ impl Opened {
         let Opened { config, store, .. } = &self;
         let topic = config.kafka.updates_topic.clone();
         let partitions = log::partitions(&config.kafka, &topic).await?;
+        let deltas = &config.kafka.deltas_topic;
+        let shipped_to = log::partitions(&config.kafka, deltas).await?.len();
+        if shipped_to != partitions.len() {
+            return Err(NodeError::PartitionCounts {
+                topic: deltas.clone(),
+                found: shipped_to,
+                expected: partitions.len(),
+            });
+        }
         let applied = store.source_offsets(&topic)?;
         let shared = Arc::new(IngestShared::new(applied));
         tracing::info!(region = %config.region, incarnation = self.incarnation, partitions = partitions.len(), "node starting");
@@ -259,7 +276,8 @@ impl Opened {
         // The lease group member and this region's leases run from here on, bootstrap or
         // not.
         let (member, leases) = self.start_leases(&mut tasks, &stop_rx).await?;
-        let (freshness, remotes) = self.spawn_mergers(&mut tasks, &shared, &stop_rx)?;
+        let (freshness, remotes) =
+            self.spawn_mergers(&mut tasks, &shared, partitions.len(), &stop_rx)?;
         self.spawn_ingest(
             &mut tasks,
             &shared,
@@ -349,6 +367,7 @@ impl Opened {
         &self,
         tasks: &mut Tasks,
         shared: &Arc<IngestShared>,
+        partitions: usize,
         stop: &watch::Receiver<bool>,
     ) -> Result<(Arc<Freshness>, Vec<Arc<RemoteProgress>>), NodeError> {
         let freshness = Arc::new(Freshness::new(self.store.remote_applied()?));
@@ -360,6 +379,7 @@ impl Opened {
             ));
             remotes.push(progress.clone());
             let merger = Merger {
+                partitions,
                 config: self.config.clone(),
                 hlc: self.hlc.clone(),
                 store: self.store.clone(),

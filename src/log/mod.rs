@@ -23,9 +23,11 @@ pub const DLQ_CODE_HEADER: &str = "geostate.error.code";
 /// Header holding where the record came from: `topic/partition/offset`.
 pub const DLQ_SOURCE_HEADER: &str = "geostate.source";
 
+mod partitioner;
 mod reader;
 mod transactional;
 
+pub use partitioner::{murmur2, partition_of};
 pub use reader::{Batch, Batching, ConsumerSpec, Reader};
 pub use transactional::{Transactional, TransactionalSpec, TxRecord};
 
@@ -84,6 +86,14 @@ impl LogError {
     }
 }
 
+/// Every producer's settings: the client's, and a key's partition chosen as the Java
+/// producer chooses it ([`partition_of`]), so every writer of a topic agrees.
+fn producer_config(kafka: &KafkaConfig) -> ClientConfig {
+    let mut c = client_config(kafka);
+    c.set("partitioner", "murmur2_random");
+    c
+}
+
 fn client_config(kafka: &KafkaConfig) -> ClientConfig {
     let mut c = ClientConfig::new();
     c.set("bootstrap.servers", &kafka.bootstrap);
@@ -99,7 +109,7 @@ fn idempotent_producer(
     kafka: &KafkaConfig,
     delivery_timeout: Duration,
 ) -> Result<FutureProducer, LogError> {
-    Ok(client_config(kafka)
+    Ok(producer_config(kafka)
         .set("enable.idempotence", "true")
         .set("acks", "all")
         .set("linger.ms", "0")

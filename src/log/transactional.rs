@@ -14,7 +14,7 @@ use std::time::Duration;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
 
-use super::{LogError, client_config};
+use super::{LogError, producer_config};
 use crate::config::KafkaConfig;
 
 /// How long to wait when the producer's queue is full.
@@ -44,7 +44,7 @@ impl TransactionalSpec {
 
     async fn client(&self) -> Result<FutureProducer, LogError> {
         let timeout_ms = self.transaction_timeout.as_millis().to_string();
-        let producer: FutureProducer = client_config(&self.kafka)
+        let producer: FutureProducer = producer_config(&self.kafka)
             .set("transactional.id", &self.transactional_id)
             .set("enable.idempotence", "true")
             .set("acks", "all")

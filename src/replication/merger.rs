@@ -363,8 +363,25 @@ pub async fn merge_and_commit(
     .unwrap_or_else(|e| Err(StoreError::Task(e.to_string())))
 }
 
+/// Why a merger stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum MergeError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(
+        "{topic} has {found} partitions, this region's topics {expected}: every mirrored deltas topic needs the partition count of the region's own topics"
+    )]
+    PartitionCounts {
+        topic: String,
+        found: usize,
+        expected: usize,
+    },
+}
+
 /// The task merging one remote region's deltas.
 pub struct Merger {
+    /// The partition count of this region's topics: the remote topic must have it too.
+    pub partitions: usize,
     pub config: Arc<Config>,
     pub hlc: Arc<Hlc>,
     pub store: Arc<Store>,
@@ -383,11 +400,18 @@ impl Merger {
         &self.progress.remote
     }
 
-    pub async fn run(self, mut stop: watch::Receiver<bool>) -> Result<(), StoreError> {
+    pub async fn run(self, mut stop: watch::Receiver<bool>) -> Result<(), MergeError> {
         let Some(mut reader) = self.subscribe(&mut stop).await? else {
             return Ok(());
         };
         let partitions = reader.partitions().len();
+        if partitions != self.partitions {
+            return Err(MergeError::PartitionCounts {
+                topic: self.remote().topic.clone(),
+                found: partitions,
+                expected: self.partitions,
+            });
+        }
         let batching = Batching {
             max: MAX_BATCH,
             linger: Duration::ZERO,

@@ -56,6 +56,8 @@ pub fn cluster() -> anyhow::Result<Cluster> {
 pub fn producer(bootstrap: &str) -> anyhow::Result<FutureProducer> {
     Ok(ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
+        // the Java producer's partitioner, as the node's own producers use
+        .set("partitioner", "murmur2_random")
         .set("enable.idempotence", "true")
         .set("acks", "all")
         .set("linger.ms", "5")
