@@ -366,7 +366,7 @@ async fn a_node_on_an_empty_disk_comes_back_with_exact_totals_in_both_regions() 
     let kafka = cluster.regions["us-east-1"].kafka.clone();
     let (ta, tb) = (
         Topics::create(&kafka, "wipe-a", 4).await?,
-        Topics::create(&kafka, "wipe-b", 2).await?,
+        Topics::create(&kafka, "wipe-b", 4).await?,
     );
     let (dir_a, dir_b) = (tempfile::tempdir()?, tempfile::tempdir()?);
     let (mut a, mut b) = Node::pair(&kafka, (&ta, &tb), (dir_a.path(), dir_b.path()))?;
