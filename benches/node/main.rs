@@ -102,8 +102,41 @@ async fn run() -> anyhow::Result<()> {
         return Ok(());
     }
 
+    let (datasets, produce_rate) = produce_datasets(&kafka).await?;
+    let (ceilings_json, in_memory) =
+        ceilings_section(&kafka, &datasets, &config, produce_rate).await?;
+    let (ingest_json, headline) = ingest_section(&kafka, &datasets, work.path()).await?;
+    let ratios_json = ratios_section(&headline, &in_memory);
+
+    // 3 and 4
+    let load_rate = (headline[0].1.events_per_second / 4.0).max(1000.0) as u64;
+    let served = latency_and_gets(&kafka, work.path(), load_rate).await?;
+
+    let report = json!({
+        "machine": {"cores": cores, "pinned": pinned, "sut_core": if pinned { Some(SUT_CORE) } else { None }},
+        "produce_events_per_second": produce_rate.round(),
+        "ceilings": ceilings_json,
+        "ingest": ingest_json,
+        "ratios": ratios_json,
+        "latency": served["latency"],
+        "get": served["get"],
+    });
+    std::fs::create_dir_all("bench/results")?;
+    std::fs::write(
+        "bench/results/node.json",
+        serde_json::to_string_pretty(&report)?,
+    )?;
+    Ok(())
+}
+
+/// One dataset's ingest figures: geostate, Kafka Streams at exactly-once and at least
+/// once, Redis (a peer that did not run is `None`).
+type Headline = (String, Rate, Option<Rate>, Option<Rate>, Option<Rate>);
+
+/// The four datasets, each produced once to its own topic; and the produce rate.
+async fn produce_datasets(kafka: &str) -> anyhow::Result<(Vec<Dataset>, f64)> {
     // the datasets, produced once
-    let producer = common::producer(&kafka)?;
+    let producer = common::producer(kafka)?;
     let mut datasets = Vec::new();
     let mut produce = Duration::ZERO;
     for (keys, zipf) in [
@@ -112,7 +145,7 @@ async fn run() -> anyhow::Result<()> {
         (1_000_000, false),
         (1_000_000, true),
     ] {
-        let topic = Topics::create(&kafka, "bench", PARTITIONS).await?;
+        let topic = Topics::create(kafka, "bench", PARTITIONS).await?;
         let data = Dataset::generate(keys, zipf, topic);
         let started = Instant::now();
         common::produce_all(&producer, &data.topic.updates, &data.records).await?;
@@ -121,6 +154,16 @@ async fn run() -> anyhow::Result<()> {
     }
     let produce_rate = (EVENTS * datasets.len()) as f64 / produce.as_secs_f64();
 
+    Ok((datasets, produce_rate))
+}
+
+/// Section 1: raw consume, the CRDT core in memory, consume + apply in memory.
+async fn ceilings_section(
+    kafka: &str,
+    datasets: &[Dataset],
+    config: &Config,
+    produce_rate: f64,
+) -> anyhow::Result<(Vec<Value>, Vec<Rate>)> {
     // 1. ceilings, per dataset
     println!(
         "## Ceilings ({EVENTS} events per dataset, {PARTITIONS} partitions, {:.0} bytes per event)",
@@ -137,8 +180,8 @@ async fn run() -> anyhow::Result<()> {
     println!("|---|---:|---:|---:|");
     let mut ceilings_json = Vec::new();
     let mut in_memory = Vec::new();
-    for data in &datasets {
-        let [raw, core, no_durability] = ceilings(&kafka, data, &config).await?;
+    for data in datasets {
+        let [raw, core, no_durability] = ceilings(kafka, data, config).await?;
         let cell = |r: Rate| format!("{:.0} ({:.0})", r.events_per_second, r.per_cpu_second);
         println!(
             "| {} | {} | {} | {} |",
@@ -157,6 +200,15 @@ async fn run() -> anyhow::Result<()> {
     }
     println!();
 
+    Ok((ceilings_json, in_memory))
+}
+
+/// Section 2: each system over each dataset.
+async fn ingest_section(
+    kafka: &str,
+    datasets: &[Dataset],
+    work: &Path,
+) -> anyhow::Result<(Vec<Value>, Vec<Headline>)> {
     // 2. ingest, each system over each dataset
     let mut ingest_json = Vec::new();
     println!("## Ingest of one pre-loaded topic ({EVENTS} events, {PARTITIONS} partitions)");
@@ -170,13 +222,13 @@ async fn run() -> anyhow::Result<()> {
     );
     println!("|---|---|---:|---:|---:|");
     let mut headline = Vec::new();
-    for data in &datasets {
-        let dir = work.path().join(data.name.replace([' ', ',', '.'], "-"));
+    for data in datasets {
+        let dir = work.join(data.name.replace([' ', ',', '.'], "-"));
         std::fs::create_dir_all(&dir)?;
-        let (ours, deltas_per_event) = geostate(&kafka, data, &dir).await?;
-        let eos = kafka_streams(&kafka, data, "exactly_once_v2", &dir).await?;
-        let alos = kafka_streams(&kafka, data, "at_least_once", &dir).await?;
-        let redis = redis(&kafka, data, &dir).await?;
+        let (ours, deltas_per_event) = geostate(kafka, data, &dir).await?;
+        let eos = kafka_streams(kafka, data, "exactly_once_v2", &dir).await?;
+        let alos = kafka_streams(kafka, data, "at_least_once", &dir).await?;
+        let redis = redis(kafka, data, &dir).await?;
         let mut systems = vec![json!({
             "system": "geostate (exactly-once, RocksDB)",
             "deltas_shipped_per_event": (deltas_per_event * 1000.0).round() / 1000.0,
@@ -218,6 +270,11 @@ async fn run() -> anyhow::Result<()> {
         }));
     }
     println!();
+    Ok((ingest_json, headline))
+}
+
+/// The ratios between the systems and the exactly-once taxes, per dataset.
+fn ratios_section(headline: &[Headline], in_memory: &[Rate]) -> Vec<Value> {
     println!(
         "Ratios and exactly-once taxes (tax = 1 − exactly-once rate ÷ the same work without it):"
     );
@@ -227,7 +284,7 @@ async fn run() -> anyhow::Result<()> {
     );
     println!("|---|---:|---:|---:|---:|---:|");
     let mut ratios_json = Vec::new();
-    for ((name, ours, eos, alos, redis), no_durability) in headline.iter().zip(&in_memory) {
+    for ((name, ours, eos, alos, redis), no_durability) in headline.iter().zip(in_memory) {
         let over = |r: &Option<Rate>| {
             r.map_or("—".into(), |r| {
                 ratio(ours.events_per_second, r.events_per_second)
@@ -261,23 +318,5 @@ async fn run() -> anyhow::Result<()> {
     }
     println!();
 
-    // 3 and 4
-    let load_rate = (headline[0].1.events_per_second / 4.0).max(1000.0) as u64;
-    let served = latency_and_gets(&kafka, work.path(), load_rate).await?;
-
-    let report = json!({
-        "machine": {"cores": cores, "pinned": pinned, "sut_core": if pinned { Some(SUT_CORE) } else { None }},
-        "produce_events_per_second": produce_rate.round(),
-        "ceilings": ceilings_json,
-        "ingest": ingest_json,
-        "ratios": ratios_json,
-        "latency": served["latency"],
-        "get": served["get"],
-    });
-    std::fs::create_dir_all("bench/results")?;
-    std::fs::write(
-        "bench/results/node.json",
-        serde_json::to_string_pretty(&report)?,
-    )?;
-    Ok(())
+    ratios_json
 }
