@@ -7,7 +7,7 @@
 //! answer with ever staler state and report itself healthy; stopped, its health service
 //! is gone and whatever runs it (systemd, Kubernetes, `cluster.py up`) starts it again.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::fmt::Display;
 use std::future::Future;
 
@@ -33,8 +33,8 @@ pub enum OnStop {
 pub struct Tasks {
     tasks: JoinSet<Result<(), String>>,
     names: HashMap<Id, String>,
-    aborted_on_stop: Vec<AbortHandle>,
-    abort_ids: HashSet<Id>,
+    /// The `OnStop::Abort` tasks.
+    aborted_on_stop: HashMap<Id, AbortHandle>,
 }
 
 impl Tasks {
@@ -50,8 +50,7 @@ impl Tasks {
             .spawn(async move { task.await.map_err(|e| e.to_string()) });
         self.names.insert(handle.id(), name.into());
         if on_stop == OnStop::Abort {
-            self.abort_ids.insert(handle.id());
-            self.aborted_on_stop.push(handle);
+            self.aborted_on_stop.insert(handle.id(), handle);
         }
     }
 
@@ -60,7 +59,7 @@ impl Tasks {
         let (id, outcome) = match self.tasks.join_next_with_id().await? {
             Ok((id, outcome)) => (id, outcome),
             Err(e) if e.is_panic() => (e.id(), Err("panicked".into())),
-            Err(e) if self.abort_ids.contains(&e.id()) => (e.id(), Ok(())),
+            Err(e) if self.aborted_on_stop.contains_key(&e.id()) => (e.id(), Ok(())),
             Err(e) => (e.id(), Err("was cancelled".into())),
         };
         Some((self.names.remove(&id).unwrap_or_default(), outcome))
@@ -76,7 +75,7 @@ impl Tasks {
     /// After the stop signal was sent: aborts the `Abort` tasks, waits for the rest, and
     /// returns the first failure among them (each is logged).
     pub async fn finish(mut self) -> Result<(), String> {
-        for handle in &self.aborted_on_stop {
+        for handle in self.aborted_on_stop.values() {
             handle.abort();
         }
         let mut first = Ok(());

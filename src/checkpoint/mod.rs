@@ -224,7 +224,7 @@ impl Checkpointer {
             unix_ms,
             duration: started.elapsed(),
             files: manifest.files.len(),
-            bytes_total: upload.bytes_total,
+            bytes_total: upload.bytes_total(),
             bytes_uploaded: upload.bytes_uploaded(),
         })
     }

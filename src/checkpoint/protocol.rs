@@ -64,10 +64,13 @@ pub struct Upload {
     pub files: Vec<FileRef>,
     /// The files to upload now: every non-SST file, and SSTs not uploaded before.
     pub upload: Vec<FileRef>,
-    pub bytes_total: u64,
 }
 
 impl Upload {
+    pub fn bytes_total(&self) -> u64 {
+        self.files.iter().map(|f| f.bytes).sum()
+    }
+
     pub fn bytes_uploaded(&self) -> u64 {
         self.upload.iter().map(|f| f.bytes).sum()
     }
@@ -99,11 +102,7 @@ pub fn plan_upload(
         .filter(|f| !is_sst(&f.name) || !uploaded.contains(&f.object))
         .cloned()
         .collect();
-    Upload {
-        bytes_total: files.iter().map(|f| f.bytes).sum(),
-        files,
-        upload,
-    }
+    Upload { files, upload }
 }
 
 /// Which manifests retention deletes (all but the newest `keep`) and which it keeps.
@@ -183,7 +182,7 @@ mod tests {
                 "files/17/MANIFEST-000005"
             ]
         );
-        assert_eq!(plan.bytes_total, 366);
+        assert_eq!(plan.bytes_total(), 366);
         assert_eq!(plan.bytes_uploaded(), 266);
         // an SST of the same name from another incarnation is a different object
         let other = plan_upload("18", 4, [("000012.sst".to_string(), 100)], &uploaded);

@@ -313,23 +313,17 @@ impl Leases {
             duration_ms,
             take_back: self.config.take_back,
         };
-        let handed_off = self
-            .handed_off
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
-        let shards = self.config.all_shards().map(|shard| ShardView {
-            shard,
-            home: self.config.home_of(shard),
-            lease: self.view.lease(shard),
-            handed_off: handed_off.contains_key(&shard),
-        });
-        let commands = plan::round(
-            &policy,
-            shards,
-            self.wall_ms(),
-            running_for.as_millis() as u64,
-        );
+        let commands = {
+            let handed_off = self.handed_off.lock().unwrap_or_else(|p| p.into_inner());
+            let shards = self.config.all_shards().map(|shard| ShardView {
+                shard,
+                home: self.config.home_of(shard),
+                lease: self.view.lease(shard),
+                handed_off: handed_off.contains_key(&shard),
+            });
+            let running_for_ms = running_for.as_millis() as u64;
+            plan::round(&policy, shards, self.wall_ms(), running_for_ms)
+        };
         for command in &commands {
             if let Command::Transfer {
                 shard, to, epoch, ..
