@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The benchmarks (README: `make bench`): installs what is missing (the cluster's parts and
+# The benchmarks (docs/benchmarks.md: `make bench`): installs what is missing (the cluster's parts and
 # the peers: Kafka Streams, Redis, matplotlib), builds in release mode, starts a private
 # local cluster whose nodes run the release build, runs every benchmark against it, writes
 # the report to bench/results/latest.md, latest.json and latest.png, and stops the cluster.
