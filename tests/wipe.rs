@@ -131,6 +131,7 @@ async fn an_acknowledged_owned_write_survives_its_holders_disk_loss() -> anyhow:
         cluster_script(&["up", "--no-build"])
     }));
     let mut waited = 0;
+    let mut refusal;
     loop {
         match home.state.get(at_holder(&key)).await {
             Ok(v) => {
@@ -142,7 +143,10 @@ async fn an_acknowledged_owned_write_survives_its_holders_disk_loss() -> anyhow:
                 );
                 break;
             }
-            Err(s) if s.code() == Code::Unavailable => waited += 1,
+            Err(s) if s.code() == Code::Unavailable => {
+                waited += 1;
+                refusal = s.message().to_string();
+            }
             Err(s) => bail!("a leaseholder read at the new holder answered {s}"),
         }
         if let Some(done) = restart.take_if(|r| r.is_finished()) {
@@ -156,7 +160,7 @@ async fn an_acknowledged_owned_write_survives_its_holders_disk_loss() -> anyhow:
         }
         ensure!(
             started.elapsed() < Duration::from_secs(180),
-            "the new holder did not serve {key} within 180 s of the restart"
+            "the new holder did not serve {key} within 180 s of the restart; it last said: {refusal}"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

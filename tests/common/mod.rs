@@ -45,11 +45,22 @@ pub fn set_args(set: &[String]) -> Vec<String> {
 }
 
 pub fn cluster() -> anyhow::Result<Cluster> {
-    let path = std::env::var_os("GEOSTATE_CLUSTER")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo_file("regions/local/run/cluster.json"));
-    geostate_jepsen::control::read_cluster(&path)
+    geostate_jepsen::control::read_cluster(&cluster_json())
         .context("no cluster: run `make test` (or `make up` first)")
+}
+
+fn cluster_json() -> PathBuf {
+    std::env::var_os("GEOSTATE_CLUSTER")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_file("regions/local/run/cluster.json"))
+}
+
+/// The cluster's run folder (its `cluster.json`, `logs/`, data).
+pub fn run_dir() -> anyhow::Result<PathBuf> {
+    Ok(cluster_json()
+        .parent()
+        .context("cluster.json has no folder")?
+        .to_path_buf())
 }
 
 /// An idempotent producer for feeding topics in tests.
@@ -150,16 +161,10 @@ pub fn cluster_script(args: &[&str]) -> anyhow::Result<String> {
 
 /// [`cluster_script`] with extra environment variables.
 pub fn cluster_script_env(args: &[&str], env: &[(&str, &str)]) -> anyhow::Result<String> {
-    let cluster_json = std::env::var_os("GEOSTATE_CLUSTER")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo_file("regions/local/run/cluster.json"));
-    let run_dir = cluster_json
-        .parent()
-        .context("cluster.json has no folder")?;
     let out = Command::new("python3")
         .arg(repo_file("regions/local/cluster.py"))
         .args(args)
-        .env("GEOSTATE_RUN_DIR", run_dir)
+        .env("GEOSTATE_RUN_DIR", run_dir()?)
         .envs(env.iter().copied())
         .output()?;
     if !out.status.success() {

@@ -54,7 +54,7 @@ impl Unwritable {
 }
 
 /// The topic's `max.message.bytes` as a broker describes it.
-async fn max_bytes(bootstrap: &str, topic: &str) -> anyhow::Result<Option<String>> {
+pub async fn max_bytes(bootstrap: &str, topic: &str) -> anyhow::Result<Option<String>> {
     let described = admin(bootstrap)?
         .describe_configs(&[ResourceSpecifier::Topic(topic)], &AdminOptions::new())
         .await?;
@@ -92,7 +92,7 @@ impl Drop for Unwritable {
 }
 
 const MAX_BYTES: &str = "max.message.bytes";
-const LIMIT: &str = "90";
+pub const LIMIT: &str = "90";
 
 fn admin(bootstrap: &str) -> anyhow::Result<AdminClient<DefaultClientContext>> {
     Ok(ClientConfig::new()

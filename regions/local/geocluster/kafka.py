@@ -97,6 +97,16 @@ def mm2_properties(regions: dict) -> str:
         "refresh.topics.interval.seconds = 5",
         "refresh.groups.interval.seconds = 30",
         "sync.topic.configs.interval.seconds = 30",
+        # Kafka's default list plus max.message.bytes: a mirror must take every record its
+        # source took. A source limit lowered for a moment, copied by the sync, fails the
+        # mirror's writes with RecordTooLarge, and that kills the MirrorSourceConnector task
+        # for good ("will not recover until manually restarted"): a flow stops replicating.
+        "config.properties.exclude = " + ", ".join([
+            r"follower\.replication\.throttled\.replicas",
+            r"leader\.replication\.throttled\.replicas",
+            r"message\.timestamp\.difference\.max\.ms", r"message\.timestamp\.type",
+            r"unclean\.leader\.election\.enable", r"min\.insync\.replicas",
+            r"max\.message\.bytes"]),
         "offset.flush.interval.ms = 1000",
     ]
     for alias, r in regions.items():
