@@ -334,7 +334,7 @@ fn write_corpus() {
         updates_topic: "geostate.updates".into(),
         updates_offsets: [(0, 41), (3, 7)].into(),
         hlc_high_water: HlcTimestamp::new(1_700_000_000_000_000_000, 4),
-        fences: [(5, 9)].into(),
+        fences: [((5, 0), 9)].into(),
     };
     write("resume-point", "0.pb", &resume.encode());
     let beat = Heartbeat {

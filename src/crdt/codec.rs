@@ -72,9 +72,10 @@ pub struct ResumePoint {
     /// Last applied offset per partition of `updates_topic`.
     pub updates_offsets: std::collections::BTreeMap<i32, i64>,
     pub hlc_high_water: HlcTimestamp,
-    /// Per owned shard, the highest lease epoch the region's own records applied up to
-    /// `updates_offsets` (the fence its later records are judged by).
-    pub fences: std::collections::BTreeMap<u32, u64>,
+    /// Per owned shard and updates partition, the highest lease epoch the region's own
+    /// records on that partition applied up to `updates_offsets` (the fence its later
+    /// records there are judged by).
+    pub fences: std::collections::BTreeMap<(u32, i32), u64>,
 }
 
 /// The record key of resume points on a deltas topic; no state key starts with NUL.
@@ -88,7 +89,15 @@ impl ResumePoint {
             updates_topic: self.updates_topic.clone(),
             updates_offsets: self.updates_offsets.iter().map(|(&p, &o)| (p, o)).collect(),
             hlc_high_water: Some(hlc_to_pb(self.hlc_high_water)),
-            fences: self.fences.iter().map(|(&s, &e)| (s, e)).collect(),
+            fences: self
+                .fences
+                .iter()
+                .map(|(&(shard, partition), &epoch)| pb::Fence {
+                    shard,
+                    partition,
+                    epoch,
+                })
+                .collect(),
         }
         .encode_to_vec()
     }
@@ -106,7 +115,11 @@ impl ResumePoint {
             hlc_high_water: hlc_from_pb(raw.hlc_high_water.ok_or(DecodeError::Missing {
                 field: "hlc_high_water",
             })?),
-            fences: raw.fences.into_iter().collect(),
+            fences: raw
+                .fences
+                .into_iter()
+                .map(|f| ((f.shard, f.partition), f.epoch))
+                .collect(),
         })
     }
 }

@@ -135,44 +135,56 @@ pub fn owned_shard(lease: Option<&LeaseConfig>, key: &str) -> ShardId {
     lease.map_or(0, |l| l.shard_of_key(key))
 }
 
-/// The fence of owned keys: per shard, the highest lease epoch this region's own records
-/// applied, read from the source on first use and raised by every admitted record. An
-/// owned record below it is refused: its region had moved on to a later lease.
+/// The fence of owned keys: per shard and partition of the updates topic, the highest lease
+/// epoch this region's own records on that partition applied, read from the source on
+/// first use and raised by every admitted record. An owned record below its partition's
+/// fence is refused: its region had moved on to a later lease.
 ///
-/// Merged deltas never raise it. The fence a record is judged by is then a function of the
-/// updates log alone (and of the stored fence it was replayed from: a checkpoint copy or a
-/// resume point, each taken at the offsets it resumes from), so a node that lost its disk
-/// and replays the log decides every record as the lost node did: none it acknowledged
-/// is refused, none it refused is applied. A record of a lease that ended is still refused
-/// its acknowledgement (`api`: the holder checks its lease after the apply), and its value
-/// loses, key by key, to any write of a later epoch.
+/// Merged deltas never raise it, and no partition's records raise another's. The fence a
+/// record is judged by is then a function of its partition's log alone (and of the stored
+/// fence it was replayed from: a checkpoint copy or a resume point, each taken at the
+/// offsets it resumes from), whatever order the partitions' records interleave in, so a
+/// node that lost its disk and replays the log decides every record as the lost node did:
+/// none it acknowledged is refused, none it refused is applied. A key's owned records come
+/// through a holder's API, which puts them all on the key's one partition, so they fence
+/// each other as with one fence per shard.
+/// A record of a lease that ended is still refused its acknowledgement (`api`: the holder
+/// checks its lease after the apply), and its value loses, key by key, to any write of a
+/// later epoch.
 #[derive(Debug, Default)]
-pub struct Fences(pub BTreeMap<ShardId, u64>);
+pub struct Fences(pub BTreeMap<(ShardId, i32), u64>);
 
 impl Fences {
-    /// The highest epoch applied for `shard`, read from `source` on first use.
-    fn highest<S: StateSource>(&mut self, source: &S, shard: ShardId) -> Result<u64, S::Error> {
-        if let Some(&h) = self.0.get(&shard) {
+    /// The highest epoch applied for `shard` on `partition`, read from `source` on first
+    /// use.
+    fn highest<S: StateSource>(
+        &mut self,
+        source: &S,
+        shard: ShardId,
+        partition: i32,
+    ) -> Result<u64, S::Error> {
+        if let Some(&h) = self.0.get(&(shard, partition)) {
             return Ok(h);
         }
-        let h = source.fence(shard)?;
-        self.0.insert(shard, h);
+        let h = source.fence(shard, partition)?;
+        self.0.insert((shard, partition), h);
         Ok(h)
     }
 
-    /// Admits a record of `shard` at `epoch` (raising the fence), or answers the higher
-    /// epoch already applied.
+    /// Admits a record of `shard` on `partition` at `epoch` (raising the fence), or answers
+    /// the higher epoch already applied there.
     pub fn admit<S: StateSource>(
         &mut self,
         source: &S,
         shard: ShardId,
+        partition: i32,
         epoch: u64,
     ) -> Result<Result<(), u64>, S::Error> {
-        let highest = self.highest(source, shard)?;
+        let highest = self.highest(source, shard, partition)?;
         if epoch < highest {
             return Ok(Err(highest));
         }
-        self.0.insert(shard, epoch);
+        self.0.insert((shard, partition), epoch);
         Ok(Ok(()))
     }
 }
@@ -203,9 +215,9 @@ pub trait StateSource {
     fn state(&self, key: &str) -> Result<Option<CrdtValue>, Self::Error>;
     /// The idempotency ids most recently applied to `key`, oldest first.
     fn recent_ids(&self, key: &str) -> Result<VecDeque<String>, Self::Error>;
-    /// The fence of an owned shard: the highest lease epoch its own records applied (0:
-    /// none).
-    fn fence(&self, _shard: ShardId) -> Result<u64, Self::Error> {
+    /// The fence of an owned shard on an updates partition: the highest lease epoch its
+    /// own records there applied (0: none).
+    fn fence(&self, _shard: ShardId, _partition: i32) -> Result<u64, Self::Error> {
         Ok(0)
     }
 }
@@ -319,7 +331,7 @@ pub fn apply_batch<S: StateSource>(
             continue;
         };
         if let Some((shard, epoch)) = owned
-            && let Err(highest) = out.fences.admit(source, shard, epoch)?
+            && let Err(highest) = out.fences.admit(source, shard, record.partition, epoch)?
         {
             let key = update.key.clone();
             let why = Rejection::Fenced {
@@ -625,7 +637,7 @@ mod tests {
         assert_eq!(left, [(0, 2), (1, 7), (0, 3)]);
         assert_eq!(out.offsets, BTreeMap::from([(0, 1)]));
         assert_eq!(out.applied, 1);
-        assert_eq!(out.fences.0.get(&shard), Some(&3));
+        assert_eq!(out.fences.0.get(&(shard, 0)), Some(&3));
 
         // the lease group answers epoch 4: the record named one never granted
         grants.read.insert(shard, 4);
@@ -641,7 +653,7 @@ mod tests {
         assert_eq!(codes, [(2, "epoch_not_granted")]);
         assert_eq!(out.offsets, BTreeMap::from([(0, 3), (1, 7)]));
         // the fence did not rise to the forged epoch: the next record at epoch 3 applied
-        assert_eq!(out.fences.0.get(&shard), Some(&3));
+        assert_eq!(out.fences.0.get(&(shard, 0)), Some(&3));
         let CrdtValue::LwwRegister(r) = &out.states["surge/a"] else {
             panic!("a register")
         };
@@ -654,7 +666,7 @@ mod tests {
             Some(&grants),
         );
         assert!(out.rejected.is_empty() && out.pending.is_none());
-        assert_eq!(out.fences.0.get(&shard), Some(&4));
+        assert_eq!(out.fences.0.get(&(shard, 0)), Some(&4));
     }
 
     /// A source whose owned shards already applied epoch 5.
@@ -667,7 +679,7 @@ mod tests {
         fn recent_ids(&self, _key: &str) -> Result<VecDeque<String>, Self::Error> {
             Ok(VecDeque::new())
         }
-        fn fence(&self, _shard: ShardId) -> Result<u64, Self::Error> {
+        fn fence(&self, _shard: ShardId, _partition: i32) -> Result<u64, Self::Error> {
             Ok(5)
         }
     }
@@ -749,7 +761,41 @@ mod tests {
         // the delta carries the epoch; the fence of the shard rose to it
         assert_eq!(out.outbox[0].epoch, 6);
         let shard = owned_shard(c.lease.as_ref(), "surge/a");
-        assert_eq!(out.fences.0[&shard], 6);
+        assert_eq!(out.fences.0[&(shard, 0)], 6);
+    }
+
+    /// Two keys of one shard on two partitions: a later epoch applied on one partition
+    /// does not fence the other's older one, so each record is decided the same whichever
+    /// order the partitions' records interleave in (a node replaying the log after a disk
+    /// loss decides as the lost node did).
+    #[test]
+    fn a_records_fence_depends_on_its_own_partition_only() {
+        let c = config();
+        let lease = c.lease.as_ref();
+        let a = "surge/a";
+        let shard = owned_shard(lease, a);
+        let b = (0..)
+            .map(|i| format!("surge/b{i}"))
+            .find(|k| owned_shard(lease, k) == shard)
+            .unwrap();
+        let newer = record(1, 1, &format!(r#"{{"key":"{b}","set":"n","epoch":7}}"#));
+        let older = record(0, 1, &format!(r#"{{"key":"{a}","set":"o","epoch":6}}"#));
+        for records in [
+            vec![newer.clone(), older.clone()],
+            vec![older.clone(), newer.clone()],
+        ] {
+            let out = run(records, &BTreeMap::new());
+            assert!(out.rejected.is_empty(), "{:?}", out.rejected);
+            assert_eq!(
+                out.fences.0,
+                BTreeMap::from([((shard, 0), 6), ((shard, 1), 7)])
+            );
+        }
+        // on its own partition the later epoch fences the older one
+        let late = record(1, 2, &format!(r#"{{"key":"{b}","set":"l","epoch":6}}"#));
+        let out = run(vec![newer, late], &BTreeMap::new());
+        let codes: Vec<_> = out.rejected.iter().map(|(_, why)| why.code()).collect();
+        assert_eq!(codes, ["fenced"]);
     }
 
     #[test]

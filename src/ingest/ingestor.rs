@@ -517,8 +517,8 @@ impl StateSource for Store {
     fn recent_ids(&self, key: &str) -> Result<VecDeque<String>, StoreError> {
         Store::recent_ids(self, key)
     }
-    fn fence(&self, shard: u32) -> Result<u64, StoreError> {
-        Store::fence(self, shard)
+    fn fence(&self, shard: u32, partition: i32) -> Result<u64, StoreError> {
+        Store::fence(self, shard, partition)
     }
 }
 

@@ -181,8 +181,8 @@ async fn resume_after(
     tokio::task::spawn_blocking(move || {
         // the records after the resume point are judged by the fence as of it
         let mut fences = store.fences()?;
-        for (&shard, &epoch) in &resume.fences {
-            let fence = fences.entry(shard).or_default();
+        for (&id, &epoch) in &resume.fences {
+            let fence = fences.entry(id).or_default();
             *fence = (*fence).max(epoch);
         }
         store.commit(&Commit {

@@ -10,7 +10,8 @@
 //!  meta           "incarnation" | "hlc"        u32 BE | wall_nanos u64 BE, logical u32 BE
 //!                 "remote/<region>"            newest origin HLC merged from that region
 //!                 "restored-from"              the checkpoint or savepoint restored
-//!                 "fence/<shard u32 BE>"       highest lease epoch applied (u64 BE)
+//!                 "fence/<shard u32 BE><partition i32 BE>"
+//!                                              highest lease epoch applied (u64 BE)
 //!  offsets ids: the updates topic; "remote/<region>/<topic>" per remote (merged);
 //!               "bootstrap/": the own deltas topic position a restored node read to
 //! ```
@@ -46,7 +47,8 @@ const BOOTSTRAP_OFFSETS: &str = "bootstrap/";
 const META_HLC: &[u8] = b"hlc";
 /// `remote/<region>`: the newest origin time merged from that region.
 const META_REMOTE: &str = "remote/";
-/// `fence/<shard u32 BE>` → the highest lease epoch applied for an owned shard (u64 BE).
+/// `fence/<shard u32 BE><partition i32 BE>` → the highest lease epoch the region's own
+/// records on that updates partition applied for an owned shard (u64 BE).
 const META_FENCE: &str = "fence/";
 
 #[derive(Debug, thiserror::Error)]
@@ -77,8 +79,9 @@ pub struct Commit<'a> {
     /// For a batch of merged remote deltas: the remote region and the newest origin time
     /// applied from it.
     pub remote_applied: Option<(&'a RegionId, HlcTimestamp)>,
-    /// Owned shards' fences (highest lease epoch applied), written with the states.
-    pub fences: &'a BTreeMap<u32, u64>,
+    /// Owned shards' fences per updates partition (highest lease epoch applied), written
+    /// with the states.
+    pub fences: &'a BTreeMap<(u32, i32), u64>,
 }
 
 /// In-memory mirror of the outbox column family.
@@ -105,8 +108,8 @@ pub struct OutboxSnapshot {
     pub entries: Vec<OutboxEntry>,
     pub offsets: BTreeMap<i32, i64>,
     pub hlc_high_water: Option<HlcTimestamp>,
-    /// Every owned shard's fence as of `offsets`.
-    pub fences: BTreeMap<u32, u64>,
+    /// Every fence (owned shard, updates partition) as of `offsets`.
+    pub fences: BTreeMap<(u32, i32), u64>,
 }
 
 pub struct Store {
@@ -343,10 +346,13 @@ impl Store {
             .transpose()
     }
 
-    /// The highest lease epoch this region's own records applied for an owned shard (0:
-    /// none yet): the fence its next records are judged by.
-    pub fn fence(&self, shard: u32) -> Result<u64, StoreError> {
-        match self.db.get_cf(self.cf(CF_META), fence_key(shard))? {
+    /// The highest lease epoch this region's own records on an updates partition applied
+    /// for an owned shard (0: none yet): the fence its next records there are judged by.
+    pub fn fence(&self, shard: u32, partition: i32) -> Result<u64, StoreError> {
+        match self
+            .db
+            .get_cf(self.cf(CF_META), fence_key(shard, partition))?
+        {
             None => Ok(0),
             Some(v) => Ok(u64::from_be_bytes(
                 v.as_slice()
@@ -356,12 +362,12 @@ impl Store {
         }
     }
 
-    /// Every owned shard's fence.
-    pub fn fences(&self) -> Result<BTreeMap<u32, u64>, StoreError> {
+    /// Every fence, by owned shard and updates partition.
+    pub fn fences(&self) -> Result<BTreeMap<(u32, i32), u64>, StoreError> {
         self.fences_with(ReadOptions::default())
     }
 
-    fn fences_with(&self, read: ReadOptions) -> Result<BTreeMap<u32, u64>, StoreError> {
+    fn fences_with(&self, read: ReadOptions) -> Result<BTreeMap<(u32, i32), u64>, StoreError> {
         let mut out = BTreeMap::new();
         let iter = self.db.iterator_cf_opt(
             self.cf(CF_META),
@@ -370,12 +376,19 @@ impl Store {
         );
         for item in iter {
             let (k, v) = item?;
-            let Some(shard) = k.strip_prefix(META_FENCE.as_bytes()) else {
+            let Some(id) = k.strip_prefix(META_FENCE.as_bytes()) else {
                 break;
             };
             let bad = |_| StoreError::BadLength { what: "fence" };
+            let (shard, partition) = id
+                .split_at_checked(4)
+                .ok_or(StoreError::BadLength { what: "fence" })?;
             let shard = u32::from_be_bytes(shard.try_into().map_err(bad)?);
-            out.insert(shard, u64::from_be_bytes(v[..].try_into().map_err(bad)?));
+            let partition = i32::from_be_bytes(partition.try_into().map_err(bad)?);
+            out.insert(
+                (shard, partition),
+                u64::from_be_bytes(v[..].try_into().map_err(bad)?),
+            );
         }
         Ok(out)
     }
@@ -570,8 +583,12 @@ impl Store {
             META_HLC,
             encode_hlc(commit.hlc_high_water),
         );
-        for (shard, epoch) in commit.fences {
-            batch.put_cf(self.cf(CF_META), fence_key(*shard), epoch.to_be_bytes());
+        for (&(shard, partition), epoch) in commit.fences {
+            batch.put_cf(
+                self.cf(CF_META),
+                fence_key(shard, partition),
+                epoch.to_be_bytes(),
+            );
         }
         if let Some((region, newest)) = commit.remote_applied {
             let key = format!("{META_REMOTE}{region}");
@@ -588,9 +605,10 @@ impl Store {
     }
 }
 
-fn fence_key(shard: u32) -> Vec<u8> {
+fn fence_key(shard: u32, partition: i32) -> Vec<u8> {
     let mut k = META_FENCE.as_bytes().to_vec();
     k.extend_from_slice(&shard.to_be_bytes());
+    k.extend_from_slice(&partition.to_be_bytes());
     k
 }
 
@@ -661,13 +679,17 @@ mod tests {
                         &RegionId::new("eu-west-1").unwrap(),
                         HlcTimestamp::new(7, 0),
                     )),
-                    fences: &BTreeMap::from([(5, 3)]),
+                    fences: &BTreeMap::from([((5, 1), 3)]),
                 })
                 .unwrap();
         }
         let store = Store::open(dir.path()).unwrap();
         assert_eq!(store.incarnation().unwrap(), Some(7));
-        assert_eq!((store.fence(5).unwrap(), store.fence(6).unwrap()), (3, 0));
+        assert_eq!(
+            (store.fence(5, 1).unwrap(), store.fence(5, 0).unwrap()),
+            (3, 0)
+        );
+        assert_eq!(store.fences().unwrap(), BTreeMap::from([((5, 1), 3)]));
         assert_eq!(store.get("requests/a").unwrap(), Some(counter(3)));
         assert_eq!(store.get("requests/zzz").unwrap(), None);
         assert_eq!(
