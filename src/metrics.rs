@@ -13,6 +13,9 @@ use tokio::net::TcpListener;
 pub const EVENTS_APPLIED: &str = "geostate_events_applied_total";
 /// Records skipped because their idempotency id was already applied (counter).
 pub const EVENTS_DUPLICATE: &str = "geostate_events_duplicate_total";
+/// Records on another partition than their key's (their producer does
+/// not partition like the Java client) (counter).
+pub const EVENTS_MISROUTED: &str = "geostate_events_misrouted_total";
 /// Records sent to the dead-letter topic, label `reason` (counter).
 pub const EVENTS_DEAD_LETTERED: &str = "geostate_events_dead_lettered_total";
 /// Refused records the dead-letter topic itself refused (logged with their source

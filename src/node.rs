@@ -434,6 +434,7 @@ impl Opened {
             replay_to,
             leases: leases.clone(),
             grants: Default::default(),
+            partitions: i32::try_from(partitions.len()).unwrap_or(i32::MAX),
         };
         // A node that rebuilt itself replays its updates topic only once it holds every
         // remote delta the lost node could have seen: a compare-and-set replayed on less

@@ -220,6 +220,53 @@ async fn bad_records_are_dead_lettered_and_the_partition_keeps_flowing() -> anyh
     Ok(())
 }
 
+/// A record produced to another partition than its key's (a producer that does not
+/// partition like the Java client) is applied, counted and named: a region on several
+/// nodes places state by partition, and the operator must see such a producer first.
+#[tokio::test]
+async fn a_record_off_its_keys_partition_is_applied_and_counted() -> anyhow::Result<()> {
+    const PARTITIONS: i32 = 4;
+    let cluster = cluster()?;
+    let kafka = cluster.regions["us-east-1"].kafka.clone();
+    let topics = Topics::create(&kafka, "misrouted", PARTITIONS).await?;
+    let dir = tempfile::tempdir()?;
+    let mut node = Node::configure(dir.path(), &kafka, &topics)?;
+    node.start().await?;
+    let key = format!("requests/{}", common::unique("misrouted"));
+    let home = geostate::log::partition_of(key.as_bytes(), PARTITIONS);
+    for partition in [home, (home + 1) % PARTITIONS] {
+        producer(&kafka)?
+            .send(
+                FutureRecord::to(&topics.updates)
+                    .key(&key)
+                    .partition(partition)
+                    .payload(&format!(r#"{{"key":"{key}","add":1}}"#)),
+                Duration::from_secs(10),
+            )
+            .await
+            .map_err(|(e, _)| e)?;
+    }
+    node.caught_up(Duration::from_secs(30)).await?;
+    let value = node
+        .state()
+        .await?
+        .get(pb::GetRequest {
+            key: key.clone(),
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    assert_eq!(counter(&value), 2, "both records are applied");
+    let metrics = common::http_get(&node.metrics, "/metrics")?;
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l == "geostate_events_misrouted_total 1"),
+        "{metrics}"
+    );
+    Ok(())
+}
+
 /// `Update` answers after the node applied the write; `Get` reads it; `Watch` sees it;
 /// mistakes get clear statuses; SIGTERM stops the node cleanly with a stream open.
 #[tokio::test]

@@ -42,6 +42,7 @@ pub(crate) fn apply_in_memory(
         lease: None,
         max_clock_offset: config.max_clock_offset,
         grants: None,
+        partitions: None,
     };
     let applied = apply_batch(records, state, &ctx).unwrap_or_else(|e| match e {});
     state.extend(applied.states);

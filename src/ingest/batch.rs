@@ -18,6 +18,7 @@ use crate::crdt::{
 };
 use crate::lease::table::ShardId;
 pub use crate::log::Record;
+use crate::log::partition_of;
 
 /// What a batch changes; written atomically by the store.
 #[derive(Debug, Default)]
@@ -38,6 +39,11 @@ pub struct Applied {
     pub duplicates: usize,
     /// The owned shards' fences after the batch.
     pub fences: Fences,
+    /// Records whose key hashes ([`partition_of`]) to another partition than the one they
+    /// are on (their producer does not partition like the Java client), and the first of
+    /// them: (key, the partition it was on, the key's partition).
+    pub misrouted: usize,
+    pub first_misrouted: Option<(String, i32, i32)>,
     /// The batch stopped at a record whose epoch [`Grants`] can neither admit nor refuse:
     /// that record and every one after it, not applied, to apply once the lease group
     /// was asked.
@@ -104,6 +110,9 @@ pub struct BatchContext<'a> {
     pub max_clock_offset: Duration,
     /// The epochs granted, where a lease group grants them (`None`: not checked).
     pub grants: Option<&'a Grants>,
+    /// The updates topic's partition count, to find records off their key's partition
+    /// (`None`: not checked).
+    pub partitions: Option<i32>,
 }
 
 /// A record that brings its own order stamp (the gRPC API stamps registers before it
@@ -317,6 +326,14 @@ pub fn apply_batch<S: StateSource>(
                     out.ask(before, shard, epoch, std::iter::once(record).chain(records));
                     break;
                 }
+            }
+        }
+        if let Some(n) = ctx.partitions {
+            let home = partition_of(update.key.as_bytes(), n);
+            if home != record.partition {
+                out.misrouted += 1;
+                out.first_misrouted
+                    .get_or_insert_with(|| (update.key.clone(), record.partition, home));
             }
         }
         if !work.contains_key(&update.key) {
@@ -599,6 +616,7 @@ mod tests {
             lease: c.lease.as_ref(),
             max_clock_offset: c.max_clock_offset,
             grants,
+            partitions: Some(2),
         };
         apply_batch(records, stored, &ctx).unwrap()
     }
@@ -796,6 +814,27 @@ mod tests {
         let out = run(vec![newer, late], &BTreeMap::new());
         let codes: Vec<_> = out.rejected.iter().map(|(_, why)| why.code()).collect();
         assert_eq!(codes, ["fenced"]);
+    }
+
+    /// A record is on its key's partition when its producer partitions like the Java
+    /// client (murmur2); one that is not is applied, and counted, with the first named.
+    #[test]
+    fn records_off_their_keys_partition_are_counted() {
+        let keys = ["requests/a", "requests/b", "requests/c", "requests/d"];
+        let records: Vec<Record> = keys
+            .iter()
+            .zip(1..)
+            .map(|(k, offset)| record(0, offset, &format!(r#"{{"key":"{k}","add":1}}"#)))
+            .collect();
+        let off: Vec<&str> = keys
+            .iter()
+            .copied()
+            .filter(|k| partition_of(k.as_bytes(), 2) != 0)
+            .collect();
+        assert!(!off.is_empty() && off.len() < keys.len(), "{off:?}");
+        let out = run(records, &BTreeMap::new());
+        assert_eq!((out.applied, out.misrouted), (keys.len(), off.len()));
+        assert_eq!(out.first_misrouted, Some((off[0].to_string(), 0, 1)));
     }
 
     #[test]

@@ -183,6 +183,8 @@ pub struct Ingestor {
     pub leases: Option<Arc<Leases>>,
     /// What is known of the epochs granted (kept: an epoch once granted stays granted).
     pub grants: Grants,
+    /// The updates topic's partition count.
+    pub partitions: i32,
 }
 
 impl Ingestor {
@@ -352,6 +354,7 @@ impl Ingestor {
         let origin_time = self.hlc.now();
         let (store, config, actor) = (self.store.clone(), self.config.clone(), self.actor.clone());
         let grants = self.leases.as_ref().map(|_| self.grants.clone());
+        let partitions = self.partitions;
         let mut applied: Applied = tokio::task::spawn_blocking(move || {
             let ctx = BatchContext {
                 actor: &actor,
@@ -362,6 +365,7 @@ impl Ingestor {
                 lease: config.lease.as_ref(),
                 max_clock_offset: config.max_clock_offset,
                 grants: grants.as_ref(),
+                partitions: Some(partitions),
             };
             apply_batch(records, store.as_ref(), &ctx)
         })
@@ -394,6 +398,16 @@ impl Ingestor {
         }
         metrics::counter!(m::EVENTS_APPLIED).increment(applied.applied as u64);
         metrics::counter!(m::EVENTS_DUPLICATE).increment(applied.duplicates as u64);
+        if let Some((key, on, home)) = &applied.first_misrouted {
+            metrics::counter!(m::EVENTS_MISROUTED).increment(applied.misrouted as u64);
+            tracing::warn!(
+                records = applied.misrouted,
+                key,
+                on,
+                home,
+                "records off their key's partition: their producer does not partition keys like the Java client (set librdkafka's partitioner to murmur2_random); a region on several nodes needs every key on its own partition"
+            );
+        }
         metrics::histogram!(m::BATCH_APPLY_SECONDS).record(started.elapsed().as_secs_f64());
         metrics::histogram!(m::BATCH_EVENTS).record(events as f64);
         self.shared
