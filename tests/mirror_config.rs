@@ -19,10 +19,16 @@ use common::{cluster, run_dir, unique};
 /// (`sync.topic.configs.interval.seconds` in `regions/local/geocluster/kafka.py`).
 const SYNCED: &str = "syncing topic configs took";
 
-fn syncs_logged() -> anyhow::Result<usize> {
-    let log = run_dir()?.join("logs").join("mirrormaker2.log");
-    let text = std::fs::read_to_string(&log).with_context(|| format!("{}", log.display()))?;
-    Ok(text.matches(SYNCED).count())
+/// MirrorMaker 2's log: its length now, and the syncs it logged after `from` bytes.
+fn mirror_log(from: u64) -> anyhow::Result<(u64, usize)> {
+    use std::io::{Read, Seek, SeekFrom};
+    let path = run_dir()?.join("logs").join("mirrormaker2.log");
+    let mut log = std::fs::File::open(&path).with_context(|| format!("{}", path.display()))?;
+    log.seek(SeekFrom::Start(from))?;
+    let mut text = Vec::new();
+    log.read_to_end(&mut text)?;
+    let syncs = String::from_utf8_lossy(&text).matches(SYNCED).count();
+    Ok((from + text.len() as u64, syncs))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -36,12 +42,12 @@ async fn a_lowered_message_size_limit_never_reaches_the_mirror() -> anyhow::Resu
     let topic = common::node_config(source)?.kafka.deltas_topic;
     let mirror = format!("{}.{topic}", from.name);
 
-    let before = syncs_logged()?;
+    let (logged, _) = mirror_log(0)?;
     let unwritable = Unwritable::new(&source.kafka, &topic).await?;
     // every flow syncs once per interval; three syncs after the change include one of
     // the flow from `from` to `to`
     let deadline = Instant::now() + Duration::from_secs(120);
-    while syncs_logged()? < before + 3 {
+    while mirror_log(logged)?.1 < 3 {
         ensure!(
             Instant::now() < deadline,
             "MirrorMaker 2 logged no topic config sync within 120 s"
