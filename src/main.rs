@@ -127,6 +127,13 @@ enum Command {
         #[arg(long, default_value = "")]
         key: String,
     },
+    /// Where a key lives: its partition and the node serving it.
+    Route {
+        #[command(flatten)]
+        node: Node,
+        #[arg(long)]
+        key: String,
+    },
     /// Hand a shard this region holds to another region (planned handoff).
     TransferLease {
         #[command(flatten)]
@@ -193,6 +200,7 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
         Command::Checkpoint { node } => checkpoint(node).await,
         Command::Savepoint { node } => savepoint(node).await,
         Command::Leases { node, key } => leases(node, key).await,
+        Command::Route { node, key } => route(node, key).await,
         Command::TransferLease { node, shard, to } => transfer_lease(node, shard, to).await,
     }
 }
@@ -401,6 +409,16 @@ async fn leases(node: Node, key: String) -> anyhow::Result<()> {
             s.shard, s.home, s.holder, s.epoch, s.expires_in_ms, s.held_here, s.prefix
         );
     }
+    Ok(())
+}
+
+async fn route(node: Node, key: String) -> anyhow::Result<()> {
+    let mut client = AdminClient::connect(node.addr).await?;
+    let r = client.route(pb::RouteRequest { key }).await?.into_inner();
+    println!(
+        "{}: partition {} of {}, served in {} by {}",
+        r.key, r.partition, r.partitions, r.region, r.node
+    );
     Ok(())
 }
 

@@ -74,6 +74,8 @@ pub enum NodeError {
     Checkpoint(#[from] CheckpointError),
     #[error("grpc server: {0}")]
     Grpc(#[from] tonic::transport::Error),
+    #[error("grpc listener: {0}")]
+    Listener(std::io::Error),
     #[error("task failed: {0}")]
     Join(#[from] tokio::task::JoinError),
     #[error(transparent)]
@@ -118,8 +120,16 @@ pub async fn run(
     // first: a metric recorded before the recorder exists is lost (a gauge set once on a
     // change, such as the clock check's, would never show)
     let recorder = m::install();
+    let address = match &config.api.advertise {
+        Some(a) => a.clone(),
+        None => listeners
+            .grpc
+            .local_addr()
+            .map_err(NodeError::Listener)?
+            .to_string(),
+    };
     let opened = open(Arc::new(config)).await?;
-    let running = opened.spawn(listeners.metrics, recorder).await?;
+    let running = opened.spawn(listeners.metrics, recorder, address).await?;
     running.serve(listeners.grpc, shutdown).await
 }
 
@@ -255,6 +265,7 @@ impl Opened {
         self,
         metrics: TcpListener,
         recorder: Option<PrometheusHandle>,
+        address: String,
     ) -> Result<Running, NodeError> {
         let Opened { config, store, .. } = &self;
         let topic = config.kafka.updates_topic.clone();
@@ -310,6 +321,7 @@ impl Opened {
             store: store.clone(),
             shared: shared.clone(),
             partitions,
+            address,
             stop: stop_rx.clone(),
             freshness,
             remotes,

@@ -267,6 +267,45 @@ async fn a_record_off_its_keys_partition_is_applied_and_counted() -> anyhow::Res
     Ok(())
 }
 
+/// `Admin/Route` answers a key's partition (the Java producer's murmur2, where geostate's
+/// producers put it) and the node serving it: the listener's address, or `api.advertise`.
+#[tokio::test]
+async fn route_answers_the_keys_partition_and_the_node_serving_it() -> anyhow::Result<()> {
+    const PARTITIONS: i32 = 4;
+    let cluster = cluster()?;
+    let kafka = cluster.regions["us-east-1"].kafka.clone();
+    let topics = Topics::create(&kafka, "route", PARTITIONS).await?;
+    for advertise in [None, Some("geostate-0.example:7000")] {
+        let dir = tempfile::tempdir()?;
+        let mut node = Node::configure(dir.path(), &kafka, &topics)?;
+        if let Some(a) = advertise {
+            node.set("api.advertise", &format!("{a:?}"));
+        }
+        node.start().await?;
+        let mut admin = pb::admin_client::AdminClient::connect(node.grpc.clone()).await?;
+        for key in ["requests/a", "surge/9q8yy", "zones/x"] {
+            let r = admin
+                .route(pb::RouteRequest { key: key.into() })
+                .await?
+                .into_inner();
+            let bound = node.grpc.trim_start_matches("http://");
+            assert_eq!(
+                (r.key.as_str(), r.partition, r.partitions, r.region.as_str()),
+                (
+                    key,
+                    geostate::log::partition_of(key.as_bytes(), PARTITIONS),
+                    PARTITIONS,
+                    "us-east-1"
+                )
+            );
+            assert_eq!(r.node, advertise.unwrap_or(bound));
+        }
+        let empty = admin.route(pb::RouteRequest::default()).await.unwrap_err();
+        assert_eq!(empty.code(), tonic::Code::InvalidArgument, "{empty}");
+    }
+    Ok(())
+}
+
 /// `Update` answers after the node applied the write; `Get` reads it; `Watch` sees it;
 /// mistakes get clear statuses; SIGTERM stops the node cleanly with a stream open.
 #[tokio::test]

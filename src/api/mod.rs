@@ -63,6 +63,8 @@ pub struct Api {
     pub producer: crate::log::RenewingProducer,
     pub shared: Arc<IngestShared>,
     pub partitions: Vec<i32>,
+    /// The gRPC address clients reach this node at.
+    pub address: String,
     /// Turns true when the node stops; ends `Watch` streams so shutdown can complete.
     pub stop: tokio::sync::watch::Receiver<bool>,
     /// Per remote region, how current this node's state is.
@@ -584,6 +586,22 @@ impl Handler {
         })
     }
 
+    /// The key's partition and the node serving it: this node, the region's only one.
+    fn locate(&self, req: pb::RouteRequest) -> Result<pb::RouteResponse, ApiError> {
+        if req.key.is_empty() {
+            return Err(ApiError::InvalidArgument("key is empty".into()));
+        }
+        let api = &self.0;
+        let partitions = i32::try_from(api.partitions.len()).unwrap_or(i32::MAX);
+        Ok(pb::RouteResponse {
+            partition: crate::log::partition_of(req.key.as_bytes(), partitions),
+            key: req.key,
+            partitions,
+            region: api.config.region.to_string(),
+            node: api.address.clone(),
+        })
+    }
+
     /// Every shard, or (`key` set) the shard of an owned key.
     async fn list_leases(&self, req: pb::LeasesRequest) -> Result<pb::LeasesResponse, ApiError> {
         let leases = self.leases()?;
@@ -822,6 +840,14 @@ impl Admin for Handler {
         let started = Instant::now();
         let listed = Handler::list_leases(self, req.into_inner()).await;
         observe("leases", started, listed).map(Response::new)
+    }
+
+    async fn route(
+        &self,
+        req: Request<pb::RouteRequest>,
+    ) -> Result<Response<pb::RouteResponse>, Status> {
+        let started = Instant::now();
+        observe("route", started, Handler::locate(self, req.into_inner())).map(Response::new)
     }
 
     async fn transfer_lease(

@@ -138,6 +138,9 @@ pub struct IngestConfig {
 #[derive(Clone, Debug)]
 pub struct ApiConfig {
     pub grpc_listen: SocketAddr,
+    /// The gRPC address clients reach this node at (`Admin/Route` answers it); `None`:
+    /// the address the listener is bound to.
+    pub advertise: Option<String>,
     pub metrics_listen: SocketAddr,
     /// Most keys one `BatchGet` may ask for.
     pub max_batch_keys: usize,
@@ -374,6 +377,8 @@ impl Default for RawIngest {
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 struct RawApi {
     grpc_listen: String,
+    #[serde(default)]
+    advertise: Option<String>,
     metrics_listen: String,
     #[serde(default = "default_max_batch_keys")]
     max_batch_keys: usize,
@@ -565,6 +570,7 @@ impl RawConfig {
             },
             api: ApiConfig {
                 grpc_listen: parse_addr("api.grpc-listen", &self.api.grpc_listen)?,
+                advertise: self.api.advertise.filter(|a| !a.is_empty()),
                 metrics_listen: parse_addr("api.metrics-listen", &self.api.metrics_listen)?,
                 max_batch_keys: self.api.max_batch_keys,
                 max_watchers: self.api.max_watchers,
