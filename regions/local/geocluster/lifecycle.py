@@ -25,6 +25,14 @@ def health(cluster: dict) -> dict[str, bool]:
     return out
 
 
+def runs_an_older_binary(cluster: dict) -> bool:
+    """Whether the witness or a node was started from another build than the binary now."""
+    now = binary_stamp()
+    started = [r.get("binary_mtime_ns") for r in cluster["regions"].values()]
+    started.append(cluster.get("witness", {}).get("binary_mtime_ns"))
+    return any(s != now for s in started)
+
+
 def cmd_up(_args: argparse.Namespace) -> None:
     # --no-build: a process restarted during `cargo test` (the Jepsen nemesis) must not
     # wait for the cargo lock the running tests hold
@@ -36,6 +44,10 @@ def cmd_up(_args: argparse.Namespace) -> None:
         h = health(existing)
         down = [k for k, v in h.items() if not v]
         if not down:
+            if not getattr(_args, "no_build", False) and runs_an_older_binary(existing):
+                log("geostate was rebuilt since the nodes started: restarting them (data kept)")
+                start_lease_group(existing)
+                return
             log(f"already up ({CLUSTER_JSON})")
             return
         if all(k.startswith("node ") or k in ("mirrormaker2", "witness") for k in down):

@@ -16,6 +16,15 @@ def geostate_bin() -> Path:
     return target / ("release" if release() else "debug") / "geostate"
 
 
+def binary_stamp() -> int:
+    """The geostate binary's modification time (ns; 0 if missing): recorded for every
+    process started from it, so `up` after a rebuild knows which run an older one."""
+    try:
+        return geostate_bin().stat().st_mtime_ns
+    except FileNotFoundError:
+        return 0
+
+
 def build_node() -> None:
     log(f"building geostate ({'release' if release() else 'debug'})")
     env = dict(os.environ, CARGO_TARGET_DIR=str(geostate_bin().parents[1]))
@@ -66,6 +75,7 @@ def start_witness(cluster: dict) -> None:
                                  "--config", w["config"]] + set_args(w["set"]),
                      env={"RUST_LOG": os.environ.get("RUST_LOG", "info,openraft=warn")})
     w["grpc"] = w["lease"]
+    w["binary_mtime_ns"] = binary_stamp()
     log(f"witness: pid {w['pid']}, raft {w['lease']}")
 
 
@@ -112,6 +122,7 @@ def start_node(region: str, r: dict, s3: dict, cluster: dict,
     r["pid"] = spawn(f"node-{region}", [str(geostate_bin()), "run", "--config", r["config"]]
                      + set_args(r["set"]),
                      env={"RUST_LOG": os.environ.get("RUST_LOG", "info,openraft=warn")})
+    r["binary_mtime_ns"] = binary_stamp()
     log(f"node {region}: pid {r['pid']}, grpc {r['grpc']}, metrics {r['metrics']}")
 
 
