@@ -4,6 +4,7 @@
 
 mod common;
 
+use common::failover::replica;
 use std::process::Command;
 
 use anyhow::{Context, bail};
@@ -101,13 +102,7 @@ async fn writes_in_both_regions_meet_through_mirrormaker2() -> anyhow::Result<()
     let started = std::time::Instant::now();
     for client in &mut clients {
         loop {
-            let v = client
-                .get(pb::GetRequest {
-                    key: key.clone(),
-                    ..Default::default()
-                })
-                .await?
-                .into_inner();
+            let v = client.get(replica(&key)).await?.into_inner();
             if v.value == Some(pb::value::Value::Counter(expected)) {
                 break;
             }
@@ -195,13 +190,7 @@ async fn aborted_deltas_are_never_mirrored() -> anyhow::Result<()> {
     let mut client = StateClient::connect(format!("http://{grpc}")).await?;
     let started = std::time::Instant::now();
     loop {
-        let v = client
-            .get(pb::GetRequest {
-                key: committed.clone(),
-                ..Default::default()
-            })
-            .await?
-            .into_inner();
+        let v = client.get(replica(&committed)).await?.into_inner();
         if v.value == Some(pb::value::Value::Counter(2)) {
             break;
         }
@@ -246,13 +235,7 @@ async fn aborted_deltas_are_never_mirrored() -> anyhow::Result<()> {
         !keys.contains(&aborted.clone().into_bytes()),
         "an aborted delta was mirrored"
     );
-    let v = client
-        .get(pb::GetRequest {
-            key: aborted,
-            ..Default::default()
-        })
-        .await?
-        .into_inner();
+    let v = client.get(replica(&aborted)).await?.into_inner();
     assert_eq!(v.value, Some(pb::value::Value::Counter(0)));
     Ok(())
 }

@@ -11,6 +11,7 @@
 
 mod common;
 
+use common::failover::replica;
 use std::time::{Duration, Instant};
 
 use common::failover::Frozen;
@@ -67,15 +68,7 @@ async fn a_frozen_broker_gives_unavailable_and_the_node_recovers() -> anyhow::Re
         }
     }
     node.caught_up(Duration::from_secs(60)).await?;
-    let total = counter(
-        &state
-            .get(pb::GetRequest {
-                key: "requests/frozen".into(),
-                ..Default::default()
-            })
-            .await?
-            .into_inner(),
-    );
+    let total = counter(&state.get(replica("requests/frozen")).await?.into_inner());
     assert!(
         total == 101 || total == 111,
         "the acknowledged writes add to 101 (111 if the timed-out one was appended after all); got {total}"
@@ -102,13 +95,7 @@ async fn a_frozen_broker_gives_unavailable_and_the_node_recovers() -> anyhow::Re
     }
     for (i, node) in nodes.iter_mut().enumerate() {
         loop {
-            let value = node
-                .get(pb::GetRequest {
-                    key: key.clone(),
-                    ..Default::default()
-                })
-                .await?
-                .into_inner();
+            let value = node.get(replica(&key)).await?.into_inner();
             if counter(&value) == regions {
                 break;
             }

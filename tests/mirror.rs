@@ -4,6 +4,7 @@
 
 mod common;
 
+use common::failover::replica;
 use std::time::{Duration, Instant};
 
 use anyhow::bail;
@@ -41,13 +42,7 @@ async fn mirrormaker_2_stopped_then_restarted_loses_nothing() -> anyhow::Result<
     // with the mirror down, each region sees only its own writes
     tokio::time::sleep(Duration::from_secs(3)).await;
     for (i, client) in clients.iter_mut().enumerate() {
-        let v = client
-            .get(pb::GetRequest {
-                key: keys[0].clone(),
-                ..Default::default()
-            })
-            .await?
-            .into_inner();
+        let v = client.get(replica(&keys[0])).await?.into_inner();
         assert_eq!(
             counter(&v),
             (i as i64 + 1) * WRITES / 5,

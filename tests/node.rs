@@ -4,6 +4,7 @@
 
 mod common;
 
+use common::failover::replica;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -168,10 +169,7 @@ async fn bad_records_are_dead_lettered_and_the_partition_keeps_flowing() -> anyh
     let value = node
         .state()
         .await?
-        .get(pb::GetRequest {
-            key: "requests/after".into(),
-            ..Default::default()
-        })
+        .get(replica("requests/after"))
         .await?
         .into_inner();
     assert_eq!(
@@ -247,15 +245,7 @@ async fn a_record_off_its_keys_partition_is_applied_and_counted() -> anyhow::Res
             .map_err(|(e, _)| e)?;
     }
     node.caught_up(Duration::from_secs(30)).await?;
-    let value = node
-        .state()
-        .await?
-        .get(pb::GetRequest {
-            key: key.clone(),
-            ..Default::default()
-        })
-        .await?
-        .into_inner();
+    let value = node.state().await?.get(replica(&key)).await?.into_inner();
     assert_eq!(counter(&value), 2, "both records are applied");
     let metrics = common::http_get(&node.metrics, "/metrics")?;
     assert!(
@@ -343,13 +333,7 @@ async fn update_then_get_reads_the_write_and_watch_sees_it() -> anyhow::Result<(
     assert_eq!(stamp.origin, "us-east-1");
     assert_eq!(stamp.epoch, 0);
 
-    let value = state
-        .get(pb::GetRequest {
-            key: "zones/9q8yy".into(),
-            ..Default::default()
-        })
-        .await?
-        .into_inner();
+    let value = state.get(replica("zones/9q8yy")).await?.into_inner();
     assert_eq!(
         value.value,
         Some(pb::value::Value::Register(b"downtown".to_vec()))
@@ -361,13 +345,7 @@ async fn update_then_get_reads_the_write_and_watch_sees_it() -> anyhow::Result<(
             .update(update("drivers/9q8yy", pb::update_request::Op::Add(n)))
             .await?;
     }
-    let value = state
-        .get(pb::GetRequest {
-            key: "drivers/9q8yy".into(),
-            ..Default::default()
-        })
-        .await?
-        .into_inner();
+    let value = state.get(replica("drivers/9q8yy")).await?.into_inner();
     assert_eq!(counter(&value), 2);
 
     // a retried write with the same idempotency id counts once
@@ -392,13 +370,7 @@ async fn update_then_get_reads_the_write_and_watch_sees_it() -> anyhow::Result<(
         .await
         .expect_err("an add past int64");
     assert_eq!(over.code(), tonic::Code::OutOfRange, "{over}");
-    let full = state
-        .get(pb::GetRequest {
-            key: "drivers/full".into(),
-            ..Default::default()
-        })
-        .await?
-        .into_inner();
+    let full = state.get(replica("drivers/full")).await?.into_inner();
     assert_eq!(counter(&full), i64::MAX);
     assert!(!full.saturated);
     // an id longer than `ingest.max-id-bytes` is refused, nothing applied
@@ -407,13 +379,7 @@ async fn update_then_get_reads_the_write_and_watch_sees_it() -> anyhow::Result<(
     let refused = state.update(long_id).await.expect_err("an id too long");
     assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused}");
     assert!(refused.message().contains("idempotency id"), "{refused}");
-    let value = state
-        .get(pb::GetRequest {
-            key: "requests/idem".into(),
-            ..Default::default()
-        })
-        .await?
-        .into_inner();
+    let value = state.get(replica("requests/idem")).await?.into_inner();
     assert_eq!(counter(&value), 2);
 
     let seen = tokio::time::timeout(Duration::from_secs(10), watch.next())
@@ -465,20 +431,9 @@ async fn update_then_get_reads_the_write_and_watch_sees_it() -> anyhow::Result<(
         ),
         tonic::Code::FailedPrecondition
     );
-    let missing = state
-        .get(pb::GetRequest {
-            key: "zones/never".into(),
-            ..Default::default()
-        })
-        .await;
+    let missing = state.get(replica("zones/never")).await;
     assert_eq!(missing.unwrap_err().code(), tonic::Code::NotFound);
-    let untouched = state
-        .get(pb::GetRequest {
-            key: "requests/never".into(),
-            ..Default::default()
-        })
-        .await?
-        .into_inner();
+    let untouched = state.get(replica("requests/never")).await?.into_inner();
     assert_eq!(counter(&untouched), 0);
 
     let page = state

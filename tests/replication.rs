@@ -6,6 +6,7 @@
 
 mod common;
 
+use common::failover::replica;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
@@ -161,13 +162,7 @@ async fn concurrent_writes_in_two_regions_converge_and_count_every_increment() -
     }
 
     // reads carry freshness: the other region's newest merged delta
-    let value = sa
-        .get(pb::GetRequest {
-            key: "requests/0".into(),
-            ..Default::default()
-        })
-        .await?
-        .into_inner();
+    let value = sa.get(replica("requests/0")).await?.into_inner();
     let remotes = value.freshness.unwrap_or_default().remotes;
     assert_eq!(remotes.len(), 1);
     assert_eq!(remotes[0].region, "eu-west-1");
@@ -468,14 +463,7 @@ async fn a_node_on_an_empty_disk_comes_back_with_exact_totals_in_both_regions() 
 
 /// `key`'s register value at `node`, `None` if it has none.
 async fn register_of(node: &Node, key: &str) -> anyhow::Result<Option<String>> {
-    let got = node
-        .state()
-        .await?
-        .get(pb::GetRequest {
-            key: key.into(),
-            ..Default::default()
-        })
-        .await;
+    let got = node.state().await?.get(replica(key)).await;
     Ok(match got {
         Ok(v) => match v.into_inner().value {
             Some(pb::value::Value::Register(b)) => Some(String::from_utf8(b)?),
