@@ -39,6 +39,10 @@ pub const DELTAS_REFUSED: &str = "geostate_deltas_refused_total";
 /// Times a remote partition was held at a delta stamped too far ahead, to be read again
 /// once the local clock allows, labels `region`, `reason` (counter).
 pub const DELTAS_HELD: &str = "geostate_deltas_held_total";
+/// Since the oldest of a remote region's newest heartbeats over its partitions, on this
+/// node's clock against the remote's (heartbeats come every second; a stopped mirror or a
+/// cut-off region makes it grow), label `region` (gauge).
+pub const REMOTE_SILENCE_SECONDS: &str = "geostate_remote_silence_seconds";
 /// From a remote region's apply to ours, label `region` (histogram).
 pub const REPLICATION_LAG_SECONDS: &str = "geostate_replication_lag_seconds";
 /// Seconds to apply and commit one batch (histogram).

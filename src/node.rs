@@ -308,6 +308,8 @@ impl Opened {
             config.clone(),
             partitions.clone(),
             shared.clone(),
+            remotes.clone(),
+            self.clock.clone(),
             stop_rx.clone(),
         );
         tasks.spawn("the lag reporter", OnStop::Abort, returns(lag));
@@ -617,12 +619,21 @@ async fn report_lag(
     config: Arc<Config>,
     partitions: Vec<i32>,
     shared: Arc<IngestShared>,
+    remotes: Vec<Arc<RemoteProgress>>,
+    clock: Arc<dyn Clock>,
     mut stop: watch::Receiver<bool>,
 ) {
     loop {
         tokio::select! {
             () = stopped(&mut stop) => return,
             () = tokio::time::sleep(Duration::from_secs(5)) => {}
+        }
+        for r in &remotes {
+            if let Some(since) = r.heard_from_all_since() {
+                let silence = clock.now_nanos().saturating_sub(since) as f64 / 1e9;
+                metrics::gauge!(m::REMOTE_SILENCE_SECONDS, "region" => r.remote.region.to_string())
+                    .set(silence);
+            }
         }
         let Ok(ends) = log::end_offsets(
             &config.kafka,

@@ -39,8 +39,17 @@ async fn mirrormaker_2_stopped_then_restarted_loses_nothing() -> anyhow::Result<
                 .await?;
         }
     }
-    // with the mirror down, each region sees only its own writes
+    // with the mirror down, each region sees only its own writes, and hears no heartbeat
     tokio::time::sleep(Duration::from_secs(3)).await;
+    for (region, r) in &cluster.regions {
+        let metrics = r.metrics.as_deref().expect("a node per region");
+        wait_silence(
+            metrics,
+            |s| s >= SILENT,
+            &format!("{region} to notice the silence"),
+        )
+        .await?;
+    }
     for (i, client) in clients.iter_mut().enumerate() {
         let v = client.get(replica(&keys[0])).await?.into_inner();
         assert_eq!(
@@ -74,5 +83,33 @@ async fn mirrormaker_2_stopped_then_restarted_loses_nothing() -> anyhow::Result<
         "converged {:.1} s after MirrorMaker 2 was restarted",
         restarted.elapsed().as_secs_f64()
     );
+    for (region, r) in &cluster.regions {
+        let metrics = r.metrics.as_deref().expect("a node per region");
+        wait_silence(metrics, |s| s < SILENT, &format!("{region} to hear again")).await?;
+    }
     Ok(())
+}
+
+/// Heartbeats come every second: a remote silent this long is cut off.
+const SILENT: f64 = 5.0;
+
+/// Waits (at most 60 s) until the node's `geostate_remote_silence_seconds` for its one
+/// remote region satisfies `ok`.
+async fn wait_silence(metrics: &str, ok: impl Fn(f64) -> bool, what: &str) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let text = common::http_get(metrics, "/metrics")?;
+        let silence = text
+            .lines()
+            .find(|l| l.starts_with("geostate_remote_silence_seconds{"))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<f64>().ok());
+        if silence.is_some_and(&ok) {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("waited 60 s for {what}: geostate_remote_silence_seconds is {silence:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }

@@ -86,6 +86,20 @@ impl RemoteProgress {
         }
     }
 
+    /// The remote's physical time of the oldest newest heartbeat over its partitions: every
+    /// partition has been heard from since then (`None` until each has been once).
+    pub fn heard_from_all_since(&self) -> Option<u64> {
+        let partitions = self.partitions.borrow();
+        let beats = self.heartbeats.lock().unwrap_or_else(|p| p.into_inner());
+        if partitions.is_empty() {
+            return None;
+        }
+        partitions
+            .iter()
+            .map(|p| beats.get(p).copied())
+            .try_fold(u64::MAX, |oldest, beat| Some(oldest.min(beat?)))
+    }
+
     /// Whether every partition of the remote's topic has a merged heartbeat at or after
     /// `wall_nanos` (the remote's physical clock).
     pub fn passed(&self, wall_nanos: u64) -> bool {
@@ -155,5 +169,30 @@ impl Freshness {
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every partition heard from since the oldest of their newest heartbeats; nothing
+    /// until each partition has been heard from once.
+    #[test]
+    fn a_remote_is_heard_from_all_since_its_oldest_partitions_heartbeat() {
+        let remote = RemoteProgress::new(
+            RemoteConfig {
+                region: RegionId::new("eu-west-1").unwrap(),
+                topic: "eu-west-1.geostate.deltas".into(),
+                bootstrap: "127.0.0.1:9092".into(),
+            },
+            BTreeMap::new(),
+        );
+        assert_eq!(remote.heard_from_all_since(), None);
+        remote.partitions.send_replace(vec![0, 1]);
+        remote.heartbeats.lock().unwrap().insert(0, 9);
+        assert_eq!(remote.heard_from_all_since(), None);
+        remote.heartbeats.lock().unwrap().insert(1, 7);
+        assert_eq!(remote.heard_from_all_since(), Some(7));
     }
 }
