@@ -156,10 +156,9 @@ pub fn owned_shard(lease: Option<&LeaseConfig>, key: &str) -> ShardId {
 /// node that lost its disk and replays the log decides every record as the lost node did:
 /// none it acknowledged is refused, none it refused is applied. A key's owned records come
 /// through a holder's API, which puts them all on the key's one partition, so they fence
-/// each other as with one fence per shard.
-/// A record of a lease that ended is still refused its acknowledgement (`api`: the holder
-/// checks its lease after the apply), and its value loses, key by key, to any write of a
-/// later epoch.
+/// each other as with one fence per shard. A record of a lease that ended is still refused
+/// its acknowledgement (`api`: the holder checks its lease after the apply), and its value
+/// loses, key by key, to any write of a later epoch.
 #[derive(Debug, Default)]
 pub struct Fences(pub BTreeMap<(ShardId, i32), u64>);
 

@@ -86,8 +86,9 @@ impl RemoteProgress {
         }
     }
 
-    /// The remote's physical time of the oldest newest heartbeat over its partitions: every
-    /// partition has been heard from since then (`None` until each has been once).
+    /// The oldest of the newest heartbeats over the remote's partitions (its physical
+    /// clock): every partition has been heard from since then (`None` until each has been
+    /// once).
     pub fn heard_from_all_since(&self) -> Option<u64> {
         let partitions = self.partitions.borrow();
         let beats = self.heartbeats.lock().unwrap_or_else(|p| p.into_inner());
