@@ -4,10 +4,10 @@
 
 mod common;
 
-use common::failover::replica;
 use std::process::Command;
 
 use anyhow::{Context, bail};
+use common::failover::replica;
 use common::{cluster, http_get, unique};
 
 fn grpcurl(tool: &str, args: &[&str]) -> anyhow::Result<String> {

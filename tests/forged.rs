@@ -6,16 +6,12 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, ensure};
 use common::failover::{epoch_of, key_homed_at, regions, register, replica, set, wait_held};
 use common::{cluster, produce_all, producer, unique};
 use geostate::ingest::event::{Op, Update};
-use rdkafka::ClientConfig;
-use rdkafka::Message;
-use rdkafka::consumer::{Consumer, StreamConsumer};
-use rdkafka::message::Headers;
 use tonic::Code;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -58,34 +54,20 @@ async fn an_epoch_the_lease_group_never_granted_is_dead_lettered_and_fences_noth
     .await?;
 
     // both are dead-lettered, saying why
-    let consumer: StreamConsumer = ClientConfig::new()
-        .set("bootstrap.servers", &node.kafka)
-        .set("group.id", unique("forged-dlq"))
-        .set("auto.offset.reset", "earliest")
-        .create()?;
-    consumer.subscribe(&[&config.kafka.dlq_topic])?;
-    let mut codes = Vec::new();
-    let until = Instant::now() + Duration::from_secs(60);
-    while codes.len() < forged.len() {
-        let left = until.saturating_duration_since(Instant::now());
-        let message = tokio::time::timeout(left, consumer.recv())
-            .await
-            .context("the forged records were not dead-lettered within 60 s")??;
-        let Some(k) = message.key().map(String::from_utf8_lossy) else {
-            continue;
-        };
-        if !forged.iter().any(|(f, _)| *f == k) {
-            continue;
-        }
-        let code = message
-            .headers()
-            .and_then(|h| h.iter().find(|h| h.key == "geostate.error.code"))
-            .and_then(|h| h.value)
-            .map(|v| String::from_utf8_lossy(v).into_owned());
-        codes.push(code.unwrap_or_default());
-    }
+    let letters = common::dead_letters(
+        &node.kafka,
+        &config.kafka.dlq_topic,
+        forged.len(),
+        Duration::from_secs(60),
+        |d| forged.iter().any(|(f, _)| d.key.as_ref() == Some(f)),
+    )
+    .await?;
+    let codes: Vec<&str> = letters
+        .iter()
+        .map(|d| d.header("geostate.error.code").unwrap_or_default())
+        .collect();
     ensure!(
-        codes.iter().all(|c| c == "epoch_not_granted"),
+        codes.iter().all(|&c| c == "epoch_not_granted"),
         "dead-letter codes {codes:?}"
     );
 

@@ -11,10 +11,9 @@
 
 mod common;
 
-use common::failover::replica;
 use std::time::{Duration, Instant};
 
-use common::failover::Frozen;
+use common::failover::{Frozen, replica};
 use common::{Node, Topics, cluster, counter, unique};
 use geostate::pb;
 use geostate::pb::state_client::StateClient;

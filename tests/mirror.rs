@@ -4,10 +4,10 @@
 
 mod common;
 
-use common::failover::replica;
 use std::time::{Duration, Instant};
 
 use anyhow::bail;
+use common::failover::replica;
 use common::{RestartMirror, cluster, cluster_script, counter, unique};
 use geostate::pb;
 use geostate::pb::state_client::StateClient;

@@ -4,17 +4,17 @@
 
 mod common;
 
-use common::failover::replica;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, bail};
+use common::failover::replica;
 use common::{Node, Topics, cluster, counter, producer};
 use geostate::pb;
 use geostate::workload::Rng;
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{Consumer, StreamConsumer};
-use rdkafka::message::{Headers, Message};
+use rdkafka::message::Message;
 use rdkafka::producer::FutureProducer;
 use rdkafka::producer::FutureRecord;
 use tokio_stream::StreamExt;
@@ -178,39 +178,41 @@ async fn bad_records_are_dead_lettered_and_the_partition_keeps_flowing() -> anyh
         "the record after the bad ones is applied"
     );
 
-    let consumer: StreamConsumer = ClientConfig::new()
-        .set("bootstrap.servers", &kafka)
-        .set("group.id", common::unique("dlq-reader"))
-        .set("auto.offset.reset", "earliest")
-        .create()?;
-    consumer.subscribe(&[&topics.dlq])?;
+    let letters = common::dead_letters(
+        &kafka,
+        &topics.dlq,
+        bad.len(),
+        Duration::from_secs(30),
+        |_| true,
+    )
+    .await?;
     let mut codes = Vec::new();
-    let until = Instant::now() + Duration::from_secs(30);
-    while codes.len() < bad.len() {
-        let left = until.saturating_duration_since(Instant::now());
-        let message = tokio::time::timeout(left, consumer.recv())
-            .await
-            .context("dead letters missing")??;
-        let headers = message.headers().context("a dead letter carries headers")?;
-        let header = |name: &str| {
-            headers
-                .iter()
-                .find(|h| h.key == name)
-                .and_then(|h| h.value)
-                .map(|v| String::from_utf8_lossy(v).into_owned())
-        };
-        assert!(header("geostate.error").is_some_and(|r| !r.is_empty()));
-        assert!(header("geostate.source").is_some_and(|s| s.starts_with(&topics.updates)));
-        let length = message.payload().map_or(0, <[u8]>::len);
-        if length == 512 * 1024 {
+    for letter in &letters {
+        assert!(
+            letter
+                .header("geostate.error")
+                .is_some_and(|r| !r.is_empty())
+        );
+        assert!(
+            letter
+                .header("geostate.source")
+                .is_some_and(|s| s.starts_with(&topics.updates))
+        );
+        if letter.len == 512 * 1024 {
+            let truncated = format!("key=0,value={}", huge.len());
             assert_eq!(
-                header("geostate.truncated"),
-                Some(format!("key=0,value={}", huge.len()))
+                letter.header("geostate.truncated"),
+                Some(truncated.as_str())
             );
         } else {
-            assert_eq!(header("geostate.truncated"), None, "{length} bytes");
+            assert_eq!(
+                letter.header("geostate.truncated"),
+                None,
+                "{} bytes",
+                letter.len
+            );
         }
-        codes.push(header("geostate.error.code").unwrap_or_default());
+        codes.push(letter.header("geostate.error.code").unwrap_or_default());
     }
     let expected: Vec<&str> = bad.iter().map(|(_, code)| *code).collect();
     assert_eq!(codes, expected);

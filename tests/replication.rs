@@ -6,11 +6,11 @@
 
 mod common;
 
-use common::failover::replica;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
+use common::failover::replica;
 use common::unwritable::Unwritable;
 use common::{Node, Topics, cluster, counter, http_get, produce_all, producer};
 use geostate::crdt::{Actor, CrdtValue, Delta, GCounter, RegionId};

@@ -6,6 +6,7 @@
 pub mod failover;
 pub mod unwritable;
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -61,6 +62,68 @@ pub fn run_dir() -> anyhow::Result<PathBuf> {
         .parent()
         .context("cluster.json has no folder")?
         .to_path_buf())
+}
+
+/// One record of a dead-letter topic: its key, its value's length and its headers.
+pub struct DeadLetter {
+    pub key: Option<String>,
+    pub len: usize,
+    pub headers: BTreeMap<String, String>,
+}
+
+impl DeadLetter {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).map(String::as_str)
+    }
+}
+
+/// The first `wanted` dead letters of `topic` that `keep` accepts, in log order; an error
+/// if they are not there within `within`.
+pub async fn dead_letters(
+    kafka: &str,
+    topic: &str,
+    wanted: usize,
+    within: Duration,
+    keep: impl Fn(&DeadLetter) -> bool,
+) -> anyhow::Result<Vec<DeadLetter>> {
+    use rdkafka::Message;
+    use rdkafka::consumer::{Consumer, StreamConsumer};
+    use rdkafka::message::Headers;
+    let consumer: StreamConsumer = ClientConfig::new()
+        .set("bootstrap.servers", kafka)
+        .set("group.id", unique("dlq-reader"))
+        .set("auto.offset.reset", "earliest")
+        .create()?;
+    consumer.subscribe(&[topic])?;
+    let mut out = Vec::new();
+    let until = Instant::now() + within;
+    while out.len() < wanted {
+        let left = until.saturating_duration_since(Instant::now());
+        let message = tokio::time::timeout(left, consumer.recv())
+            .await
+            .with_context(|| {
+                format!("{} of {wanted} dead letters within {within:?}", out.len())
+            })??;
+        let headers = message.headers().map_or_else(BTreeMap::new, |h| {
+            h.iter()
+                .map(|h| {
+                    let value = h.value.map(String::from_utf8_lossy).unwrap_or_default();
+                    (h.key.to_owned(), value.into_owned())
+                })
+                .collect()
+        });
+        let letter = DeadLetter {
+            key: message
+                .key()
+                .map(|k| String::from_utf8_lossy(k).into_owned()),
+            len: message.payload().map_or(0, <[u8]>::len),
+            headers,
+        };
+        if keep(&letter) {
+            out.push(letter);
+        }
+    }
+    Ok(out)
 }
 
 /// An idempotent producer for feeding topics in tests.
