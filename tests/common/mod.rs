@@ -547,6 +547,25 @@ impl Node {
         }
     }
 
+    /// Waits (at most `within`) for the node to exit by itself; its exit status.
+    pub async fn exited(&mut self, within: Duration) -> anyhow::Result<std::process::ExitStatus> {
+        let child = self.child.as_mut().context("the node was not started")?;
+        let until = Instant::now() + within;
+        loop {
+            if let Some(status) = child.try_wait()? {
+                self.child = None;
+                return Ok(status);
+            }
+            if Instant::now() > until {
+                bail!(
+                    "node still running after {within:?}; log: {}",
+                    self.log_tail()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// SIGKILL: no shutdown code runs.
     pub fn kill9(&mut self) {
         if let Some(mut child) = self.child.take() {
