@@ -140,6 +140,8 @@ struct Opened {
     clock: Arc<dyn Clock>,
     objects: Objects,
     store: Arc<Store>,
+    /// The updates topic's partitions.
+    partitions: Vec<i32>,
     hlc: Arc<Hlc>,
     ship_producer: log::Transactional,
     incarnation: u32,
@@ -158,8 +160,11 @@ async fn open(config: Arc<Config>) -> Result<Opened, NodeError> {
     if config.checkpoint.restore_on_empty && checkpoint::is_empty_dir(&config.data_dir)? {
         restore_newest(&config, &objects).await?;
     }
-    let data_dir = config.data_dir.clone();
-    let store = Arc::new(tokio::task::spawn_blocking(move || Store::open(&data_dir)).await??);
+    // a key's partition depends on the count: the store has one instance per partition
+    let partitions = log::partitions(&config.kafka, &config.kafka.updates_topic).await?;
+    let (data_dir, count) = (config.data_dir.clone(), partitions.len());
+    let store =
+        Arc::new(tokio::task::spawn_blocking(move || Store::open(&data_dir, count)).await??);
     let hlc = Arc::new(Hlc::new(clock.clone(), config.max_clock_offset));
     if let Some(high_water) = store.hlc_high_water()? {
         hlc.advance_past(high_water);
@@ -185,6 +190,7 @@ async fn open(config: Arc<Config>) -> Result<Opened, NodeError> {
         clock,
         objects,
         store,
+        partitions,
         hlc,
         ship_producer,
         incarnation,
@@ -267,9 +273,13 @@ impl Opened {
         recorder: Option<PrometheusHandle>,
         address: String,
     ) -> Result<Running, NodeError> {
-        let Opened { config, store, .. } = &self;
+        let Opened {
+            config,
+            store,
+            partitions,
+            ..
+        } = &self;
         let topic = config.kafka.updates_topic.clone();
-        let partitions = log::partitions(&config.kafka, &topic).await?;
         let deltas = &config.kafka.deltas_topic;
         let shipped_to = log::partitions(&config.kafka, deltas).await?.len();
         if shipped_to != partitions.len() {
@@ -289,15 +299,8 @@ impl Opened {
         let (member, leases) = self.start_leases(&mut tasks, &stop_rx).await?;
         let (freshness, remotes) =
             self.spawn_mergers(&mut tasks, &shared, partitions.len(), &stop_rx)?;
-        self.spawn_ingest(
-            &mut tasks,
-            &shared,
-            &remotes,
-            &leases,
-            &partitions,
-            &stop_rx,
-        )
-        .await?;
+        self.spawn_ingest(&mut tasks, &shared, &remotes, &leases, partitions, &stop_rx)
+            .await?;
         let (checkpoints, checkpoint_status) = self.spawn_checkpointer(&mut tasks, &stop_rx)?;
         tasks.spawn(
             "the metrics server",
@@ -322,7 +325,7 @@ impl Opened {
             hlc: self.hlc.clone(),
             store: store.clone(),
             shared: shared.clone(),
-            partitions,
+            partitions: partitions.clone(),
             address,
             stop: stop_rx.clone(),
             freshness,

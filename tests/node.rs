@@ -264,10 +264,10 @@ async fn a_second_node_of_a_region_fences_the_first_which_stops() -> anyhow::Res
 }
 
 /// A record produced to another partition than its key's (a producer that does not
-/// partition like the Java client) is applied, counted and named: a region on several
-/// nodes places state by partition, and the operator must see such a producer first.
+/// partition like the Java client) is dead-lettered, counted and named, never applied:
+/// the key's state is in its own partition's store, and the record's offset in another.
 #[tokio::test]
-async fn a_record_off_its_keys_partition_is_applied_and_counted() -> anyhow::Result<()> {
+async fn a_record_off_its_keys_partition_is_dead_lettered_and_counted() -> anyhow::Result<()> {
     const PARTITIONS: i32 = 4;
     let cluster = cluster()?;
     let kafka = cluster.regions["us-east-1"].kafka.clone();
@@ -277,7 +277,8 @@ async fn a_record_off_its_keys_partition_is_applied_and_counted() -> anyhow::Res
     node.start().await?;
     let key = format!("requests/{}", common::unique("misrouted"));
     let home = geostate::log::partition_of(key.as_bytes(), PARTITIONS);
-    for partition in [home, (home + 1) % PARTITIONS] {
+    let off = (home + 1) % PARTITIONS;
+    for partition in [home, off] {
         producer(&kafka)?
             .send(
                 FutureRecord::to(&topics.updates)
@@ -291,7 +292,15 @@ async fn a_record_off_its_keys_partition_is_applied_and_counted() -> anyhow::Res
     }
     node.caught_up(Duration::from_secs(30)).await?;
     let value = node.state().await?.get(replica(&key)).await?.into_inner();
-    assert_eq!(counter(&value), 2, "both records are applied");
+    assert_eq!(counter(&value), 1, "only the record on the key's partition");
+    let letters =
+        common::dead_letters(&kafka, &topics.dlq, 1, Duration::from_secs(30), |_| true).await?;
+    assert_eq!(letters[0].header("geostate.error.code"), Some("misrouted"));
+    let source = letters[0].header("geostate.source").unwrap_or_default();
+    assert!(
+        source.starts_with(&format!("{}/{off}/", topics.updates)),
+        "{source}"
+    );
     let metrics = common::http_get(&node.metrics, "/metrics")?;
     assert!(
         metrics

@@ -44,8 +44,9 @@ use crate::store::{Store, StoreError};
 use objects::{ObjectError, Objects};
 use protocol::Upload;
 
-/// The manifest layout this version writes and the newest it restores.
-pub const FORMAT_VERSION: u32 = 1;
+/// The manifest layout this version writes and the only one it restores (2: a store of
+/// one RocksDB per partition, files named `p<partition>/<file>`).
+pub const FORMAT_VERSION: u32 = 2;
 /// Attempts per object upload before the checkpoint fails.
 const UPLOAD_ATTEMPTS: u32 = 5;
 /// Parallel downloads during a restore.
@@ -84,6 +85,12 @@ pub enum CheckpointError {
     Savepoint(String),
     #[error("task failed: {0}")]
     Task(String),
+    #[error(
+        "{what} has format version {found}, one RocksDB for every partition; this geostate restores version {FORMAT_VERSION} (one per partition): restore a savepoint taken with the older version"
+    )]
+    Older { what: String, found: u32 },
+    #[error("reading the updates topic's partitions: {0}")]
+    Log(#[from] log::LogError),
 }
 
 fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> CheckpointError {
@@ -286,9 +293,28 @@ impl Checkpointer {
     }
 }
 
-/// The files of a directory (name, bytes).
+/// The files of a store's copy (`p<partition>/<file>`, bytes).
 async fn files_in(dir: &Path) -> Result<Vec<(String, u64)>, CheckpointError> {
     let mut files = Vec::new();
+    for (name, is_dir) in entries_of(dir).await? {
+        if is_dir {
+            for (file, is_dir) in entries_of(&dir.join(&name)).await? {
+                if !is_dir {
+                    let bytes = tokio::fs::metadata(dir.join(&name).join(&file))
+                        .await
+                        .map_err(io("reading the checkpoint"))?
+                        .len();
+                    files.push((format!("{name}/{file}"), bytes));
+                }
+            }
+        }
+    }
+    Ok(files)
+}
+
+/// The names in a directory, each with whether it is a directory.
+async fn entries_of(dir: &Path) -> Result<Vec<(String, bool)>, CheckpointError> {
+    let mut out = Vec::new();
     let mut entries = tokio::fs::read_dir(dir)
         .await
         .map_err(io("reading the checkpoint"))?;
@@ -297,15 +323,16 @@ async fn files_in(dir: &Path) -> Result<Vec<(String, u64)>, CheckpointError> {
         .await
         .map_err(io("reading the checkpoint"))?
     {
-        let meta = entry
-            .metadata()
+        let kind = entry
+            .file_type()
             .await
             .map_err(io("reading the checkpoint"))?;
-        if meta.is_file() {
-            files.push((entry.file_name().to_string_lossy().into_owned(), meta.len()));
-        }
+        out.push((
+            entry.file_name().to_string_lossy().into_owned(),
+            kind.is_dir(),
+        ));
     }
-    Ok(files)
+    Ok(out)
 }
 
 /// Keeps the newest `keep` manifests and deletes every file none of them references
@@ -419,27 +446,46 @@ pub fn parse_manifest(key: &str, bytes: &[u8]) -> Result<Manifest, CheckpointErr
             key: key.to_owned(),
             reason: e.to_string(),
         })?;
-    if manifest.format_version > FORMAT_VERSION {
+    let what = format!("checkpoint {}", manifest.id);
+    let found = manifest.format_version;
+    if found > FORMAT_VERSION {
         return Err(CheckpointError::Newer {
-            what: format!("checkpoint {}", manifest.id),
-            found: manifest.format_version,
+            what,
+            found,
             supported: FORMAT_VERSION,
         });
     }
-    // restore writes each file under its name into the restore dir: a name that is a
-    // path (`../x`, `/etc/x`) would write outside it
-    if let Some(file) = manifest.files.iter().find(|f| !is_plain_file_name(&f.name)) {
+    if found < FORMAT_VERSION {
+        return Err(CheckpointError::Older { what, found });
+    }
+    // restore writes each file under its name into the restore dir: a name that is any
+    // other path (`../x`, `/etc/x`) would write outside it
+    if let Some(file) = manifest.files.iter().find(|f| !is_partition_file(&f.name)) {
         return Err(CheckpointError::Manifest {
             key: key.to_owned(),
-            reason: format!("file name {:?} is not a plain file name", file.name),
+            reason: format!(
+                "file name {:?} is not p<partition>/<a plain file name>",
+                file.name
+            ),
         });
     }
     Ok(manifest)
 }
 
-/// A name RocksDB gives a file of its directory: no separator, not `.` or `..`, not empty.
-fn is_plain_file_name(name: &str) -> bool {
-    !name.is_empty() && name != "." && name != ".." && !name.contains(['/', '\\', '\0'])
+/// `p<partition>/<file>`, where file is a name RocksDB gives a file of its directory: no
+/// separator, not `.` or `..`, not empty.
+fn is_partition_file(name: &str) -> bool {
+    let Some((dir, file)) = name.split_once('/') else {
+        return false;
+    };
+    let partition = dir
+        .strip_prefix('p')
+        .is_some_and(|p| p.parse::<u16>().is_ok());
+    partition
+        && !file.is_empty()
+        && file != "."
+        && file != ".."
+        && !file.contains(['/', '\\', '\0'])
 }
 
 /// The ids of every checkpoint in the store, oldest first.
@@ -493,6 +539,11 @@ pub async fn restore(
             done.map_err(|e| CheckpointError::Task(e.to_string()))??;
         }
         let (objects, path) = (objects.clone(), tmp.join(&file.name));
+        if let Some(parent) = path.parent() {
+            tokio::fs::create_dir_all(parent)
+                .await
+                .map_err(io(format!("creating {}", parent.display())))?;
+        }
         downloads.spawn(async move {
             let found = objects.get_to_file(&file.object, &path).await?;
             if found != file.bytes {
@@ -520,7 +571,7 @@ pub async fn restore(
     );
     let deltas_next = manifest.deltas_next.clone();
     tokio::task::spawn_blocking(move || {
-        Store::open(&dir)?.prepare_bootstrap(&topic, &deltas_next, &from)
+        Store::open_existing(&dir)?.prepare_bootstrap(&topic, &deltas_next, &from)
     })
     .await
     .map_err(|e| CheckpointError::Task(e.to_string()))??;
@@ -535,7 +586,7 @@ mod tests {
         let files = objects
             .iter()
             .map(|object| FileRef {
-                name: object.rsplit('/').next().unwrap_or_default().to_owned(),
+                name: format!("p0/{}", object.rsplit('/').next().unwrap_or_default()),
                 object: (*object).to_owned(),
                 bytes: 1,
             })
@@ -612,18 +663,31 @@ mod tests {
     }
 
     #[test]
-    fn only_plain_file_names_are_restored() {
+    fn only_files_of_a_partitions_directory_are_restored() {
         for ok in [
-            "000012.sst",
-            "MANIFEST-000005",
-            "CURRENT",
-            "OPTIONS-000007",
-            "..x",
+            "p0/000012.sst",
+            "p3/MANIFEST-000005",
+            "p11/CURRENT",
+            "p0/OPTIONS-000007",
+            "p0/..x",
         ] {
-            assert!(is_plain_file_name(ok), "{ok}");
+            assert!(is_partition_file(ok), "{ok}");
         }
-        for bad in ["", ".", "..", "../x", "/etc/passwd", "a/b", "a\\b", "x\0"] {
-            assert!(!is_plain_file_name(bad), "{bad:?}");
+        for bad in [
+            "",
+            "000012.sst",
+            "p0/",
+            "p0/.",
+            "p0/..",
+            "p0/../x",
+            "px/a",
+            "p0/a/b",
+            "../p0/x",
+            "/p0/x",
+            "p0/a\\b",
+            "p0/x\0",
+        ] {
+            assert!(!is_partition_file(bad), "{bad:?}");
         }
     }
 }

@@ -5,8 +5,10 @@
 //!
 //! ```text
 //!  <prefix>/manifests/<id>.json        a checkpoint (the commit point), id = unix ms, 13 digits
-//!  <prefix>/sst/<incarnation>/<file>   an SST, shared by every checkpoint that names it
-//!  <prefix>/files/<id>/<file>          the other files of one checkpoint
+//!  <prefix>/sst/<incarnation>/p<partition>/<file>
+//!                                      an SST, shared by every checkpoint that names it
+//!  <prefix>/files/<id>/p<partition>/<file>
+//!                                      the other files of one checkpoint
 //!  <prefix>/savepoints/<id>.gsp        a savepoint
 //! ```
 
@@ -54,7 +56,7 @@ fn is_sst(name: &str) -> bool {
 /// Whether a file of the copied RocksDB directory belongs in the checkpoint: `LOG*` files
 /// are RocksDB's own text log (opening the copy may write one).
 pub fn is_checkpointed(name: &str) -> bool {
-    !name.starts_with("LOG")
+    !name.rsplit('/').next().unwrap_or(name).starts_with("LOG")
 }
 
 /// What one checkpoint uploads.
@@ -156,37 +158,37 @@ mod tests {
     #[test]
     fn an_upload_sends_every_small_file_and_only_new_ssts_and_skips_rocksdb_logs() {
         let copy = [
-            ("000012.sst".to_string(), 100),
-            ("000013.sst".to_string(), 200),
-            ("CURRENT".to_string(), 16),
-            ("LOG".to_string(), 5),
-            ("LOG.old.1".to_string(), 5),
-            ("MANIFEST-000005".to_string(), 50),
+            ("p0/000012.sst".to_string(), 100),
+            ("p1/000012.sst".to_string(), 200),
+            ("p0/CURRENT".to_string(), 16),
+            ("p0/LOG".to_string(), 5),
+            ("p1/LOG.old.1".to_string(), 5),
+            ("p1/MANIFEST-000005".to_string(), 50),
         ];
-        let uploaded = BTreeSet::from(["sst/3/000012.sst".to_string()]);
+        let uploaded = BTreeSet::from(["sst/3/p0/000012.sst".to_string()]);
         let plan = plan_upload("17", 3, copy, &uploaded);
         assert_eq!(
             names(&plan.files),
             [
-                "sst/3/000012.sst",
-                "sst/3/000013.sst",
-                "files/17/CURRENT",
-                "files/17/MANIFEST-000005"
+                "sst/3/p0/000012.sst",
+                "files/17/p0/CURRENT",
+                "sst/3/p1/000012.sst",
+                "files/17/p1/MANIFEST-000005"
             ]
         );
         assert_eq!(
             names(&plan.upload),
             [
-                "sst/3/000013.sst",
-                "files/17/CURRENT",
-                "files/17/MANIFEST-000005"
+                "files/17/p0/CURRENT",
+                "sst/3/p1/000012.sst",
+                "files/17/p1/MANIFEST-000005"
             ]
         );
         assert_eq!(plan.bytes_total(), 366);
         assert_eq!(plan.bytes_uploaded(), 266);
         // an SST of the same name from another incarnation is a different object
-        let other = plan_upload("18", 4, [("000012.sst".to_string(), 100)], &uploaded);
-        assert_eq!(names(&other.upload), ["sst/4/000012.sst"]);
+        let other = plan_upload("18", 4, [("p0/000012.sst".to_string(), 100)], &uploaded);
+        assert_eq!(names(&other.upload), ["sst/4/p0/000012.sst"]);
     }
 
     #[test]

@@ -14,6 +14,7 @@ use super::objects::Objects;
 use super::{CheckpointError, deltas_end_offsets, io, is_empty_dir, protocol, retrying, sibling};
 use crate::clock::Clock;
 use crate::config::Config;
+use crate::log;
 use crate::pb;
 use crate::pb::savepoint_record::Kind;
 use crate::store::Store;
@@ -142,9 +143,14 @@ pub async fn restore(
     let _ = tokio::fs::remove_dir_all(&tmp).await;
     let (source, target) = (file.clone(), tmp.clone());
     let region = config.region.to_string();
-    let loaded = tokio::task::spawn_blocking(move || load(&source, &target, &region, seed))
-        .await
-        .map_err(|e| CheckpointError::Task(e.to_string()));
+    // each key loads into its partition of this region's count
+    let partitions = log::partitions(&config.kafka, &config.kafka.updates_topic)
+        .await?
+        .len();
+    let loaded =
+        tokio::task::spawn_blocking(move || load(&source, &target, &region, seed, partitions))
+            .await
+            .map_err(|e| CheckpointError::Task(e.to_string()));
     if downloaded {
         let _ = tokio::fs::remove_file(&file).await;
     }
@@ -172,9 +178,11 @@ pub async fn restore(
             .collect::<BTreeMap<_, _>>(),
         format!("savepoint {savepoint}"),
     );
-    tokio::task::spawn_blocking(move || Store::open(&dir)?.prepare_bootstrap(&topic, &next, &from))
-        .await
-        .map_err(|e| CheckpointError::Task(e.to_string()))??;
+    tokio::task::spawn_blocking(move || {
+        Store::open_existing(&dir)?.prepare_bootstrap(&topic, &next, &from)
+    })
+    .await
+    .map_err(|e| CheckpointError::Task(e.to_string()))??;
     Ok(header)
 }
 
@@ -227,6 +235,7 @@ fn load(
     dir: &Path,
     region: &str,
     seed: bool,
+    partitions: usize,
 ) -> Result<pb::SavepointHeader, CheckpointError> {
     let file = std::fs::File::open(path).map_err(io(format!("reading {}", path.display())))?;
     let mut input = BufReader::new(file);
@@ -248,7 +257,7 @@ fn load(
             header.region, header.region
         )));
     }
-    let store = Store::open(dir)?;
+    let store = Store::open(dir, partitions)?;
     let (mut batch, mut count) = (Vec::with_capacity(LOAD_BATCH), 0u64);
     loop {
         match next()? {
@@ -292,7 +301,7 @@ mod tests {
         let mut bytes = vec![0xff; 8];
         bytes.extend_from_slice(&[0x3f, b'a', b'b', b'c']);
         std::fs::write(&path, bytes).unwrap();
-        let err = load(&path, &dir.path().join("data"), "us-east-1", false)
+        let err = load(&path, &dir.path().join("data"), "us-east-1", false, 4)
             .expect_err("a corrupt savepoint");
         assert!(err.to_string().contains("truncated"), "{err}");
     }

@@ -41,7 +41,8 @@ pub struct Applied {
     pub fences: Fences,
     /// Records whose key hashes ([`partition_of`]) to another partition than the one they
     /// are on (their producer does not partition like the Java client), and the first of
-    /// them: (key, the partition it was on, the key's partition).
+    /// them: (key, the partition it was on, the key's partition). Each is also in
+    /// `rejected`: a key's state lives in its own partition's store.
     pub misrouted: usize,
     pub first_misrouted: Option<(String, i32, i32)>,
     /// The batch stopped at a record whose epoch [`Grants`] can neither admit nor refuse:
@@ -303,6 +304,22 @@ pub fn apply_batch<S: StateSource>(
                 continue;
             }
         };
+        if let Some(n) = ctx.partitions {
+            let home = partition_of(update.key.as_bytes(), n);
+            if home != record.partition {
+                out.misrouted += 1;
+                out.first_misrouted
+                    .get_or_insert_with(|| (update.key.clone(), record.partition, home));
+                let (key, partition) = (update.key, record.partition);
+                let why = Rejection::Misrouted {
+                    key,
+                    partition,
+                    home,
+                };
+                out.rejected.push((record, why));
+                continue;
+            }
+        }
         let owned = match (ownership, update.epoch) {
             (Ownership::Owned, Some(epoch)) => Some((owned_shard(ctx.lease, &update.key), epoch)),
             _ => None,
@@ -325,14 +342,6 @@ pub fn apply_batch<S: StateSource>(
                     out.ask(before, shard, epoch, std::iter::once(record).chain(records));
                     break;
                 }
-            }
-        }
-        if let Some(n) = ctx.partitions {
-            let home = partition_of(update.key.as_bytes(), n);
-            if home != record.partition {
-                out.misrouted += 1;
-                out.first_misrouted
-                    .get_or_insert_with(|| (update.key.clone(), record.partition, home));
             }
         }
         if !work.contains_key(&update.key) {
@@ -604,6 +613,19 @@ mod tests {
     where
         S::Error: std::fmt::Debug,
     {
+        run_on(records, stored, grants, None)
+    }
+
+    /// With `partitions`, records off their key's partition of that many are refused.
+    fn run_on<S: StateSource>(
+        records: Vec<Record>,
+        stored: &S,
+        grants: Option<&Grants>,
+        partitions: Option<i32>,
+    ) -> Applied
+    where
+        S::Error: std::fmt::Debug,
+    {
         let c = config();
         let actor = Actor::new(RegionId::new("us-east-1").unwrap(), 1);
         let ctx = BatchContext {
@@ -615,7 +637,7 @@ mod tests {
             lease: c.lease.as_ref(),
             max_clock_offset: c.max_clock_offset,
             grants,
-            partitions: Some(2),
+            partitions,
         };
         apply_batch(records, stored, &ctx).unwrap()
     }
@@ -818,7 +840,7 @@ mod tests {
     /// A record is on its key's partition when its producer partitions like the Java
     /// client (murmur2); one that is not is applied, and counted, with the first named.
     #[test]
-    fn records_off_their_keys_partition_are_counted() {
+    fn records_off_their_keys_partition_are_refused_and_counted() {
         let keys = ["requests/a", "requests/b", "requests/c", "requests/d"];
         let records: Vec<Record> = keys
             .iter()
@@ -831,9 +853,15 @@ mod tests {
             .filter(|k| partition_of(k.as_bytes(), 2) != 0)
             .collect();
         assert!(!off.is_empty() && off.len() < keys.len(), "{off:?}");
-        let out = run(records, &BTreeMap::new());
-        assert_eq!((out.applied, out.misrouted), (keys.len(), off.len()));
+        let out = run_on(records, &BTreeMap::new(), None, Some(2));
+        assert_eq!(
+            (out.applied, out.misrouted),
+            (keys.len() - off.len(), off.len())
+        );
         assert_eq!(out.first_misrouted, Some((off[0].to_string(), 0, 1)));
+        let refused: Vec<&str> = out.rejected.iter().map(|(_, why)| why.code()).collect();
+        assert_eq!(refused, vec!["misrouted"; off.len()]);
+        assert!(off.iter().all(|k| !out.states.contains_key(*k)), "{off:?}");
     }
 
     #[test]

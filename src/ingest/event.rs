@@ -98,6 +98,14 @@ pub enum Rejection {
         written_ms: i64,
         max: std::time::Duration,
     },
+    #[error(
+        "{key:?} is on partition {partition}, and its key hashes to partition {home}: its producer does not partition keys like the Java client (set librdkafka's partitioner to murmur2_random, and the record's key to the state key); the key's state is kept in its own partition"
+    )]
+    Misrouted {
+        key: String,
+        partition: i32,
+        home: i32,
+    },
     #[error("counter would overflow: {0}")]
     Overflow(String),
     #[error(
@@ -126,6 +134,7 @@ impl Rejection {
             Rejection::OwnedWithoutLease { .. } => "owned_without_lease",
             Rejection::Fenced { .. } => "fenced",
             Rejection::EpochNotGranted { .. } => "epoch_not_granted",
+            Rejection::Misrouted { .. } => "misrouted",
             Rejection::Overflow(_) => "overflow",
             Rejection::CasOnShared { .. } => "cas_on_shared",
             Rejection::StampAhead { .. } => "stamp_ahead",

@@ -405,7 +405,7 @@ impl Ingestor {
                 key,
                 on,
                 home,
-                "records off their key's partition: their producer does not partition keys like the Java client (set librdkafka's partitioner to murmur2_random); a region on several nodes needs every key on its own partition"
+                "records off their key's partition, dead-lettered: their producer does not partition keys like the Java client (set librdkafka's partitioner to murmur2_random and the record key to the state key); a key's state lives in its own partition"
             );
         }
         metrics::histogram!(m::BATCH_APPLY_SECONDS).record(started.elapsed().as_secs_f64());

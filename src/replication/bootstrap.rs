@@ -150,9 +150,10 @@ async fn merge_own_topic(
     Ok(recovered)
 }
 
-/// Positions ingest after `resume` (with its fences and clock high-water), unless a
-/// restored copy is newer: both are snapshots of one history, so one is at or past the
-/// other everywhere, and the later one is kept.
+/// Positions ingest after `resume` (with its fences) in every partition where it is later
+/// than the restored copy: per partition, both are snapshots of that partition's one
+/// history (its store is written one batch at a time), so one is at or past the other,
+/// and the later one is kept. The clock starts past the resume point's high-water.
 async fn resume_after(
     config: &Config,
     hlc: &Arc<Hlc>,
@@ -168,8 +169,11 @@ async fn resume_after(
     }
     hlc.advance_past(resume.hlc_high_water);
     let current = store.source_offsets(&config.kafka.updates_topic)?;
-    if !dominates(&resume.updates_offsets, &current) {
-        tracing::info!(restored = ?current, resume = ?resume.updates_offsets, "the restored copy is newer than the last resume point; resuming after the copy");
+    let later = later_partitions(&resume.updates_offsets, &current);
+    if later.len() < resume.updates_offsets.len() {
+        tracing::info!(restored = ?current, resume = ?resume.updates_offsets, "the restored copy is newer than the last resume point in some partitions; those resume after the copy");
+    }
+    if later.is_empty() {
         return Ok(());
     }
     let (store, resume, updates_topic, hlc) = (
@@ -180,15 +184,17 @@ async fn resume_after(
     );
     tokio::task::spawn_blocking(move || {
         // the records after the resume point are judged by the fence as of it
-        let mut fences = store.fences()?;
-        for (&id, &epoch) in &resume.fences {
-            let fence = fences.entry(id).or_default();
-            *fence = (*fence).max(epoch);
-        }
+        let stored = store.fences()?;
+        let fences: BTreeMap<(u32, i32), u64> = resume
+            .fences
+            .iter()
+            .filter(|((_, partition), _)| later.contains_key(partition))
+            .map(|(&id, &epoch)| (id, epoch.max(stored.get(&id).copied().unwrap_or(0))))
+            .collect();
         store.commit(&Commit {
             topic: &updates_topic,
             states: &BTreeMap::new(),
-            offsets: &resume.updates_offsets,
+            offsets: &later,
             outbox: &[],
             recent_ids: &BTreeMap::<String, VecDeque<String>>::new(),
             hlc_high_water: hlc.now(),
@@ -201,11 +207,16 @@ async fn resume_after(
     Ok(())
 }
 
-/// True if `later` is at or past `earlier` in every partition `earlier` has.
-fn dominates(later: &BTreeMap<i32, i64>, earlier: &BTreeMap<i32, i64>) -> bool {
-    earlier
+/// The partitions where `resume` is past `current`, with its offsets.
+fn later_partitions(
+    resume: &BTreeMap<i32, i64>,
+    current: &BTreeMap<i32, i64>,
+) -> BTreeMap<i32, i64> {
+    resume
         .iter()
-        .all(|(p, o)| later.get(p).copied().unwrap_or(-1) >= *o)
+        .filter(|(p, o)| current.get(p).copied().unwrap_or(-1) < **o)
+        .map(|(p, o)| (*p, *o))
+        .collect()
 }
 
 /// Splits the refusals of a batch of own deltas into those superseded by what the store
@@ -227,16 +238,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_later_of_two_positions_dominates() {
-        let a = BTreeMap::from([(0, 5), (1, 7)]);
-        let b = BTreeMap::from([(0, 6), (1, 7)]);
-        assert!(dominates(&b, &a));
-        assert!(!dominates(&a, &b));
-        assert!(
-            dominates(&a, &BTreeMap::new()),
+    fn a_resume_point_is_kept_where_it_is_past_the_copy() {
+        let resume = BTreeMap::from([(0, 5), (1, 7), (2, 9)]);
+        let copy = BTreeMap::from([(0, 6), (1, 7), (2, 3)]);
+        assert_eq!(later_partitions(&resume, &copy), BTreeMap::from([(2, 9)]));
+        assert_eq!(
+            later_partitions(&resume, &BTreeMap::new()),
+            resume,
             "anything is past an empty store"
         );
-        assert!(!dominates(&BTreeMap::new(), &a));
+        assert!(later_partitions(&BTreeMap::new(), &copy).is_empty());
     }
 
     #[test]

@@ -1,5 +1,9 @@
-//! RocksDB: the region's state. Owns the column families and the one-`WriteBatch` commit
-//! of an applied batch. Knows nothing of Kafka or gRPC: it stores what `ingest` decided.
+//! RocksDB: the region's state, one RocksDB instance per partition of the updates topic
+//! (`<data-dir>/p<partition>/`), each with the column families below. A key's state, ids
+//! and outbox entry live in its partition's instance (`log::partition_of`), beside that
+//! partition's source offsets and fences, so a partition's state stands alone: it can be
+//! copied, restored and (scale-out) moved without the others. Knows nothing of Kafka or
+//! gRPC: it stores what `ingest` decided.
 //!
 //! ```text
 //!  column family  key                          value
@@ -16,40 +20,24 @@
 //!               "bootstrap/": the own deltas topic position a restored node read to
 //! ```
 //!
-//! Guarantee: a batch's new states, the source offsets it consumed, its outbox entries and
-//! the clock high-water mark are written in one `WriteBatch` (one WAL record), so after any
-//! crash the store holds all of a batch or none of it, and resuming from the stored
-//! offsets applies every record exactly once.
+//! Guarantee: a batch's part in one partition — the new states of its keys, the source
+//! offsets it consumed on that partition, its outbox entries, fences and the clock
+//! high-water mark — is written in one `WriteBatch` (one WAL record), so after any crash a
+//! partition holds all of a batch's part or none of it, and resuming from its stored
+//! offsets applies every record exactly once. (A record is applied only on its key's own
+//! partition — ingest dead-letters one off it — so its state and its offset are in one
+//! instance.)
+
+mod partition;
 
 use std::collections::{BTreeMap, VecDeque};
-use std::path::Path;
-
-use rocksdb::{
-    ColumnFamily, ColumnFamilyDescriptor, DB, Direction, IteratorMode, Options, ReadOptions,
-    WriteBatch,
-};
+use std::path::{Path, PathBuf};
 
 use crate::clock::HlcTimestamp;
-use crate::crdt::{CrdtValue, DecodeError, Delta, RegionId, decode_value, encode_value};
-
-const CF_STATE: &str = "state";
-const CF_OFFSETS: &str = "offsets";
-const CF_OUTBOX: &str = "outbox";
-const CF_META: &str = "meta";
-const CF_DEDUP: &str = "dedup";
-/// Every column family, in the order a savepoint lists them.
-pub const COLUMN_FAMILIES: [&str; 5] = [CF_STATE, CF_OFFSETS, CF_OUTBOX, CF_META, CF_DEDUP];
-const META_INCARNATION: &[u8] = b"incarnation";
-/// Set by a restore: the checkpoint or savepoint the store came from.
-const META_RESTORED_FROM: &[u8] = b"restored-from";
-/// Offsets id of the own deltas topic position a restored node bootstraps from.
-const BOOTSTRAP_OFFSETS: &str = "bootstrap/";
-const META_HLC: &[u8] = b"hlc";
-/// `remote/<region>`: the newest origin time merged from that region.
-const META_REMOTE: &str = "remote/";
-/// `fence/<shard u32 BE><partition i32 BE>` → the highest lease epoch the region's own
-/// records on that updates partition applied for an owned shard (u64 BE).
-const META_FENCE: &str = "fence/";
+use crate::crdt::{CrdtValue, DecodeError, Delta, RegionId};
+use crate::log::partition_of;
+pub use partition::COLUMN_FAMILIES;
+use partition::{Home, PartCommit, PartitionStore};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -66,9 +54,28 @@ pub enum StoreError {
     Task(String),
     #[error("unknown column family {0:?}")]
     UnknownColumnFamily(String),
+    #[error(
+        "{0} holds one RocksDB for every partition (a geostate before per-partition stores): take a savepoint with that version and restore it with this one"
+    )]
+    OneInstance(String),
+    #[error(
+        "{dir} holds {found} partitions, the updates topic has {expected}: a key's partition depends on the count, so a store is opened only with the count it was written with"
+    )]
+    PartitionCount {
+        dir: String,
+        found: usize,
+        expected: usize,
+    },
+    #[error("partition {partition} is not in this store of {partitions} partitions")]
+    NoPartition { partition: i32, partitions: usize },
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        source: std::io::Error,
+    },
 }
 
-/// What one applied batch writes.
+/// What one applied batch writes; [`Store::commit`] splits it by partition.
 pub struct Commit<'a> {
     pub topic: &'a str,
     pub states: &'a BTreeMap<String, CrdtValue>,
@@ -84,13 +91,9 @@ pub struct Commit<'a> {
     pub fences: &'a BTreeMap<(u32, i32), u64>,
 }
 
-/// In-memory mirror of the outbox column family.
-#[derive(Default)]
-struct Outbox {
-    /// State key → (version of the last write, encoded `Delta`).
-    entries: BTreeMap<String, (u64, Vec<u8>)>,
-    next_version: u64,
-}
+/// An entry as [`Store::for_each_entry`] reads it and [`Store::load`] writes it: column
+/// family, key, value.
+pub type Entry = (String, Vec<u8>, Vec<u8>);
 
 /// One pending outbox entry as read by a shipping round.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -98,13 +101,14 @@ pub struct OutboxEntry {
     pub key: String,
     /// An encoded `Delta`.
     pub bytes: Vec<u8>,
-    /// Changes whenever the key's entry is rewritten.
+    /// Changes whenever the key's entry is rewritten (versions count per partition).
     pub version: u64,
 }
 
 /// See [`Store::outbox_snapshot`].
+#[derive(Default)]
 pub struct OutboxSnapshot {
-    /// In key order.
+    /// Partition by partition, each in key order.
     pub entries: Vec<OutboxEntry>,
     pub offsets: BTreeMap<i32, i64>,
     pub hlc_high_water: Option<HlcTimestamp>,
@@ -112,83 +116,127 @@ pub struct OutboxSnapshot {
     pub fences: BTreeMap<(u32, i32), u64>,
 }
 
+/// The region's state: one [`PartitionStore`] per partition, `parts[p]` in `<dir>/p<p>`.
 pub struct Store {
-    db: DB,
-    /// The outbox column family's entries, mirrored in memory with a version per write.
-    /// Its lock serializes outbox writes (commits) with taking a shipping snapshot and with
-    /// the compare-and-delete of shipped entries, so the mirror always matches the column
-    /// family, and a shipping round reads no RocksDB at all for the entries.
-    outbox: std::sync::Mutex<Outbox>,
+    parts: Vec<PartitionStore>,
+}
+
+/// The directory of partition `p`'s instance inside a data dir.
+pub fn partition_dir(dir: &Path, partition: usize) -> PathBuf {
+    dir.join(format!("p{partition}"))
+}
+
+/// The partitions a data dir holds (`p0`, `p1`, …), refusing one written as a single
+/// instance; `0` for an empty or missing dir.
+fn partitions_in(dir: &Path) -> Result<usize, StoreError> {
+    if dir.join("CURRENT").exists() {
+        return Err(StoreError::OneInstance(dir.display().to_string()));
+    }
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        Err(source) => {
+            let what = format!("reading {}", dir.display());
+            return Err(StoreError::Io { what, source });
+        }
+    };
+    let mut found = 0;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let index = name
+            .to_str()
+            .and_then(|n| n.strip_prefix('p')?.parse::<usize>().ok());
+        if let Some(p) = index {
+            found = found.max(p + 1);
+        }
+    }
+    Ok(found)
 }
 
 impl Store {
-    /// Opens (or creates) the store in `dir`.
-    pub fn open(dir: &Path) -> Result<Self, StoreError> {
-        let mut opts = Options::default();
-        opts.create_if_missing(true);
-        opts.create_missing_column_families(true);
-        opts.set_compression_type(rocksdb::DBCompressionType::Lz4);
-        let cfs = COLUMN_FAMILIES.map(|name| ColumnFamilyDescriptor::new(name, opts.clone()));
-        let db = DB::open_cf_descriptors(&opts, dir, cfs)?;
-        let mut outbox = Outbox::default();
-        if let Some(cf) = db.cf_handle(CF_OUTBOX) {
-            for item in db.iterator_cf(cf, IteratorMode::Start) {
-                let (k, v) = item?;
-                outbox.entries.insert(
-                    String::from_utf8_lossy(&k).into_owned(),
-                    (outbox.next_version, v.into_vec()),
-                );
-                outbox.next_version += 1;
-            }
+    /// Opens (or creates) the store of `partitions` partitions in `dir`; a dir written
+    /// with another count is refused (keys would be looked up in the wrong partition).
+    pub fn open(dir: &Path, partitions: usize) -> Result<Self, StoreError> {
+        let found = partitions_in(dir)?;
+        if found != 0 && found != partitions {
+            return Err(StoreError::PartitionCount {
+                dir: dir.display().to_string(),
+                found,
+                expected: partitions,
+            });
         }
-        Ok(Self {
-            db,
-            outbox: std::sync::Mutex::new(outbox),
-        })
+        let parts = (0..partitions.max(1))
+            .map(|p| PartitionStore::open(&partition_dir(dir, p)))
+            .collect::<Result<_, _>>()?;
+        Ok(Self { parts })
+    }
+
+    /// Opens the partitions `dir` holds (a restored copy, which knows its count).
+    pub fn open_existing(dir: &Path) -> Result<Self, StoreError> {
+        Self::open(dir, partitions_in(dir)?)
     }
 
     /// Opens a store (a checkpoint copy) to read it; nothing is written.
     pub fn open_read_only(dir: &Path) -> Result<Self, StoreError> {
-        let db = DB::open_cf_for_read_only(&Options::default(), dir, COLUMN_FAMILIES, false)?;
-        Ok(Self {
-            db,
-            outbox: std::sync::Mutex::new(Outbox::default()),
-        })
+        let parts = (0..partitions_in(dir)?)
+            .map(|p| PartitionStore::open_read_only(&partition_dir(dir, p)))
+            .collect::<Result<_, _>>()?;
+        Ok(Self { parts })
     }
 
-    fn cf(&self, name: &'static str) -> &ColumnFamily {
-        // every column family is created at open
-        match self.db.cf_handle(name) {
-            Some(cf) => cf,
-            None => unreachable!("column family {name} is created at open"),
-        }
+    pub fn partitions(&self) -> usize {
+        self.parts.len()
     }
 
-    /// The incarnation this store was created with, if any.
+    fn of(&self, key: &str) -> &PartitionStore {
+        &self.parts[self.index_of(key)]
+    }
+
+    fn index_of(&self, key: &str) -> usize {
+        partition_of(key.as_bytes(), self.parts.len() as i32) as usize
+    }
+
+    fn part(&self, partition: i32) -> Result<&PartitionStore, StoreError> {
+        usize::try_from(partition)
+            .ok()
+            .and_then(|p| self.parts.get(p))
+            .ok_or(StoreError::NoPartition {
+                partition,
+                partitions: self.parts.len(),
+            })
+    }
+
+    /// The incarnation this store was created with: `None` unless every partition has the
+    /// same one (a crash while it was being set leaves the store to bootstrap again).
     pub fn incarnation(&self) -> Result<Option<u32>, StoreError> {
-        match self.db.get_cf(self.cf(CF_META), META_INCARNATION)? {
-            None => Ok(None),
-            Some(v) => Ok(Some(u32::from_be_bytes(v.as_slice().try_into().map_err(
-                |_| StoreError::BadLength {
-                    what: "incarnation",
-                },
-            )?))),
+        let mut found = None;
+        for part in &self.parts {
+            match (part.incarnation()?, found) {
+                (None, _) => return Ok(None),
+                (Some(i), Some(f)) if i != f => return Ok(None),
+                (Some(i), _) => found = Some(i),
+            }
         }
+        Ok(found)
     }
 
     pub fn set_incarnation(&self, incarnation: u32) -> Result<(), StoreError> {
-        self.db.put_cf(
-            self.cf(CF_META),
-            META_INCARNATION,
-            incarnation.to_be_bytes(),
-        )?;
-        Ok(())
+        self.parts
+            .iter()
+            .try_for_each(|part| part.set_incarnation(incarnation))
     }
 
-    /// Writes a RocksDB checkpoint into the new directory `dir`: the memtables are flushed,
-    /// then the live SST files are hard-linked and the small metadata files copied.
+    /// Writes a RocksDB checkpoint of every partition into the new directory `dir`
+    /// (`dir/p<p>`): the memtables are flushed, then the live SST files are hard-linked
+    /// and the small metadata files copied.
     pub fn checkpoint_to(&self, dir: &Path) -> Result<(), StoreError> {
-        rocksdb::checkpoint::Checkpoint::new(&self.db)?.create_checkpoint(dir)?;
+        std::fs::create_dir_all(dir).map_err(|source| StoreError::Io {
+            what: format!("creating {}", dir.display()),
+            source,
+        })?;
+        for (p, part) in self.parts.iter().enumerate() {
+            part.checkpoint_to(&partition_dir(dir, p))?;
+        }
         Ok(())
     }
 
@@ -196,448 +244,250 @@ impl Store {
     /// partition → last applied offset.
     pub fn all_offsets(&self) -> Result<BTreeMap<String, BTreeMap<i32, i64>>, StoreError> {
         let mut out: BTreeMap<String, BTreeMap<i32, i64>> = BTreeMap::new();
-        for item in self
-            .db
-            .iterator_cf(self.cf(CF_OFFSETS), IteratorMode::Start)
-        {
-            let (k, v) = item?;
-            let Some(split) = k.len().checked_sub(5).filter(|&i| k[i] == 0) else {
-                return Err(StoreError::BadLength { what: "offset key" });
-            };
-            let partition = i32::from_be_bytes(
-                k[split + 1..]
-                    .try_into()
-                    .map_err(|_| StoreError::BadLength { what: "offset key" })?,
-            );
-            let offset = i64::from_be_bytes(
-                v[..]
-                    .try_into()
-                    .map_err(|_| StoreError::BadLength { what: "offset" })?,
-            );
-            out.entry(String::from_utf8_lossy(&k[..split]).into_owned())
-                .or_default()
-                .insert(partition, offset);
+        for part in &self.parts {
+            for (id, offsets) in part.all_offsets()? {
+                out.entry(id).or_default().extend(offsets);
+            }
         }
         Ok(out)
     }
 
-    /// Calls `each(column family, key, value)` for every entry of every column family,
-    /// read from one snapshot (a savepoint).
+    /// Calls `each(column family, key, value)` for every entry of every column family of
+    /// every partition, each partition read from one snapshot (a savepoint). Entries of
+    /// `meta` that every partition keeps (incarnation, clock) come once per partition.
     pub fn for_each_entry<E: From<StoreError>>(
         &self,
         mut each: impl FnMut(&str, &[u8], &[u8]) -> Result<(), E>,
     ) -> Result<u64, E> {
-        let snapshot = self.db.snapshot();
         let mut count = 0;
-        for name in COLUMN_FAMILIES {
-            let mut read = ReadOptions::default();
-            read.set_snapshot(&snapshot);
-            for item in self
-                .db
-                .iterator_cf_opt(self.cf(name), read, IteratorMode::Start)
-            {
-                let (k, v) = item.map_err(StoreError::from)?;
-                each(name, &k, &v)?;
-                count += 1;
-            }
+        for part in &self.parts {
+            count += part.for_each_entry(&mut each)?;
         }
         Ok(count)
     }
 
-    /// Writes entries read by [`Store::for_each_entry`] (a savepoint restore), in one batch.
-    pub fn load(&self, entries: &[(String, Vec<u8>, Vec<u8>)]) -> Result<(), StoreError> {
-        let mut batch = WriteBatch::default();
-        for (cf, k, v) in entries {
-            let Some(name) = COLUMN_FAMILIES.iter().find(|n| **n == cf.as_str()) else {
-                return Err(StoreError::UnknownColumnFamily(cf.clone()));
-            };
-            batch.put_cf(self.cf(name), k, v);
+    /// Writes entries read by [`Store::for_each_entry`] (a savepoint restore), each into
+    /// its partition's instance: a state key's by its hash, an offset or a fence into the
+    /// partition it names, the clock and remote times as the newest of those loaded. So a
+    /// savepoint of a store of another partition count (or of one instance) loads too.
+    pub fn load(&self, entries: &[Entry]) -> Result<(), StoreError> {
+        let mut split: Vec<Vec<&Entry>> = vec![Vec::new(); self.parts.len()];
+        let mut newest: BTreeMap<(&str, &[u8]), &Entry> = BTreeMap::new();
+        for entry in entries {
+            let (cf, k, v) = entry;
+            match partition::home_of(cf, k)? {
+                Home::Key => {
+                    let key = String::from_utf8_lossy(k);
+                    split[self.index_of(&key)].push(entry);
+                }
+                Home::Partition(p) => {
+                    self.part(p)?;
+                    split[p as usize].push(entry);
+                }
+                Home::Every => split.iter_mut().for_each(|s| s.push(entry)),
+                Home::Newest => {
+                    let kept = newest.entry((cf.as_str(), k.as_slice())).or_insert(entry);
+                    if partition::decode_hlc(v)? > partition::decode_hlc(&kept.2)? {
+                        *kept = entry;
+                    }
+                }
+            }
         }
-        self.db.write(batch)?;
+        for (part, mut entries) in self.parts.iter().zip(split) {
+            entries.extend(newest.values().copied());
+            part.load(&entries)?;
+        }
         Ok(())
     }
 
     /// Marks a restored store so that its next start bootstraps: the incarnation is
     /// forgotten (the node takes a new one after merging its own deltas topic, read from
-    /// `deltas_next`, the deltas topic's end offsets when the copy was taken).
+    /// `deltas_next`, the deltas topic's end offsets when the copy was taken; partition
+    /// `p`'s position is kept in partition `p`).
     pub fn prepare_bootstrap(
         &self,
         deltas_topic: &str,
         deltas_next: &BTreeMap<i32, i64>,
         restored_from: &str,
     ) -> Result<(), StoreError> {
-        let offsets = self.cf(CF_OFFSETS);
-        let mut batch = WriteBatch::default();
-        let prefix = offset_prefix(&format!("{BOOTSTRAP_OFFSETS}{deltas_topic}"));
-        for item in self
-            .db
-            .iterator_cf(offsets, IteratorMode::From(&prefix, Direction::Forward))
-        {
-            let (k, _) = item?;
-            if !k.starts_with(&prefix) {
-                break;
-            }
-            batch.delete_cf(offsets, k);
+        for (p, part) in self.parts.iter().enumerate() {
+            let own: BTreeMap<i32, i64> = deltas_next
+                .iter()
+                .filter(|(partition, _)| usize::try_from(**partition) == Ok(p))
+                .map(|(p, next)| (*p, *next))
+                .collect();
+            part.prepare_bootstrap(deltas_topic, &own, restored_from)?;
         }
-        for (partition, next) in deltas_next {
-            let mut k = prefix.clone();
-            k.extend_from_slice(&partition.to_be_bytes());
-            batch.put_cf(offsets, k, (next - 1).to_be_bytes());
-        }
-        batch.delete_cf(self.cf(CF_META), META_INCARNATION);
-        batch.put_cf(
-            self.cf(CF_META),
-            META_RESTORED_FROM,
-            restored_from.as_bytes(),
-        );
-        self.db.write(batch)?;
         Ok(())
     }
 
     /// Where a restored store's own deltas topic is read from (last offset before it).
     pub fn bootstrap_offsets(&self, deltas_topic: &str) -> Result<BTreeMap<i32, i64>, StoreError> {
-        self.source_offsets(&format!("{BOOTSTRAP_OFFSETS}{deltas_topic}"))
+        self.union(|part| part.bootstrap_offsets(deltas_topic))
     }
 
     /// The checkpoint or savepoint this store was restored from, if any.
     pub fn restored_from(&self) -> Result<Option<String>, StoreError> {
-        Ok(self
-            .db
-            .get_cf(self.cf(CF_META), META_RESTORED_FROM)?
-            .map(|v| String::from_utf8_lossy(&v).into_owned()))
+        match self.parts.first() {
+            Some(part) => part.restored_from(),
+            None => Ok(None),
+        }
     }
 
     /// The highest HLC stamp this region issued before, if any.
     pub fn hlc_high_water(&self) -> Result<Option<HlcTimestamp>, StoreError> {
-        self.db
-            .get_cf(self.cf(CF_META), META_HLC)?
-            .map(|v| decode_hlc(&v))
-            .transpose()
+        let mut newest = None;
+        for part in &self.parts {
+            newest = newest.max(part.hlc_high_water()?);
+        }
+        Ok(newest)
     }
 
     /// Per remote region, the newest origin time merged from it.
     pub fn remote_applied(&self) -> Result<BTreeMap<RegionId, HlcTimestamp>, StoreError> {
-        let mut out = BTreeMap::new();
-        let iter = self.db.iterator_cf(
-            self.cf(CF_META),
-            IteratorMode::From(META_REMOTE.as_bytes(), Direction::Forward),
-        );
-        for item in iter {
-            let (k, v) = item?;
-            let Some(region) = k.strip_prefix(META_REMOTE.as_bytes()) else {
-                break;
-            };
-            if let Ok(region) = RegionId::new(String::from_utf8_lossy(region).into_owned()) {
-                out.insert(region, decode_hlc(&v)?);
+        let mut out: BTreeMap<RegionId, HlcTimestamp> = BTreeMap::new();
+        for part in &self.parts {
+            for (region, newest) in part.remote_applied()? {
+                let kept = out.entry(region).or_insert(newest);
+                *kept = (*kept).max(newest);
             }
         }
         Ok(out)
     }
 
     pub fn get(&self, key: &str) -> Result<Option<CrdtValue>, StoreError> {
-        self.db
-            .get_pinned_cf(self.cf(CF_STATE), key.as_bytes())?
-            .map(|v| {
-                decode_value(&v).map_err(|source| StoreError::Corrupt {
-                    what: "state",
-                    source,
-                })
-            })
-            .transpose()
+        self.of(key).get(key)
     }
 
     /// The highest lease epoch this region's own records on an updates partition applied
     /// for an owned shard (0: none yet): the fence its next records there are judged by.
     pub fn fence(&self, shard: u32, partition: i32) -> Result<u64, StoreError> {
-        match self
-            .db
-            .get_cf(self.cf(CF_META), fence_key(shard, partition))?
-        {
-            None => Ok(0),
-            Some(v) => Ok(u64::from_be_bytes(
-                v.as_slice()
-                    .try_into()
-                    .map_err(|_| StoreError::BadLength { what: "fence" })?,
-            )),
-        }
+        self.part(partition)?.fence(shard, partition)
     }
 
     /// Every fence, by owned shard and updates partition.
     pub fn fences(&self) -> Result<BTreeMap<(u32, i32), u64>, StoreError> {
-        self.fences_with(ReadOptions::default())
-    }
-
-    fn fences_with(&self, read: ReadOptions) -> Result<BTreeMap<(u32, i32), u64>, StoreError> {
-        let mut out = BTreeMap::new();
-        let iter = self.db.iterator_cf_opt(
-            self.cf(CF_META),
-            read,
-            IteratorMode::From(META_FENCE.as_bytes(), Direction::Forward),
-        );
-        for item in iter {
-            let (k, v) = item?;
-            let Some(id) = k.strip_prefix(META_FENCE.as_bytes()) else {
-                break;
-            };
-            let bad = |_| StoreError::BadLength { what: "fence" };
-            let (shard, partition) = id
-                .split_at_checked(4)
-                .ok_or(StoreError::BadLength { what: "fence" })?;
-            let shard = u32::from_be_bytes(shard.try_into().map_err(bad)?);
-            let partition = i32::from_be_bytes(partition.try_into().map_err(bad)?);
-            out.insert(
-                (shard, partition),
-                u64::from_be_bytes(v[..].try_into().map_err(bad)?),
-            );
-        }
-        Ok(out)
+        self.union(PartitionStore::fences)
     }
 
     /// The idempotency ids most recently applied to `key`, oldest first.
     pub fn recent_ids(&self, key: &str) -> Result<VecDeque<String>, StoreError> {
-        let mut ids = VecDeque::new();
-        let Some(bytes) = self.db.get_pinned_cf(self.cf(CF_DEDUP), key.as_bytes())? else {
-            return Ok(ids);
-        };
-        let mut rest = &bytes[..];
-        while rest.len() >= 2 {
-            let len = u16::from_be_bytes([rest[0], rest[1]]) as usize;
-            let id = rest
-                .get(2..2 + len)
-                .ok_or(StoreError::BadLength { what: "dedup ids" })?;
-            ids.push_back(String::from_utf8_lossy(id).into_owned());
-            rest = &rest[2 + len..];
-        }
-        Ok(ids)
+        self.of(key).recent_ids(key)
     }
 
-    /// Up to `limit` keys starting with `prefix`, in key order, strictly after `after`.
+    /// Up to `limit` keys starting with `prefix`, in key order, strictly after `after`
+    /// (every partition's first `limit`, merged).
     pub fn scan(
         &self,
         prefix: &str,
         after: Option<&str>,
         limit: usize,
     ) -> Result<Vec<(String, CrdtValue)>, StoreError> {
-        let start = after.unwrap_or(prefix);
-        let iter = self.db.iterator_cf(
-            self.cf(CF_STATE),
-            IteratorMode::From(start.as_bytes(), Direction::Forward),
-        );
         let mut out = Vec::new();
-        for item in iter {
-            let (k, v) = item?;
-            if !k.starts_with(prefix.as_bytes()) || out.len() >= limit {
-                break;
-            }
-            let key = String::from_utf8_lossy(&k).into_owned();
-            if Some(key.as_str()) == after {
-                continue;
-            }
-            let value = decode_value(&v).map_err(|source| StoreError::Corrupt {
-                what: "state",
-                source,
-            })?;
-            out.push((key, value));
+        for part in &self.parts {
+            out.extend(part.scan(prefix, after, limit)?);
         }
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out.truncate(limit);
         Ok(out)
     }
 
     /// The last applied offset of every partition of `topic`.
     pub fn source_offsets(&self, topic: &str) -> Result<BTreeMap<i32, i64>, StoreError> {
-        self.source_offsets_with(topic, ReadOptions::default())
+        self.union(|part| part.source_offsets(topic))
     }
 
-    fn source_offsets_with(
+    fn union<K: Ord, V>(
         &self,
-        topic: &str,
-        read: ReadOptions,
-    ) -> Result<BTreeMap<i32, i64>, StoreError> {
-        let prefix = offset_prefix(topic);
+        read: impl Fn(&PartitionStore) -> Result<BTreeMap<K, V>, StoreError>,
+    ) -> Result<BTreeMap<K, V>, StoreError> {
         let mut out = BTreeMap::new();
-        let iter = self.db.iterator_cf_opt(
-            self.cf(CF_OFFSETS),
-            read,
-            IteratorMode::From(&prefix, Direction::Forward),
-        );
-        for item in iter {
-            let (k, v) = item?;
-            if !k.starts_with(&prefix) {
-                break;
-            }
-            let partition = k[prefix.len()..]
-                .try_into()
-                .map(i32::from_be_bytes)
-                .map_err(|_| StoreError::BadLength { what: "offset key" })?;
-            let offset = v[..]
-                .try_into()
-                .map(i64::from_be_bytes)
-                .map_err(|_| StoreError::BadLength { what: "offset" })?;
-            out.insert(partition, offset);
+        for part in &self.parts {
+            out.extend(read(part)?);
         }
         Ok(out)
     }
 
-    /// Every pending outbox entry together with the source offsets of `topic` and the
-    /// clock high-water mark, read from one snapshot: the entries hold every event applied
-    /// up to those offsets that was not shipped before (commits write both in one batch).
+    /// Every pending outbox entry together with the source offsets of `topic`, the fences
+    /// and the clock high-water mark, each partition's read from one snapshot: a
+    /// partition's entries hold every event applied up to its offsets that was not
+    /// shipped before (commits write both in one batch).
     pub fn outbox_snapshot(&self, topic: &str) -> Result<OutboxSnapshot, StoreError> {
-        let (snapshot, entries) = {
-            let outbox = self.lock_outbox();
-            let entries = outbox
-                .entries
-                .iter()
-                .map(|(key, (version, bytes))| OutboxEntry {
-                    key: key.clone(),
-                    bytes: bytes.clone(),
-                    version: *version,
-                })
-                .collect();
-            (self.db.snapshot(), entries)
-        };
-        let mut read = ReadOptions::default();
-        read.set_snapshot(&snapshot);
-        let hlc_high_water = self
-            .db
-            .get_cf_opt(self.cf(CF_META), META_HLC, &read)?
-            .map(|v| decode_hlc(&v))
-            .transpose()?;
-        let mut read = ReadOptions::default();
-        read.set_snapshot(&snapshot);
-        let offsets = self.source_offsets_with(topic, read)?;
-        let mut read = ReadOptions::default();
-        read.set_snapshot(&snapshot);
-        Ok(OutboxSnapshot {
-            entries,
-            offsets,
-            hlc_high_water,
-            fences: self.fences_with(read)?,
-        })
+        let mut out = OutboxSnapshot::default();
+        for part in &self.parts {
+            let snapshot = part.outbox_snapshot(topic)?;
+            out.entries.extend(snapshot.entries);
+            out.offsets.extend(snapshot.offsets);
+            out.fences.extend(snapshot.fences);
+            out.hlc_high_water = out.hlc_high_water.max(snapshot.hlc_high_water);
+        }
+        Ok(out)
     }
 
     /// How many keys the outbox holds.
     pub fn outbox_len(&self) -> usize {
-        self.lock_outbox().entries.len()
+        self.parts.iter().map(PartitionStore::outbox_len).sum()
     }
 
     /// Removes shipped outbox entries — each only if it was not rewritten since it was
     /// read: a batch that wrote a newer delta for the key meanwhile keeps its entry, so
     /// the newer state is shipped too, never lost.
     pub fn clear_outbox(&self, shipped: &[OutboxEntry]) -> Result<usize, StoreError> {
-        let mut outbox = self.lock_outbox();
-        let cf = self.cf(CF_OUTBOX);
-        let mut batch = WriteBatch::default();
-        let unchanged: Vec<&OutboxEntry> = shipped
-            .iter()
-            .filter(|e| outbox.entries.get(&e.key).map(|(v, _)| *v) == Some(e.version))
-            .collect();
-        for entry in &unchanged {
-            batch.delete_cf(cf, entry.key.as_bytes());
+        let mut split: Vec<Vec<&OutboxEntry>> = vec![Vec::new(); self.parts.len()];
+        for entry in shipped {
+            split[self.index_of(&entry.key)].push(entry);
         }
-        self.db.write(batch)?;
-        for entry in &unchanged {
-            outbox.entries.remove(&entry.key);
-        }
-        Ok(unchanged.len())
-    }
-
-    fn lock_outbox(&self) -> std::sync::MutexGuard<'_, Outbox> {
-        self.outbox.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Writes one applied batch atomically (see the module guarantee).
-    pub fn commit(&self, commit: &Commit<'_>) -> Result<(), StoreError> {
-        let mut batch = WriteBatch::default();
-        let state = self.cf(CF_STATE);
-        for (key, value) in commit.states {
-            batch.put_cf(state, key.as_bytes(), encode_value(value));
-        }
-        let offsets = self.cf(CF_OFFSETS);
-        let prefix = offset_prefix(commit.topic);
-        for (partition, offset) in commit.offsets {
-            let mut k = prefix.clone();
-            k.extend_from_slice(&partition.to_be_bytes());
-            batch.put_cf(offsets, k, offset.to_be_bytes());
-        }
-        let outbox_cf = self.cf(CF_OUTBOX);
-        let outbox_entries: Vec<(&str, Vec<u8>)> = commit
-            .outbox
-            .iter()
-            .map(|delta| (delta.key.as_str(), delta.encode()))
-            .collect();
-        for (key, bytes) in &outbox_entries {
-            batch.put_cf(outbox_cf, key.as_bytes(), bytes);
-        }
-        let dedup = self.cf(CF_DEDUP);
-        for (key, ids) in commit.recent_ids {
-            let mut v = Vec::new();
-            for id in ids {
-                // never cut: ingest refuses ids over `ingest.max-id-bytes` (≤ 65535)
-                let id = &id.as_bytes()[..id.len().min(u16::MAX as usize)];
-                v.extend_from_slice(&(id.len() as u16).to_be_bytes());
-                v.extend_from_slice(id);
+        let mut cleared = 0;
+        for (part, entries) in self.parts.iter().zip(split) {
+            if !entries.is_empty() {
+                cleared += part.clear_outbox(&entries)?;
             }
-            batch.put_cf(dedup, key.as_bytes(), v);
         }
-        batch.put_cf(
-            self.cf(CF_META),
-            META_HLC,
-            encode_hlc(commit.hlc_high_water),
-        );
-        for (&(shard, partition), epoch) in commit.fences {
-            batch.put_cf(
-                self.cf(CF_META),
-                fence_key(shard, partition),
-                epoch.to_be_bytes(),
-            );
+        Ok(cleared)
+    }
+
+    /// Writes one applied batch, each partition's part atomically (see the module
+    /// guarantee): states, ids and outbox entries by their key's partition, offsets and
+    /// fences by the partition they name; every written partition gets the clock's
+    /// high-water mark and the remote's newest time.
+    pub fn commit(&self, commit: &Commit<'_>) -> Result<(), StoreError> {
+        let mut split: Vec<PartCommit<'_>> = (0..self.parts.len())
+            .map(|_| PartCommit::default())
+            .collect();
+        for (key, value) in commit.states {
+            split[self.index_of(key)].states.push((key, value));
         }
-        if let Some((region, newest)) = commit.remote_applied {
-            let key = format!("{META_REMOTE}{region}");
-            batch.put_cf(self.cf(CF_META), key.as_bytes(), encode_hlc(newest));
+        for delta in commit.outbox {
+            split[self.index_of(&delta.key)].outbox.push(delta);
         }
-        let mut outbox = self.lock_outbox();
-        self.db.write(batch)?;
-        for (key, bytes) in outbox_entries {
-            let version = outbox.next_version;
-            outbox.next_version += 1;
-            outbox.entries.insert(key.to_owned(), (version, bytes));
+        for (key, ids) in commit.recent_ids {
+            split[self.index_of(key)].recent_ids.push((key, ids));
+        }
+        for (&partition, &offset) in commit.offsets {
+            self.part(partition)?;
+            split[partition as usize].offsets.push((partition, offset));
+        }
+        for (&(shard, partition), &epoch) in commit.fences {
+            self.part(partition)?;
+            split[partition as usize]
+                .fences
+                .insert((shard, partition), epoch);
+        }
+        for (part, split) in self.parts.iter().zip(&split) {
+            if !split.is_empty() {
+                part.commit(commit, split)?;
+            }
         }
         Ok(())
     }
-}
-
-fn fence_key(shard: u32, partition: i32) -> Vec<u8> {
-    let mut k = META_FENCE.as_bytes().to_vec();
-    k.extend_from_slice(&shard.to_be_bytes());
-    k.extend_from_slice(&partition.to_be_bytes());
-    k
-}
-
-fn encode_hlc(ts: HlcTimestamp) -> Vec<u8> {
-    let mut v = Vec::with_capacity(12);
-    v.extend_from_slice(&ts.wall_nanos.to_be_bytes());
-    v.extend_from_slice(&ts.logical.to_be_bytes());
-    v
-}
-
-fn decode_hlc(v: &[u8]) -> Result<HlcTimestamp, StoreError> {
-    if v.len() != 12 {
-        return Err(StoreError::BadLength { what: "hlc" });
-    }
-    let wall = u64::from_be_bytes(v[..8].try_into().unwrap_or_default());
-    let logical = u32::from_be_bytes(v[8..].try_into().unwrap_or_default());
-    Ok(HlcTimestamp::new(wall, logical))
-}
-
-fn offset_prefix(topic: &str) -> Vec<u8> {
-    let mut k = topic.as_bytes().to_vec();
-    k.push(0);
-    k
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::crdt::{Actor, GCounter, RegionId};
+
+    const PARTITIONS: usize = 4;
 
     fn counter(n: u64) -> CrdtValue {
         let mut c = GCounter::new();
@@ -646,63 +496,78 @@ mod tests {
         CrdtValue::GCounter(c)
     }
 
+    /// Two keys of different partitions (`requests/a` → 1, `requests/b` → 3 of 4; both 1
+    /// of 2).
+    fn keys() -> (String, String) {
+        let (a, b) = ("requests/a".to_string(), "requests/b".to_string());
+        assert_eq!(partition_of(a.as_bytes(), 4), 1);
+        assert_eq!(partition_of(b.as_bytes(), 4), 3);
+        (a, b)
+    }
+
+    fn delta(key: &str, n: u64) -> Delta {
+        Delta {
+            key: key.into(),
+            origin: RegionId::new("us-east-1").unwrap(),
+            state: counter(n),
+            origin_time: HlcTimestamp::new(1, 0),
+            epoch: 0,
+        }
+    }
+
+    fn commit_two_keys(store: &Store) {
+        let (a, b) = keys();
+        let states = BTreeMap::from([(a.clone(), counter(3)), (b.clone(), counter(1))]);
+        store
+            .commit(&Commit {
+                topic: "geostate.updates",
+                states: &states,
+                offsets: &BTreeMap::from([(1, 41), (3, 7)]),
+                outbox: &[delta(&a, 3)],
+                recent_ids: &BTreeMap::from([(
+                    a.clone(),
+                    VecDeque::from(["x".to_string(), "y".to_string()]),
+                )]),
+                hlc_high_water: HlcTimestamp::new(99, 2),
+                remote_applied: Some((
+                    &RegionId::new("eu-west-1").unwrap(),
+                    HlcTimestamp::new(7, 0),
+                )),
+                fences: &BTreeMap::from([((5, 1), 3)]),
+            })
+            .unwrap();
+    }
+
     #[test]
     fn a_commit_survives_reopen_with_its_offsets_outbox_and_clock() {
         let dir = tempfile::tempdir().unwrap();
+        let (a, b) = keys();
         {
-            let store = Store::open(dir.path()).unwrap();
+            let store = Store::open(dir.path(), PARTITIONS).unwrap();
             assert_eq!(store.incarnation().unwrap(), None);
             store.set_incarnation(7).unwrap();
-            let states = BTreeMap::from([
-                ("requests/a".to_string(), counter(3)),
-                ("requests/b".to_string(), counter(1)),
-            ]);
-            let delta = Delta {
-                key: "requests/a".into(),
-                origin: RegionId::new("us-east-1").unwrap(),
-                state: counter(3),
-                origin_time: HlcTimestamp::new(1, 0),
-                epoch: 0,
-            };
-            store
-                .commit(&Commit {
-                    topic: "geostate.updates",
-                    states: &states,
-                    offsets: &BTreeMap::from([(0, 41), (3, 7)]),
-                    outbox: &[delta],
-                    recent_ids: &BTreeMap::from([(
-                        "requests/a".to_string(),
-                        VecDeque::from(["x".to_string(), "y".to_string()]),
-                    )]),
-                    hlc_high_water: HlcTimestamp::new(99, 2),
-                    remote_applied: Some((
-                        &RegionId::new("eu-west-1").unwrap(),
-                        HlcTimestamp::new(7, 0),
-                    )),
-                    fences: &BTreeMap::from([((5, 1), 3)]),
-                })
-                .unwrap();
+            commit_two_keys(&store);
         }
-        let store = Store::open(dir.path()).unwrap();
+        let store = Store::open(dir.path(), PARTITIONS).unwrap();
         assert_eq!(store.incarnation().unwrap(), Some(7));
         assert_eq!(
             (store.fence(5, 1).unwrap(), store.fence(5, 0).unwrap()),
             (3, 0)
         );
         assert_eq!(store.fences().unwrap(), BTreeMap::from([((5, 1), 3)]));
-        assert_eq!(store.get("requests/a").unwrap(), Some(counter(3)));
+        assert_eq!(store.get(&a).unwrap(), Some(counter(3)));
         assert_eq!(store.get("requests/zzz").unwrap(), None);
         assert_eq!(
             store.source_offsets("geostate.updates").unwrap(),
-            BTreeMap::from([(0, 41), (3, 7)])
+            BTreeMap::from([(1, 41), (3, 7)])
         );
         assert!(store.source_offsets("other").unwrap().is_empty());
         let snapshot = store.outbox_snapshot("geostate.updates").unwrap();
-        assert_eq!(snapshot.offsets, BTreeMap::from([(0, 41), (3, 7)]));
+        assert_eq!(snapshot.offsets, BTreeMap::from([(1, 41), (3, 7)]));
         assert_eq!(snapshot.hlc_high_water, Some(HlcTimestamp::new(99, 2)));
         let outbox = snapshot.entries;
         assert_eq!(outbox.len(), 1);
-        assert_eq!(Delta::decode(&outbox[0].bytes).unwrap().key, "requests/a");
+        assert_eq!(Delta::decode(&outbox[0].bytes).unwrap().key, a);
         // an entry rewritten since it was read is not cleared
         let stale = vec![OutboxEntry {
             version: outbox[0].version + 1,
@@ -710,26 +575,133 @@ mod tests {
         }];
         assert_eq!(store.clear_outbox(&stale).unwrap(), 0);
         assert_eq!(store.clear_outbox(&outbox).unwrap(), 1);
-        assert!(
-            store
-                .outbox_snapshot("geostate.updates")
-                .unwrap()
-                .entries
-                .is_empty()
-        );
-        assert_eq!(store.recent_ids("requests/a").unwrap(), ["x", "y"]);
-        assert!(store.recent_ids("requests/b").unwrap().is_empty());
+        assert_eq!(store.outbox_len(), 0);
+        assert_eq!(store.recent_ids(&a).unwrap(), ["x", "y"]);
+        assert!(store.recent_ids(&b).unwrap().is_empty());
         assert_eq!(
             store.hlc_high_water().unwrap(),
             Some(HlcTimestamp::new(99, 2))
         );
+        assert_eq!(
+            store.remote_applied().unwrap(),
+            BTreeMap::from([(RegionId::new("eu-west-1").unwrap(), HlcTimestamp::new(7, 0))])
+        );
         let page = store.scan("requests/", None, 1).unwrap();
         assert_eq!(page.len(), 1);
-        assert_eq!(page[0].0, "requests/a");
-        let next = store.scan("requests/", Some("requests/a"), 10).unwrap();
+        assert_eq!(page[0].0, a);
+        let next = store.scan("requests/", Some(&a), 10).unwrap();
         assert_eq!(
             next.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>(),
-            ["requests/b"]
+            [b.as_str()]
+        );
+    }
+
+    /// Each partition's instance holds its own keys and positions and nothing of the
+    /// others, so it can be copied or moved alone.
+    #[test]
+    fn a_partitions_instance_holds_its_keys_and_positions_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = keys();
+        drop({
+            let store = Store::open(dir.path(), PARTITIONS).unwrap();
+            commit_two_keys(&store);
+            store
+        });
+        let one = PartitionStore::open(&partition_dir(dir.path(), 1)).unwrap();
+        assert_eq!(one.get(&a).unwrap(), Some(counter(3)));
+        assert_eq!(one.get(&b).unwrap(), None);
+        assert_eq!(
+            one.source_offsets("geostate.updates").unwrap(),
+            BTreeMap::from([(1, 41)])
+        );
+        assert_eq!(one.fences().unwrap(), BTreeMap::from([((5, 1), 3)]));
+        assert_eq!(one.outbox_len(), 1);
+        let three = PartitionStore::open(&partition_dir(dir.path(), 3)).unwrap();
+        assert_eq!(three.get(&b).unwrap(), Some(counter(1)));
+        assert_eq!(three.get(&a).unwrap(), None);
+        assert!(three.fences().unwrap().is_empty());
+        assert_eq!(
+            three.hlc_high_water().unwrap(),
+            Some(HlcTimestamp::new(99, 2))
+        );
+        // untouched partitions were not written at all
+        let zero = PartitionStore::open(&partition_dir(dir.path(), 0)).unwrap();
+        assert_eq!(zero.hlc_high_water().unwrap(), None);
+    }
+
+    #[test]
+    fn a_store_opens_only_with_the_partition_count_it_was_written_with() {
+        let dir = tempfile::tempdir().unwrap();
+        drop(Store::open(dir.path(), PARTITIONS).unwrap());
+        let err = Store::open(dir.path(), 8).err().unwrap().to_string();
+        assert!(
+            err.contains("holds 4 partitions, the updates topic has 8"),
+            "{err}"
+        );
+        assert_eq!(Store::open_existing(dir.path()).unwrap().partitions(), 4);
+        // a data dir of one instance for every partition (an older geostate)
+        let old = tempfile::tempdir().unwrap();
+        drop(PartitionStore::open(old.path()).unwrap());
+        let err = Store::open(old.path(), PARTITIONS)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("take a savepoint"), "{err}");
+    }
+
+    /// A savepoint's entries (as `for_each_entry` reads them) load each into its
+    /// partition: a key's by its hash, an offset or fence where it names, the clock as the
+    /// newest of all partitions'.
+    #[test]
+    fn entries_load_into_their_partition_and_the_clock_as_the_newest() {
+        let (a, b) = keys();
+        let source_dir = tempfile::tempdir().unwrap();
+        let source = Store::open(source_dir.path(), PARTITIONS).unwrap();
+        source.set_incarnation(7).unwrap();
+        commit_two_keys(&source);
+        source
+            .commit(&Commit {
+                topic: "geostate.updates",
+                states: &BTreeMap::from([(b.clone(), counter(9))]),
+                offsets: &BTreeMap::from([(3, 8)]),
+                outbox: &[],
+                recent_ids: &BTreeMap::new(),
+                hlc_high_water: HlcTimestamp::new(100, 0),
+                remote_applied: None,
+                fences: &BTreeMap::new(),
+            })
+            .unwrap();
+        let mut entries = Vec::new();
+        source
+            .for_each_entry(|cf, k, v| {
+                entries.push((cf.to_owned(), k.to_vec(), v.to_vec()));
+                Ok::<_, StoreError>(())
+            })
+            .unwrap();
+        let target_dir = tempfile::tempdir().unwrap();
+        let target = Store::open(target_dir.path(), PARTITIONS).unwrap();
+        target.load(&entries).unwrap();
+        assert_eq!(target.get(&a).unwrap(), Some(counter(3)));
+        assert_eq!(target.get(&b).unwrap(), Some(counter(9)));
+        assert_eq!(target.incarnation().unwrap(), Some(7));
+        assert_eq!(
+            target.source_offsets("geostate.updates").unwrap(),
+            BTreeMap::from([(1, 41), (3, 8)])
+        );
+        assert_eq!(target.fences().unwrap(), BTreeMap::from([((5, 1), 3)]));
+        for part in &target.parts {
+            assert_eq!(
+                part.hlc_high_water().unwrap(),
+                Some(HlcTimestamp::new(100, 0))
+            );
+        }
+        // an offset of a partition the store does not have is refused
+        let fewer_dir = tempfile::tempdir().unwrap();
+        let fewer = Store::open(fewer_dir.path(), 2).unwrap();
+        let err = fewer.load(&entries).err();
+        assert!(
+            matches!(err, Some(StoreError::NoPartition { partition: 3, .. })),
+            "{err:?}"
         );
     }
 }
