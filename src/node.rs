@@ -110,6 +110,34 @@ pub fn new_incarnation(clock: &dyn Clock) -> u32 {
         .max(1)
 }
 
+/// One initialised transactional producer per partition of the deltas topic, each with
+/// the partition's own id (`geostate.<region>.<deltas topic>.p<partition>`), started
+/// together.
+async fn ship_producers(
+    config: &Config,
+    partitions: &[i32],
+) -> Result<Vec<(i32, log::Transactional)>, NodeError> {
+    let mut starting = tokio::task::JoinSet::new();
+    for &partition in partitions {
+        let spec = log::TransactionalSpec {
+            kafka: config.kafka.clone(),
+            transactional_id: format!(
+                "geostate.{}.{}.p{partition}",
+                config.region, config.kafka.deltas_topic
+            ),
+            transaction_timeout: SHIP_TRANSACTION_TIMEOUT,
+        };
+        starting.spawn(async move { (partition, spec.start().await) });
+    }
+    let mut producers = Vec::new();
+    while let Some(started) = starting.join_next().await {
+        let (partition, producer) = started?;
+        producers.push((partition, producer?));
+    }
+    producers.sort_by_key(|(p, _)| *p);
+    Ok(producers)
+}
+
 /// Runs one region node until `shutdown` completes or a part fails: open its state, spawn
 /// its tasks, serve until asked to stop or a task ends, then stop in one sequence.
 pub async fn run(
@@ -143,7 +171,8 @@ struct Opened {
     /// The updates topic's partitions.
     partitions: Vec<i32>,
     hlc: Arc<Hlc>,
-    ship_producer: log::Transactional,
+    /// Per partition, the shipper's transactional producer.
+    ship_producers: Vec<(i32, log::Transactional)>,
     incarnation: u32,
     /// The node had no incarnation: it rebuilt itself from its own deltas topic, and
     /// serves only once it holds what the other regions wrote.
@@ -169,15 +198,9 @@ async fn open(config: Arc<Config>) -> Result<Opened, NodeError> {
     if let Some(high_water) = store.hlc_high_water()? {
         hlc.advance_past(high_water);
     }
-    // The shipping producer first: its init fences any older node of this region and
-    // aborts its open transaction, so what bootstrap reads next is final.
-    let ship_producer = log::TransactionalSpec {
-        kafka: config.kafka.clone(),
-        transactional_id: format!("geostate.{}.{}", config.region, config.kafka.deltas_topic),
-        transaction_timeout: SHIP_TRANSACTION_TIMEOUT,
-    }
-    .start()
-    .await?;
+    // The shipping producers first: each one's init fences any older node's producer of
+    // its partition and aborts its open transaction, so what bootstrap reads next is final.
+    let ship_producers = ship_producers(&config, &partitions).await?;
     let (incarnation, bootstrapping) = match store.incarnation()? {
         Some(i) => (i, false),
         None => (
@@ -192,7 +215,7 @@ async fn open(config: Arc<Config>) -> Result<Opened, NodeError> {
         store,
         partitions,
         hlc,
-        ship_producer,
+        ship_producers,
         incarnation,
         bootstrapping,
     })
@@ -338,7 +361,7 @@ impl Opened {
             ends: Default::default(),
         };
         // last: the shipper takes the producer
-        self.spawn_shipper(&mut tasks, &shared, &stop_rx);
+        self.spawn_shippers(&mut tasks, &shared, &stop_rx);
         Ok(Running {
             api,
             tasks,
@@ -471,19 +494,28 @@ impl Opened {
         Ok(())
     }
 
-    fn spawn_shipper(self, tasks: &mut Tasks, shared: &IngestShared, stop: &watch::Receiver<bool>) {
-        let shipper = Shipper {
-            store: self.store,
-            producer: self.ship_producer,
-            topic: self.config.kafka.deltas_topic.clone(),
-            updates_topic: self.config.kafka.updates_topic.clone(),
-            actor: Actor::new(self.config.region.clone(), self.incarnation),
-            wake: shared.committed.clone(),
-            shipped: shared.shipped.clone(),
-            clock: self.hlc.physical().clone(),
-            replayed: shared.replayed.subscribe(),
-        };
-        tasks.spawn("the shipper", OnStop::Finish, shipper.run(stop.clone()));
+    fn spawn_shippers(
+        self,
+        tasks: &mut Tasks,
+        shared: &IngestShared,
+        stop: &watch::Receiver<bool>,
+    ) {
+        for (partition, producer) in self.ship_producers {
+            let shipper = Shipper {
+                store: self.store.clone(),
+                partition,
+                producer,
+                topic: self.config.kafka.deltas_topic.clone(),
+                updates_topic: self.config.kafka.updates_topic.clone(),
+                actor: Actor::new(self.config.region.clone(), self.incarnation),
+                wake: shared.committed.subscribe(),
+                shipped: shared.shipped.clone(),
+                clock: self.hlc.physical().clone(),
+                replayed: shared.replayed.subscribe(),
+            };
+            let name = format!("the shipper of partition {partition}");
+            tasks.spawn(name, OnStop::Finish, shipper.run(stop.clone()));
+        }
     }
 
     /// The checkpointer, and how the API asks it for a checkpoint and reads its status.

@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, bail};
@@ -524,10 +524,12 @@ async fn update_then_get_reads_the_write_and_watch_sees_it() -> anyhow::Result<(
 }
 
 /// Every applied key's own part reaches the region's deltas topic, keyed by the state key:
-/// the newest delta of each key equals this region's part of the key's state.
+/// the newest delta of each key equals this region's part of the key's state. Each
+/// partition ships on its own: a key's deltas on its partition, followed there by a
+/// resume point that names that updates partition only.
 #[tokio::test]
 async fn applied_keys_ship_their_own_part_to_the_deltas_topic() -> anyhow::Result<()> {
-    use geostate::crdt::{CrdtValue, Delta, RESUME_KEY};
+    use geostate::crdt::{CrdtValue, Delta, RESUME_KEY, ResumePoint};
     use geostate::replication::HEARTBEAT_KEY;
 
     let cluster = cluster()?;
@@ -560,20 +562,34 @@ async fn applied_keys_ship_their_own_part_to_the_deltas_topic() -> anyhow::Resul
         .create()?;
     consumer.subscribe(&[&topics.deltas])?;
     let mut newest: BTreeMap<String, Delta> = BTreeMap::new();
-    let done = |newest: &BTreeMap<String, Delta>| {
+    // per deltas partition, the updates partitions its resume points named
+    let mut resumed: BTreeMap<i32, BTreeSet<i32>> = BTreeMap::new();
+    let done = |newest: &BTreeMap<String, Delta>, resumed: &BTreeMap<i32, BTreeSet<i32>>| {
         let value = |k: &str| newest.get(k).map(|d| d.state.clone());
+        let every_key_resumed = newest
+            .keys()
+            .all(|k| resumed.contains_key(&geostate::log::partition_of(k.as_bytes(), 2)));
         matches!(value("requests/a"), Some(CrdtValue::GCounter(c)) if c.value() == 5)
             && matches!(value("drivers/b"), Some(CrdtValue::PnCounter(c)) if c.value() == -1)
             && matches!(value("zones/c"), Some(CrdtValue::LwwRegister(r)) if r.value() == b"x")
+            && every_key_resumed
     };
     let until = Instant::now() + Duration::from_secs(30);
-    while !done(&newest) {
+    while !done(&newest, &resumed) {
         let left = until.saturating_duration_since(Instant::now());
         let message = tokio::time::timeout(left, consumer.recv())
             .await
-            .with_context(|| format!("deltas incomplete: {newest:?}"))??;
-        if message.key() == Some(RESUME_KEY) || message.key() == Some(HEARTBEAT_KEY) {
-            continue; // each shipping transaction ends with a resume point and heartbeats
+            .with_context(|| format!("deltas incomplete: {newest:?}, resumed {resumed:?}"))??;
+        if message.key() == Some(HEARTBEAT_KEY) {
+            continue; // each shipping transaction ends with a heartbeat
+        }
+        if message.key() == Some(RESUME_KEY) {
+            let resume = ResumePoint::decode(message.payload().unwrap_or_default())?;
+            resumed
+                .entry(message.partition())
+                .or_default()
+                .extend(resume.updates_offsets.keys());
+            continue;
         }
         let delta = Delta::decode(message.payload().unwrap_or_default())?;
         assert_eq!(
@@ -581,9 +597,22 @@ async fn applied_keys_ship_their_own_part_to_the_deltas_topic() -> anyhow::Resul
             Some(delta.key.as_bytes()),
             "record key = state key"
         );
+        assert_eq!(
+            message.partition(),
+            geostate::log::partition_of(delta.key.as_bytes(), 2),
+            "{} ships on its own partition",
+            delta.key
+        );
         assert_eq!(delta.origin.as_str(), "us-east-1");
         assert_eq!(delta.epoch, 0);
         newest.insert(delta.key.clone(), delta);
+    }
+    for (partition, named) in &resumed {
+        assert_eq!(
+            named,
+            &BTreeSet::from([*partition]),
+            "the resume points on deltas partition {partition} name that updates partition only"
+        );
     }
     Ok(())
 }

@@ -122,6 +122,26 @@ impl ResumePoint {
                 .collect(),
         })
     }
+
+    /// Takes in a resume point read after this one: per partition the later offset, per
+    /// fence the higher epoch, the newer clock (each only rises in a partition's history),
+    /// the later one's origin, incarnation and topic. Each deltas partition carries the
+    /// resume points of its own updates partition, so the newest of a region is the
+    /// last of every partition, absorbed.
+    pub fn absorb(&mut self, later: ResumePoint) {
+        for (p, o) in later.updates_offsets {
+            let kept = self.updates_offsets.entry(p).or_insert(o);
+            *kept = (*kept).max(o);
+        }
+        for (id, epoch) in later.fences {
+            let kept = self.fences.entry(id).or_insert(epoch);
+            *kept = (*kept).max(epoch);
+        }
+        self.hlc_high_water = self.hlc_high_water.max(later.hlc_high_water);
+        self.origin = later.origin;
+        self.incarnation = later.incarnation;
+        self.updates_topic = later.updates_topic;
+    }
 }
 
 /// Encodes a key's full state (the RocksDB value format).
@@ -290,5 +310,28 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    /// A region's newest resume point is every partition's last, absorbed: an older point
+    /// (one region-wide point of an earlier version, or another partition's) never moves
+    /// a partition's offset or fence back.
+    #[test]
+    fn absorbing_keeps_every_partitions_newest_position() {
+        let point =
+            |incarnation, offsets: &[(i32, i64)], fences: &[((u32, i32), u64)], wall| ResumePoint {
+                origin: RegionId::new("us-east-1").unwrap(),
+                incarnation,
+                updates_topic: "geostate.updates".into(),
+                updates_offsets: offsets.iter().copied().collect(),
+                hlc_high_water: HlcTimestamp::new(wall, 0),
+                fences: fences.iter().copied().collect(),
+            };
+        let mut newest = point(1, &[(0, 10), (1, 20)], &[((5, 0), 3), ((5, 1), 4)], 9);
+        newest.absorb(point(2, &[(1, 15)], &[((5, 1), 2)], 7));
+        newest.absorb(point(2, &[(0, 12)], &[((5, 0), 6)], 8));
+        assert_eq!(
+            newest,
+            point(2, &[(0, 12), (1, 20)], &[((5, 0), 6), ((5, 1), 4)], 9)
+        );
     }
 }

@@ -78,8 +78,8 @@ pub struct IngestShared {
     rejected: Mutex<Rejections>,
     pub events_applied: AtomicU64,
     pub events_dead_lettered: AtomicU64,
-    /// Notified after every committed batch (wakes the outbound shipper).
-    pub committed: Arc<tokio::sync::Notify>,
+    /// Counts committed batches with outbox entries (wakes the shippers).
+    pub committed: watch::Sender<u64>,
     /// Notified after every shipped round (wakes ingest waiting for outbox room).
     pub shipped: Arc<tokio::sync::Notify>,
     /// Held across every read-modify-write of state (a local batch, a merge of remote
@@ -98,7 +98,7 @@ impl IngestShared {
             rejected: Mutex::default(),
             events_applied: AtomicU64::new(0),
             events_dead_lettered: AtomicU64::new(0),
-            committed: Arc::new(tokio::sync::Notify::new()),
+            committed: watch::Sender::new(0),
             shipped: Arc::new(tokio::sync::Notify::new()),
             state_writer: tokio::sync::Mutex::new(()),
             replayed: watch::Sender::new(false),
@@ -394,7 +394,7 @@ impl Ingestor {
         .await??;
 
         if !applied.outbox.is_empty() {
-            self.shared.committed.notify_one();
+            self.shared.committed.send_modify(|n| *n += 1);
         }
         metrics::counter!(m::EVENTS_APPLIED).increment(applied.applied as u64);
         metrics::counter!(m::EVENTS_DUPLICATE).increment(applied.duplicates as u64);

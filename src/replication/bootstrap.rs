@@ -66,7 +66,8 @@ pub struct Recovered {
     /// checkpoint (or a later delta) carries a newer value, which wins every merge.
     pub superseded: usize,
     pub keys: usize,
-    /// The last resume point; `None` if the region never shipped anything.
+    /// Every partition's last resume point, absorbed; `None` if the region never shipped
+    /// anything.
     pub resume: Option<ResumePoint>,
 }
 
@@ -142,8 +143,9 @@ async fn merge_own_topic(
         recovered.superseded += superseded;
         recovered.deltas += merged.merged;
         keys.extend(merged.states.into_keys());
-        if merged.resume.is_some() {
-            recovered.resume = merged.resume;
+        match (&mut recovered.resume, merged.resume) {
+            (Some(kept), Some(later)) => kept.absorb(later),
+            (kept, later) => *kept = kept.take().or(later),
         }
     }
     recovered.keys = keys.len();

@@ -113,7 +113,8 @@ pub struct Merged {
     pub merged: usize,
     /// Per partition, the newest heartbeat among the records (not a delta: never merged).
     pub heartbeats: BTreeMap<i32, u64>,
-    /// The last resume point among the records (not a delta: never merged).
+    /// The resume points among the records (not deltas: never merged), absorbed
+    /// ([`ResumePoint::absorb`]): every partition's newest position.
     pub resume: Option<ResumePoint>,
     /// Per partition, the delta it is held at and why: neither it nor anything after it
     /// in its partition is merged, and `offsets` stops just before it.
@@ -210,7 +211,10 @@ fn control_record(record: &Record, remote: &RegionId, out: &mut Merged) -> bool 
         }
         Some(RESUME_KEY) => {
             match ResumePoint::decode(record.payload.as_deref().unwrap_or_default()) {
-                Ok(resume) => out.resume = Some(resume),
+                Ok(resume) => match &mut out.resume {
+                    Some(kept) => kept.absorb(resume),
+                    None => out.resume = Some(resume),
+                },
                 Err(why) => refuse(out, Refusal::Malformed(why)),
             }
             true

@@ -25,8 +25,8 @@ use crate::clock::HlcTimestamp;
 use crate::config::RemoteConfig;
 use crate::crdt::RegionId;
 
-/// The record key of a heartbeat: the shipper writes one to every partition of its deltas
-/// topic each round, in the round's transaction, after the round's deltas.
+/// The record key of a heartbeat: each partition's shipper writes one to its partition of
+/// the deltas topic each round, in the round's transaction, after the round's deltas.
 pub const HEARTBEAT_KEY: &[u8] = b"\0geostate.heartbeat";
 
 /// A shipper's heartbeat: its region's physical clock, read before the round read its

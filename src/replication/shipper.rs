@@ -1,10 +1,13 @@
-//! The outbound shipper task.
+//! The outbound shipper: one task per partition, each with its own transactional producer
+//! (`geostate.<region>.<deltas topic>.p<partition>`), so a node that starts shipping a
+//! partition fences whoever shipped it before, that partition only.
 //!
 //! Guarantee: every outbox entry reaches the deltas topic, and what a region shipped is
-//! always a prefix of what it applied. Each round reads the whole outbox and the source
-//! offsets from one store snapshot and ships them in ONE Kafka transaction (bounded:
-//! ingest waits while the outbox holds `replication.max-outbox-keys` keys): the entries,
-//! then a [`ResumePoint`] saying which offsets they cover, then commit. Readers use
+//! always a prefix of what it applied. Each round reads the partition's whole outbox and
+//! its source offset from one store snapshot and ships them in ONE Kafka transaction
+//! (bounded: ingest waits while the outbox holds `replication.max-outbox-keys` keys): the
+//! entries (on the same partition of the deltas topic: same key, same count), then a
+//! [`ResumePoint`] on that partition saying which offset they cover, then commit. Readers use
 //! `read_committed`, so a round is seen whole or not at all — a node that lost its disk
 //! merges its committed deltas and resumes ingest after the last resume point without
 //! applying any event twice. An entry is deleted only after the commit and only if it
@@ -12,7 +15,7 @@
 //! a crash anywhere re-ships, which merge makes harmless. Record key = state key, so a key's
 //! deltas stay in order on one partition and the topic can be compacted.
 //!
-//! Every round also ends with a [`Heartbeat`] on every partition, and a round runs at least
+//! Every round also ends with a [`Heartbeat`] on its partition, and a round runs at least
 //! every [`HEARTBEAT_EVERY`] even with nothing to ship: its physical time is read before
 //! the outbox, so a region that merged a partition's heartbeat has every delta of that
 //! partition the origin applied before it. A new lease holder waits for that before it
@@ -52,14 +55,17 @@ pub enum ShipError {
 
 pub struct Shipper {
     pub store: Arc<Store>,
+    /// The partition this shipper ships: of the updates topic read, of the deltas topic
+    /// written.
+    pub partition: i32,
     /// Initialised; replaced by a new client after a failed round.
     pub producer: Transactional,
     pub topic: String,
     /// The ingested topic whose offsets the resume points carry.
     pub updates_topic: String,
     pub actor: Actor,
-    /// Notified after every committed batch.
-    pub wake: Arc<Notify>,
+    /// Changes after every committed batch.
+    pub wake: watch::Receiver<u64>,
     /// Notified after every shipped round whose entries were cleared.
     pub shipped: Arc<Notify>,
     /// The physical clock heartbeats carry.
@@ -71,7 +77,6 @@ pub struct Shipper {
 
 impl Shipper {
     pub async fn run(mut self, mut stop: watch::Receiver<bool>) -> Result<(), ShipError> {
-        let mut partitions = Vec::new();
         let mut last_beat: Option<Instant> = None;
         loop {
             if *stop.borrow() {
@@ -80,10 +85,16 @@ impl Shipper {
             // before the outbox is read: whatever was applied by then ships this round (and
             // only once every record an earlier node may have acknowledged is applied)
             let beat = self.replayed.borrow().then(|| self.clock.now_nanos());
-            let (store, topic) = (self.store.clone(), self.updates_topic.clone());
-            let snapshot = tokio::task::spawn_blocking(move || store.outbox_snapshot(&topic))
-                .await
-                .unwrap_or_else(|e| Err(StoreError::Task(e.to_string())))?;
+            self.wake.borrow_and_update();
+            let (store, topic, partition) = (
+                self.store.clone(),
+                self.updates_topic.clone(),
+                self.partition,
+            );
+            let snapshot =
+                tokio::task::spawn_blocking(move || store.outbox_snapshot(partition, &topic))
+                    .await
+                    .unwrap_or_else(|e| Err(StoreError::Task(e.to_string())))?;
             // nothing to ship and no heartbeat due (or none allowed yet): wait for a batch,
             // the next heartbeat or the end of the replay
             let due = match (beat, last_beat) {
@@ -95,16 +106,13 @@ impl Shipper {
                 let mut replayed = self.replayed.clone();
                 tokio::select! {
                     () = stopped(&mut stop) => return Ok(()),
-                    () = self.wake.notified() => {}
+                    _ = self.wake.changed() => {}
                     () = sleep_until(due) => {}
                     _ = replayed.wait_for(|&done| done), if beat.is_none() => {}
                 }
                 continue;
             }
-            if partitions.is_empty() {
-                partitions = self.partitions().await;
-            }
-            if let Err(e) = self.ship(&snapshot, beat, &partitions).await {
+            if let Err(e) = self.ship(&snapshot, beat).await {
                 if let Some(fatal) = self.producer.fatal_error() {
                     return Err(ShipError::Fatal(fatal));
                 }
@@ -127,26 +135,9 @@ impl Shipper {
         }
     }
 
-    /// The partitions of the deltas topic (none while its metadata cannot be read: then
-    /// rounds carry no heartbeat).
-    async fn partitions(&self) -> Vec<i32> {
-        match self.producer.partitions(&self.topic).await {
-            Ok(partitions) => partitions,
-            Err(e) => {
-                tracing::warn!(error = %e, topic = %self.topic, "no partitions for heartbeats yet");
-                Vec::new()
-            }
-        }
-    }
-
     /// One transaction: every entry, then the resume point (if there were entries), then a
-    /// heartbeat on every partition (if `beat`).
-    async fn ship(
-        &self,
-        snapshot: &OutboxSnapshot,
-        beat: Option<u64>,
-        partitions: &[i32],
-    ) -> Result<(), LogError> {
+    /// heartbeat (if `beat`), all on the shipper's partition.
+    async fn ship(&self, snapshot: &OutboxSnapshot, beat: Option<u64>) -> Result<(), LogError> {
         let resume = (!snapshot.entries.is_empty()).then(|| {
             ResumePoint {
                 origin: self.actor.region.clone(),
@@ -165,23 +156,18 @@ impl Shipper {
             }
             .encode()
         });
+        let on_partition = |key, payload| TxRecord {
+            key,
+            payload,
+            partition: Some(self.partition),
+        };
         let mut records: Vec<TxRecord<'_>> = snapshot
             .entries
             .iter()
-            .map(|entry| TxRecord::by_key(entry.key.as_bytes(), &entry.bytes))
+            .map(|entry| on_partition(entry.key.as_bytes(), &entry.bytes))
             .collect();
-        records.extend(
-            resume
-                .as_deref()
-                .map(|resume| TxRecord::by_key(RESUME_KEY, resume)),
-        );
-        if let Some(heartbeat) = &heartbeat {
-            records.extend(partitions.iter().map(|&p| TxRecord {
-                key: HEARTBEAT_KEY,
-                payload: heartbeat,
-                partition: Some(p),
-            }));
-        }
+        records.extend(resume.as_deref().map(|r| on_partition(RESUME_KEY, r)));
+        records.extend(heartbeat.as_deref().map(|h| on_partition(HEARTBEAT_KEY, h)));
         self.producer.commit_all(&self.topic, records).await?;
         let bytes: usize = snapshot.entries.iter().map(|e| e.bytes.len()).sum();
         metrics::counter!(m::DELTAS_SHIPPED).increment(snapshot.entries.len() as u64);

@@ -106,9 +106,8 @@ pub struct OutboxEntry {
 }
 
 /// See [`Store::outbox_snapshot`].
-#[derive(Default)]
 pub struct OutboxSnapshot {
-    /// Partition by partition, each in key order.
+    /// In key order.
     pub entries: Vec<OutboxEntry>,
     pub offsets: BTreeMap<i32, i64>,
     pub hlc_high_water: Option<HlcTimestamp>,
@@ -408,20 +407,16 @@ impl Store {
         Ok(out)
     }
 
-    /// Every pending outbox entry together with the source offsets of `topic`, the fences
-    /// and the clock high-water mark, each partition's read from one snapshot: a
-    /// partition's entries hold every event applied up to its offsets that was not
-    /// shipped before (commits write both in one batch).
-    pub fn outbox_snapshot(&self, topic: &str) -> Result<OutboxSnapshot, StoreError> {
-        let mut out = OutboxSnapshot::default();
-        for part in &self.parts {
-            let snapshot = part.outbox_snapshot(topic)?;
-            out.entries.extend(snapshot.entries);
-            out.offsets.extend(snapshot.offsets);
-            out.fences.extend(snapshot.fences);
-            out.hlc_high_water = out.hlc_high_water.max(snapshot.hlc_high_water);
-        }
-        Ok(out)
+    /// Partition `partition`'s pending outbox entries together with its source offset of
+    /// `topic`, its fences and the clock high-water mark, read from one snapshot: the
+    /// entries hold every event applied up to that offset that was not shipped before
+    /// (commits write both in one batch).
+    pub fn outbox_snapshot(
+        &self,
+        partition: i32,
+        topic: &str,
+    ) -> Result<OutboxSnapshot, StoreError> {
+        self.part(partition)?.outbox_snapshot(topic)
     }
 
     /// How many keys the outbox holds.
@@ -562,8 +557,14 @@ mod tests {
             BTreeMap::from([(1, 41), (3, 7)])
         );
         assert!(store.source_offsets("other").unwrap().is_empty());
-        let snapshot = store.outbox_snapshot("geostate.updates").unwrap();
-        assert_eq!(snapshot.offsets, BTreeMap::from([(1, 41), (3, 7)]));
+        let snapshot = store.outbox_snapshot(1, "geostate.updates").unwrap();
+        assert_eq!(snapshot.offsets, BTreeMap::from([(1, 41)]));
+        assert_eq!(snapshot.fences, BTreeMap::from([((5, 1), 3)]));
+        let other = store.outbox_snapshot(3, "geostate.updates").unwrap();
+        assert_eq!(
+            (other.entries.len(), other.offsets),
+            (0, BTreeMap::from([(3, 7)]))
+        );
         assert_eq!(snapshot.hlc_high_water, Some(HlcTimestamp::new(99, 2)));
         let outbox = snapshot.entries;
         assert_eq!(outbox.len(), 1);
