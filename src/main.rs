@@ -71,6 +71,10 @@ enum Command {
         /// Seed this region from another region's savepoint: state only.
         #[arg(long, requires = "savepoint")]
         seed: bool,
+        /// Restore only this partition's instance from the checkpoint, into a data dir
+        /// that lost it (the other partitions keep theirs).
+        #[arg(long, conflicts_with = "savepoint")]
+        partition: Option<usize>,
         /// List the checkpoints in the store and exit.
         #[arg(long)]
         list: bool,
@@ -180,8 +184,9 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
             checkpoint,
             savepoint,
             seed,
+            partition,
             list,
-        } => restore(config, checkpoint, savepoint, seed, list).await,
+        } => restore(config, checkpoint, savepoint, seed, partition, list).await,
         Command::DecodeDelta => decode_delta(),
         Command::Get { node, key } => get(node, key).await,
         Command::Update {
@@ -225,6 +230,7 @@ async fn restore(
     checkpoint: Option<String>,
     savepoint: Option<String>,
     seed: bool,
+    partition: Option<usize>,
     list: bool,
 ) -> anyhow::Result<()> {
     use geostate::checkpoint::{self, objects::Objects};
@@ -247,12 +253,10 @@ async fn restore(
             );
         }
         None => {
-            let manifest = checkpoint::restore(&config, &objects, checkpoint.as_deref()).await?;
-            println!(
-                "restored checkpoint {} ({} files) into {into}",
-                manifest.id,
-                manifest.files.len(),
-            );
+            let manifest =
+                checkpoint::restore(&config, &objects, checkpoint.as_deref(), partition).await?;
+            let what = partition.map_or(String::new(), |p| format!("partition {p} of "));
+            println!("restored {what}checkpoint {} into {into}", manifest.id);
         }
     }
     Ok(())

@@ -238,7 +238,7 @@ fn wall_clock(config: &Config) -> Arc<dyn Clock> {
 /// An empty data dir takes the newest checkpoint, if there is one.
 async fn restore_newest(config: &Config, objects: &Objects) -> Result<(), NodeError> {
     let started = std::time::Instant::now();
-    match checkpoint::restore(config, objects, None).await {
+    match checkpoint::restore(config, objects, None, None).await {
         Ok(manifest) => {
             let bytes: u64 = manifest.files.iter().map(|f| f.bytes).sum();
             tracing::info!(checkpoint = %manifest.id, files = manifest.files.len(), bytes, took_ms = started.elapsed().as_millis() as u64, "empty data dir: restored the newest checkpoint");

@@ -151,6 +151,79 @@ async fn kill_9_and_a_wiped_disk_restore_from_s3_with_exact_totals() -> anyhow::
     assert_totals(&node, &expected).await
 }
 
+/// One partition's instance lost (the others intact): the node refuses to start, naming
+/// it; `geostate restore --partition` brings that partition back alone from the newest
+/// checkpoint, and after the restart every counter is exact: the restored partition
+/// merges what the region shipped for it since the copy and replays the rest, the others
+/// keep their own newer state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_partition_restores_alone_with_exact_totals() -> anyhow::Result<()> {
+    const LOST: &str = "1";
+    let cluster = cluster()?;
+    let kafka = cluster.regions["us-east-1"].kafka.clone();
+    let topics = Topics::create(&kafka, "ckpt-part", 4).await?;
+    let dir = tempfile::tempdir()?;
+    let mut node = Node::configure(dir.path(), &kafka, &topics)?;
+    let prefix = format!("{}/", unique("ckpt-part"));
+    node.checkpoint_to_s3(&cluster.s3, &cluster.s3.endpoint, &prefix);
+    // the one checkpoint is the test's own
+    node.set("checkpoint.interval", "\"1h\"");
+
+    let mut rng = Rng(0x0ddb_a11c_afe5_eed5);
+    let mut expected = BTreeMap::new();
+    let (before, after, later) = (
+        increments(&mut rng, 20_000, 200, &mut expected),
+        increments(&mut rng, 5_000, 200, &mut expected),
+        increments(&mut rng, 5_000, 200, &mut expected),
+    );
+    node.start().await?;
+    let producer = producer(&kafka)?;
+    produce_all(&producer, &topics.updates, &before).await?;
+    node.caught_up(Duration::from_secs(60)).await?;
+    let copy = checkpoint_now(&node).await?;
+    // after the copy: applied, and shipped or not when the node dies
+    produce_all(&producer, &topics.updates, &after).await?;
+    node.caught_up(Duration::from_secs(60)).await?;
+    node.kill9();
+
+    let out = restore(&node, &["--partition", LOST])?;
+    assert!(
+        !out.status.success(),
+        "restored over a partition that is there"
+    );
+    std::fs::remove_dir_all(dir.path().join("data").join(format!("p{LOST}")))?;
+    let refused = node
+        .start()
+        .await
+        .err()
+        .context("started without partition 1")?;
+    assert!(
+        refused
+            .to_string()
+            .contains("no instance of partitions [1]"),
+        "{refused}"
+    );
+    let out = restore(&node, &["--partition", LOST])?;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    node.start().await?;
+    let restored = node
+        .status()
+        .await?
+        .checkpoint
+        .context("no checkpoint status")?;
+    assert_eq!(
+        restored.restored_from,
+        format!("checkpoint {} (partition {LOST})", copy.id)
+    );
+    produce_all(&producer, &topics.updates, &later).await?;
+    node.caught_up(Duration::from_secs(60)).await?;
+    assert_totals(&node, &expected).await
+}
+
 /// An S3-compatible server of the test's own.
 struct S3Server {
     child: Child,

@@ -508,15 +508,23 @@ pub fn is_empty_dir(dir: &Path) -> Result<bool, CheckpointError> {
 }
 
 /// Restores checkpoint `id` (default: the newest) into the empty data dir, and marks the
-/// store to bootstrap from its own deltas topic on start.
+/// store to bootstrap from its own deltas topic on start. With `partition`, restores only
+/// that partition's instance, into a data dir that lost it: the other partitions keep
+/// their own (newer) state, and bootstrap merges only what the region shipped for the
+/// restored one since the copy.
 pub async fn restore(
     config: &Config,
     objects: &Objects,
     id: Option<&str>,
+    partition: Option<usize>,
 ) -> Result<Manifest, CheckpointError> {
     let data_dir = &config.data_dir;
-    if !is_empty_dir(data_dir)? {
-        return Err(CheckpointError::NotEmpty(data_dir.display().to_string()));
+    let into = match partition {
+        None => data_dir.clone(),
+        Some(p) => crate::store::partition_dir(data_dir, p),
+    };
+    if !is_empty_dir(&into)? {
+        return Err(CheckpointError::NotEmpty(into.display().to_string()));
     }
     let id = match id {
         Some(id) => id.to_owned(),
@@ -525,20 +533,67 @@ pub async fn restore(
             .pop()
             .ok_or_else(|| CheckpointError::NoCheckpoint(objects.describe(protocol::MANIFESTS)))?,
     };
-    let manifest = read_manifest(objects, &protocol::manifest_key(&id)).await?;
+    let key = protocol::manifest_key(&id);
+    let manifest = read_manifest(objects, &key).await?;
+    let only = partition.map(|p| format!("p{p}/"));
+    let files: Vec<FileRef> = manifest
+        .files
+        .iter()
+        .filter(|f| only.as_ref().is_none_or(|o| f.name.starts_with(o)))
+        .cloned()
+        .collect();
+    if files.is_empty() {
+        let reason = format!("no files of {}", only.as_deref().unwrap_or("any partition"));
+        return Err(CheckpointError::Manifest { key, reason });
+    }
     let tmp = sibling(data_dir, "restore");
     let _ = tokio::fs::remove_dir_all(&tmp).await;
-    tokio::fs::create_dir_all(&tmp)
-        .await
-        .map_err(io(format!("creating {}", tmp.display())))?;
+    download(objects, &files, &tmp).await?;
+    let copy = match partition {
+        None => tmp.clone(),
+        Some(p) => crate::store::partition_dir(&tmp, p),
+    };
+    let _ = tokio::fs::remove_dir(&into).await;
+    tokio::fs::rename(&copy, &into).await.map_err(io(format!(
+        "moving the restored copy to {}",
+        into.display()
+    )))?;
+    let _ = tokio::fs::remove_dir_all(&tmp).await;
+    // where each partition's own deltas are merged from: the restored ones where the copy
+    // was taken, the others (newer than any delta they shipped) from the topic's end
+    let mut deltas_next = manifest.deltas_next.clone();
+    let mut from = format!("checkpoint {}", manifest.id);
+    if let Some(p) = partition {
+        let own = i32::try_from(p)
+            .ok()
+            .and_then(|p| deltas_next.get(&p).copied());
+        deltas_next = deltas_end_offsets(config).await;
+        match (i32::try_from(p), own) {
+            (Ok(p), Some(next)) => deltas_next.insert(p, next),
+            (Ok(p), None) => deltas_next.remove(&p),
+            (Err(_), _) => None,
+        };
+        from = format!("{from} (partition {p})");
+    }
+    let (dir, topic) = (data_dir.clone(), manifest.deltas_topic.clone());
+    tokio::task::spawn_blocking(move || {
+        Store::open_existing(&dir)?.prepare_bootstrap(&topic, &deltas_next, &from)
+    })
+    .await
+    .map_err(|e| CheckpointError::Task(e.to_string()))??;
+    Ok(manifest)
+}
+
+/// Downloads `files` into `dir` (each under its name), a few at a time, checking sizes.
+async fn download(objects: &Objects, files: &[FileRef], dir: &Path) -> Result<(), CheckpointError> {
     let mut downloads = tokio::task::JoinSet::new();
-    for file in manifest.files.iter().cloned() {
+    for file in files.iter().cloned() {
         if downloads.len() >= RESTORE_PARALLEL
             && let Some(done) = downloads.join_next().await
         {
             done.map_err(|e| CheckpointError::Task(e.to_string()))??;
         }
-        let (objects, path) = (objects.clone(), tmp.join(&file.name));
+        let (objects, path) = (objects.clone(), dir.join(&file.name));
         if let Some(parent) = path.parent() {
             tokio::fs::create_dir_all(parent)
                 .await
@@ -559,23 +614,7 @@ pub async fn restore(
     while let Some(done) = downloads.join_next().await {
         done.map_err(|e| CheckpointError::Task(e.to_string()))??;
     }
-    let _ = tokio::fs::remove_dir(data_dir).await;
-    tokio::fs::rename(&tmp, data_dir).await.map_err(io(format!(
-        "moving the restored copy to {}",
-        data_dir.display()
-    )))?;
-    let (dir, topic, from) = (
-        data_dir.clone(),
-        manifest.deltas_topic.clone(),
-        format!("checkpoint {}", manifest.id),
-    );
-    let deltas_next = manifest.deltas_next.clone();
-    tokio::task::spawn_blocking(move || {
-        Store::open_existing(&dir)?.prepare_bootstrap(&topic, &deltas_next, &from)
-    })
-    .await
-    .map_err(|e| CheckpointError::Task(e.to_string()))??;
-    Ok(manifest)
+    Ok(())
 }
 
 #[cfg(test)]

@@ -30,7 +30,7 @@
 
 mod partition;
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::path::{Path, PathBuf};
 
 use crate::clock::HlcTimestamp;
@@ -64,6 +64,14 @@ pub enum StoreError {
     PartitionCount {
         dir: String,
         found: usize,
+        expected: usize,
+    },
+    #[error(
+        "{dir} has no instance of partitions {missing:?} of the updates topic's {expected}: restore each from a checkpoint (`geostate restore --partition P`) before the node starts (unless the topic's partition count changed since the store was written: a store opens only with its own count)"
+    )]
+    Missing {
+        dir: String,
+        missing: Vec<usize>,
         expected: usize,
     },
     #[error("partition {partition} is not in this store of {partitions} partitions")]
@@ -125,59 +133,109 @@ pub fn partition_dir(dir: &Path, partition: usize) -> PathBuf {
     dir.join(format!("p{partition}"))
 }
 
-/// The partitions a data dir holds (`p0`, `p1`, …), refusing one written as a single
-/// instance; `0` for an empty or missing dir.
-fn partitions_in(dir: &Path) -> Result<usize, StoreError> {
+/// `<data-dir>/partitions`: the partition count, written once every instance exists.
+const COUNT_FILE: &str = "partitions";
+
+/// The partition count a data dir was created with (`None`: a new dir, a restored copy, or
+/// one whose creation was cut short), refusing one written as a single instance.
+fn written_count(dir: &Path) -> Result<Option<usize>, StoreError> {
     if dir.join("CURRENT").exists() {
         return Err(StoreError::OneInstance(dir.display().to_string()));
     }
-    let entries = match std::fs::read_dir(dir) {
-        Ok(entries) => entries,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
-        Err(source) => {
-            let what = format!("reading {}", dir.display());
-            return Err(StoreError::Io { what, source });
-        }
-    };
-    let mut found = 0;
-    for entry in entries.flatten() {
-        let name = entry.file_name();
-        let index = name
-            .to_str()
-            .and_then(|n| n.strip_prefix('p')?.parse::<usize>().ok());
-        if let Some(p) = index {
-            found = found.max(p + 1);
-        }
+    let path = dir.join(COUNT_FILE);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => text
+            .trim()
+            .parse()
+            .map(Some)
+            .map_err(|_| StoreError::BadLength {
+                what: "partition count file",
+            }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(StoreError::Io {
+            what: format!("reading {}", path.display()),
+            source,
+        }),
     }
-    Ok(found)
+}
+
+/// The partitions a data dir holds an instance of (`p<p>/CURRENT`).
+fn instances_in(dir: &Path) -> BTreeSet<usize> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return BTreeSet::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| {
+            let name = entry.file_name();
+            let p = name.to_str()?.strip_prefix('p')?.parse::<usize>().ok()?;
+            entry.path().join("CURRENT").exists().then_some(p)
+        })
+        .collect()
+}
+
+/// Writes the count file: to a temporary name, synced, then renamed.
+fn write_count(dir: &Path, partitions: usize) -> Result<(), StoreError> {
+    let io = |source| StoreError::Io {
+        what: format!("writing {}", dir.join(COUNT_FILE).display()),
+        source,
+    };
+    let tmp = dir.join(format!("{COUNT_FILE}.tmp"));
+    let mut file = std::fs::File::create(&tmp).map_err(io)?;
+    std::io::Write::write_all(&mut file, format!("{partitions}\n").as_bytes()).map_err(io)?;
+    file.sync_all().map_err(io)?;
+    std::fs::rename(&tmp, dir.join(COUNT_FILE)).map_err(io)
 }
 
 impl Store {
-    /// Opens (or creates) the store of `partitions` partitions in `dir`; a dir written
-    /// with another count is refused (keys would be looked up in the wrong partition).
+    /// Opens (or creates) the store of `partitions` partitions in `dir`. A dir created
+    /// with another count is refused (keys would be looked up in the wrong partition), and
+    /// so is one that lost a partition's instance (never recreated empty).
     pub fn open(dir: &Path, partitions: usize) -> Result<Self, StoreError> {
-        let found = partitions_in(dir)?;
-        if found != 0 && found != partitions {
-            return Err(StoreError::PartitionCount {
-                dir: dir.display().to_string(),
-                found,
-                expected: partitions,
-            });
+        let partitions = partitions.max(1);
+        let written = written_count(dir)?;
+        if let Some(found) = written {
+            let dir = dir.display().to_string();
+            let expected = partitions;
+            if found != partitions {
+                return Err(StoreError::PartitionCount {
+                    dir,
+                    found,
+                    expected,
+                });
+            }
+            let present = instances_in(Path::new(&dir));
+            let missing: Vec<usize> = (0..partitions).filter(|p| !present.contains(p)).collect();
+            if !missing.is_empty() {
+                return Err(StoreError::Missing {
+                    dir,
+                    missing,
+                    expected,
+                });
+            }
         }
-        let parts = (0..partitions.max(1))
+        let parts = (0..partitions)
             .map(|p| PartitionStore::open(&partition_dir(dir, p)))
             .collect::<Result<_, _>>()?;
+        if written.is_none() {
+            write_count(dir, partitions)?;
+        }
         Ok(Self { parts })
     }
 
     /// Opens the partitions `dir` holds (a restored copy, which knows its count).
     pub fn open_existing(dir: &Path) -> Result<Self, StoreError> {
-        Self::open(dir, partitions_in(dir)?)
+        let count = match written_count(dir)? {
+            Some(count) => count,
+            None => instances_in(dir).last().map_or(0, |last| last + 1),
+        };
+        Self::open(dir, count)
     }
 
     /// Opens a store (a checkpoint copy) to read it; nothing is written.
     pub fn open_read_only(dir: &Path) -> Result<Self, StoreError> {
-        let parts = (0..partitions_in(dir)?)
+        let parts = instances_in(dir)
+            .into_iter()
             .map(|p| PartitionStore::open_read_only(&partition_dir(dir, p)))
             .collect::<Result<_, _>>()?;
         Ok(Self { parts })
@@ -634,12 +692,24 @@ mod tests {
     fn a_store_opens_only_with_the_partition_count_it_was_written_with() {
         let dir = tempfile::tempdir().unwrap();
         drop(Store::open(dir.path(), PARTITIONS).unwrap());
+        let err = Store::open(dir.path(), 2).err().unwrap().to_string();
+        assert!(
+            err.contains("holds 4 partitions, the updates topic has 2"),
+            "{err}"
+        );
         let err = Store::open(dir.path(), 8).err().unwrap().to_string();
         assert!(
             err.contains("holds 4 partitions, the updates topic has 8"),
             "{err}"
         );
         assert_eq!(Store::open_existing(dir.path()).unwrap().partitions(), 4);
+        // a partition's instance lost: never silently recreated empty
+        std::fs::remove_dir_all(partition_dir(dir.path(), 1)).unwrap();
+        let err = Store::open(dir.path(), PARTITIONS)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("no instance of partitions [1]"), "{err}");
         // a data dir of one instance for every partition (an older geostate)
         let old = tempfile::tempdir().unwrap();
         drop(PartitionStore::open(old.path()).unwrap());
