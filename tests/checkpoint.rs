@@ -72,6 +72,14 @@ async fn admin(node: &Node) -> anyhow::Result<AdminClient<tonic::transport::Chan
     Ok(AdminClient::connect(node.grpc.clone()).await?)
 }
 
+/// The node's checkpoint status (`Admin/Status`).
+async fn checkpoint_status(node: &Node) -> anyhow::Result<pb::CheckpointStatus> {
+    node.status()
+        .await?
+        .checkpoint
+        .context("no checkpoint status")
+}
+
 /// `Admin/Checkpoint`: a checkpoint now, answered once its manifest is written.
 async fn checkpoint_now(node: &Node) -> anyhow::Result<pb::CheckpointResponse> {
     Ok(admin(node)
@@ -137,11 +145,7 @@ async fn kill_9_and_a_wiped_disk_restore_from_s3_with_exact_totals() -> anyhow::
     std::fs::remove_dir_all(node_dir.join("data"))?;
     feed.await??;
     node.start().await?;
-    let restored = node
-        .status()
-        .await?
-        .checkpoint
-        .context("no checkpoint status")?;
+    let restored = checkpoint_status(&node).await?;
     assert!(
         restored.restored_from.starts_with("checkpoint "),
         "not restored from a checkpoint: {restored:?}"
@@ -210,11 +214,7 @@ async fn a_lost_partition_restores_alone_with_exact_totals() -> anyhow::Result<(
         String::from_utf8_lossy(&out.stderr)
     );
     node.start().await?;
-    let restored = node
-        .status()
-        .await?
-        .checkpoint
-        .context("no checkpoint status")?;
+    let restored = checkpoint_status(&node).await?;
     assert_eq!(
         restored.restored_from,
         format!("checkpoint {} (partition {LOST})", copy.id)
@@ -347,11 +347,7 @@ async fn an_upload_cut_midway_leaves_the_previous_checkpoint_restorable() -> any
         .expect_err("a checkpoint without its server must fail");
     println!("second checkpoint: {status}");
     assert_eq!(status.code(), tonic::Code::Unavailable);
-    let checkpoint = node
-        .status()
-        .await?
-        .checkpoint
-        .context("no checkpoint status")?;
+    let checkpoint = checkpoint_status(&node).await?;
     assert_eq!((checkpoint.taken, checkpoint.failures), (1, 1));
     assert_eq!(checkpoint.last_id, good.id);
 
@@ -363,11 +359,7 @@ async fn an_upload_cut_midway_leaves_the_previous_checkpoint_restorable() -> any
     let manifests = s3_keys(&client, &cluster.s3.bucket, "cut/manifests/").await?;
     assert_eq!(manifests, [format!("cut/manifests/{}.json", good.id)]);
     node.start().await?;
-    let restored = node
-        .status()
-        .await?
-        .checkpoint
-        .context("no checkpoint status")?;
+    let restored = checkpoint_status(&node).await?;
     assert_eq!(restored.restored_from, format!("checkpoint {}", good.id));
     node.caught_up(Duration::from_secs(120)).await?;
     assert_totals(&node, &expected).await
@@ -408,11 +400,7 @@ async fn an_s3_server_that_never_answers_fails_the_checkpoint_in_bounded_time() 
         started.elapsed().as_secs_f64()
     );
     assert_eq!(status.code(), tonic::Code::Unavailable);
-    let checkpoint = node
-        .status()
-        .await?
-        .checkpoint
-        .context("no checkpoint status")?;
+    let checkpoint = checkpoint_status(&node).await?;
     assert_eq!((checkpoint.taken, checkpoint.failures), (0, 1));
     held.abort();
     Ok(())
