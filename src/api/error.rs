@@ -67,13 +67,16 @@ pub enum ApiError {
     )]
     OutcomeForgotten { partition: i32, offset: i64 },
     #[error(
-        "appended at {partition}/{offset} but not applied within {seconds}s (applied up to {applied:?} on that partition)"
+        "appended at {partition}/{offset} but not applied within {seconds}s (applied up to {applied:?} on that partition){}",
+        outbox_full.map_or(String::new(), |(keys, max)| format!("; ingest waits for shipping: the outbox holds {keys} keys, replication.max-outbox-keys is {max}"))
     )]
     NotApplied {
         partition: i32,
         offset: i64,
         seconds: u64,
         applied: Option<i64>,
+        /// The outbox's keys and its bound, when it is full (why ingest did not go on).
+        outbox_full: Option<(usize, usize)>,
     },
     #[error("storage failure: {0}")]
     Store(#[from] StoreError),
@@ -162,6 +165,17 @@ mod tests {
                 ApiError::Stopping,
                 Code::Unavailable,
                 "the node is stopping",
+            ),
+            (
+                ApiError::NotApplied {
+                    partition: 2,
+                    offset: 41,
+                    seconds: 30,
+                    applied: Some(7),
+                    outbox_full: Some((500, 500)),
+                },
+                Code::DeadlineExceeded,
+                "appended at 2/41 but not applied within 30s (applied up to Some(7) on that partition); ingest waits for shipping: the outbox holds 500 keys, replication.max-outbox-keys is 500",
             ),
             (
                 ApiError::Checkpoint {

@@ -431,11 +431,16 @@ impl Handler {
             Ok(Ok(_)) => {}
             Ok(Err(_)) => return Err(ApiError::Stopping),
             Err(_) => {
+                let (keys, max) = (
+                    self.0.store.outbox_len(),
+                    self.0.config.replication.max_outbox_keys,
+                );
                 return Err(ApiError::NotApplied {
                     partition,
                     offset,
                     seconds: APPLY_TIMEOUT.as_secs(),
                     applied: shared.applied.borrow().get(&partition).copied(),
+                    outbox_full: (keys >= max).then_some((keys, max)),
                 });
             }
         }
