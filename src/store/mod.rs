@@ -326,7 +326,9 @@ impl Store {
     /// Writes entries read by [`Store::for_each_entry`] (a savepoint restore), each into
     /// its partition's instance: a state key's by its hash, an offset or a fence into the
     /// partition it names, the clock and remote times as the newest of those loaded. So a
-    /// savepoint of a store of another partition count (or of one instance) loads too.
+    /// savepoint of one instance (an older geostate) loads too, and its state alone
+    /// (`--seed`) into any partition count; an offset or fence of a partition this store
+    /// lacks is refused.
     pub fn load(&self, entries: &[Entry]) -> Result<(), StoreError> {
         let mut split: Vec<Vec<&Entry>> = vec![Vec::new(); self.parts.len()];
         let mut newest: BTreeMap<(&str, &[u8]), &Entry> = BTreeMap::new();
