@@ -564,15 +564,11 @@ pub async fn restore(
     let mut deltas_next = manifest.deltas_next.clone();
     let mut from = format!("checkpoint {}", manifest.id);
     if let Some(p) = partition {
-        let own = i32::try_from(p)
-            .ok()
-            .and_then(|p| deltas_next.get(&p).copied());
+        let p = p as i32;
+        let own = deltas_next.get(&p).copied();
         deltas_next = deltas_end_offsets(config).await;
-        match (i32::try_from(p), own) {
-            (Ok(p), Some(next)) => deltas_next.insert(p, next),
-            (Ok(p), None) => deltas_next.remove(&p),
-            (Err(_), _) => None,
-        };
+        deltas_next.remove(&p);
+        deltas_next.extend(own.map(|next| (p, next)));
         from = format!("{from} (partition {p})");
     }
     let (dir, topic) = (data_dir.clone(), manifest.deltas_topic.clone());

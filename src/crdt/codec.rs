@@ -142,6 +142,14 @@ impl ResumePoint {
         self.incarnation = later.incarnation;
         self.updates_topic = later.updates_topic;
     }
+
+    /// `later` absorbed into what `kept` holds so far (or kept as the first).
+    pub fn absorb_into(kept: &mut Option<ResumePoint>, later: ResumePoint) {
+        match kept {
+            Some(kept) => kept.absorb(later),
+            None => *kept = Some(later),
+        }
+    }
 }
 
 /// Encodes a key's full state (the RocksDB value format).

@@ -21,8 +21,6 @@ use crate::config::KafkaConfig;
 const QUEUE_FULL_PAUSE: Duration = Duration::from_millis(2);
 /// Longest a transaction call (init, begin, commit) may block.
 const TXN_CALL: Duration = Duration::from_secs(30);
-/// Longest a metadata call may take.
-const METADATA_CALL: Duration = Duration::from_secs(5);
 
 /// How to make a transactional producer (`acks=all`, idempotent), and make it again.
 #[derive(Clone, Debug)]
@@ -83,22 +81,6 @@ pub struct Transactional {
 }
 
 impl Transactional {
-    /// The partitions of `topic`, as this client's metadata has them.
-    pub async fn partitions(&self, topic: &str) -> Result<Vec<i32>, LogError> {
-        let (producer, topic) = (self.producer.clone(), topic.to_owned());
-        let metadata = tokio::task::spawn_blocking(move || {
-            producer
-                .client()
-                .fetch_metadata(Some(&topic), METADATA_CALL)
-        })
-        .await??;
-        Ok(metadata
-            .topics()
-            .iter()
-            .flat_map(|t| t.partitions().iter().map(|p| p.id()))
-            .collect())
-    }
-
     /// One transaction: begin, queue every record, wait for every delivery, commit.
     /// Every delivery is awaited before the commit: leaving the flush to
     /// `commit_transaction` costs about 130 ms of replication lag per round (measured:

@@ -143,9 +143,8 @@ async fn merge_own_topic(
         recovered.superseded += superseded;
         recovered.deltas += merged.merged;
         keys.extend(merged.states.into_keys());
-        match (&mut recovered.resume, merged.resume) {
-            (Some(kept), Some(later)) => kept.absorb(later),
-            (kept, later) => *kept = kept.take().or(later),
+        if let Some(later) = merged.resume {
+            ResumePoint::absorb_into(&mut recovered.resume, later);
         }
     }
     recovered.keys = keys.len();

@@ -211,10 +211,7 @@ fn control_record(record: &Record, remote: &RegionId, out: &mut Merged) -> bool 
         }
         Some(RESUME_KEY) => {
             match ResumePoint::decode(record.payload.as_deref().unwrap_or_default()) {
-                Ok(resume) => match &mut out.resume {
-                    Some(kept) => kept.absorb(resume),
-                    None => out.resume = Some(resume),
-                },
+                Ok(resume) => ResumePoint::absorb_into(&mut out.resume, resume),
                 Err(why) => refuse(out, Refusal::Malformed(why)),
             }
             true

@@ -104,12 +104,8 @@ impl RemoteProgress {
     /// Whether every partition of the remote's topic has a merged heartbeat at or after
     /// `wall_nanos` (the remote's physical clock).
     pub fn passed(&self, wall_nanos: u64) -> bool {
-        let partitions = self.partitions.borrow();
-        let beats = self.heartbeats.lock().unwrap_or_else(|p| p.into_inner());
-        !partitions.is_empty()
-            && partitions
-                .iter()
-                .all(|p| beats.get(p).is_some_and(|&b| b >= wall_nanos))
+        self.heard_from_all_since()
+            .is_some_and(|since| since >= wall_nanos)
     }
 }
 

@@ -605,6 +605,11 @@ mod tests {
         }
         let store = Store::open(dir.path(), PARTITIONS).unwrap();
         assert_eq!(store.incarnation().unwrap(), Some(7));
+        // an incarnation some partitions lack (a crash while it was set) is none
+        let fresh = tempfile::tempdir().unwrap();
+        let partial = Store::open(fresh.path(), PARTITIONS).unwrap();
+        partial.parts[0].set_incarnation(7).unwrap();
+        assert_eq!(partial.incarnation().unwrap(), None);
         assert_eq!(
             (store.fence(5, 1).unwrap(), store.fence(5, 0).unwrap()),
             (3, 0)
@@ -712,6 +717,11 @@ mod tests {
             .unwrap()
             .to_string();
         assert!(err.contains("no instance of partitions [1]"), "{err}");
+        // a store whose creation stopped before the count was written is completed
+        let cut = tempfile::tempdir().unwrap();
+        drop(PartitionStore::open(&partition_dir(cut.path(), 0)).unwrap());
+        assert_eq!(Store::open(cut.path(), PARTITIONS).unwrap().partitions(), 4);
+        assert_eq!(Store::open(cut.path(), PARTITIONS).unwrap().partitions(), 4);
         // a data dir of one instance for every partition (an older geostate)
         let old = tempfile::tempdir().unwrap();
         drop(PartitionStore::open(old.path()).unwrap());
