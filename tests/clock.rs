@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
 use common::failover::{key_homed_at, regions, set, wait_held};
-use common::{cluster, cluster_script, http_get, unique};
+use common::{cluster, cluster_script, unique};
 use geostate::pb;
 use tonic::Code;
 
@@ -30,10 +30,7 @@ impl Drop for RightClock {
 }
 
 fn clock_off(metrics: &str) -> anyhow::Result<Option<f64>> {
-    Ok(http_get(metrics, "/metrics")?
-        .lines()
-        .find(|l| l.starts_with("geostate_clock_off "))
-        .and_then(|l| l.rsplit(' ').next()?.parse().ok()))
+    common::metric(metrics, "geostate_clock_off ")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -98,12 +98,7 @@ const SILENT: f64 = 5.0;
 async fn wait_silence(metrics: &str, ok: impl Fn(f64) -> bool, what: &str) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let text = common::http_get(metrics, "/metrics")?;
-        let silence = text
-            .lines()
-            .find(|l| l.starts_with("geostate_remote_silence_seconds{"))
-            .and_then(|l| l.rsplit(' ').next())
-            .and_then(|v| v.parse::<f64>().ok());
+        let silence = common::metric(metrics, "geostate_remote_silence_seconds{")?;
         if silence.is_some_and(&ok) {
             return Ok(());
         }

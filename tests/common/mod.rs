@@ -196,6 +196,15 @@ pub fn http_get(addr: &str, path: &str) -> anyhow::Result<String> {
     Ok(body)
 }
 
+/// The value of the first line of the node's metrics at `addr` that starts with `line`
+/// (a name, with its labels' opening brace or a space after it), if there is one.
+pub fn metric(addr: &str, line: &str) -> anyhow::Result<Option<f64>> {
+    Ok(http_get(addr, "/metrics")?
+        .lines()
+        .find(|l| l.starts_with(line))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok()))
+}
+
 /// Starts MirrorMaker 2 again however the test that stopped it ends.
 pub struct RestartMirror;
 
