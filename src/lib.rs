@@ -17,6 +17,7 @@
 //!  checkpoint: store files ─► S3 (incremental, manifests); restore on an empty disk
 //!
 //!  node         wiring: open, spawn every task into one set, serve, stop in order
+//!  keeper       takes and gives up partitions as the region's Kafka group assigns them
 //!  api          tonic services, pb conversions, the one error → Status map
 //!  replication  inbound merge of remote deltas, transactional outbound shipping with
 //!               resume points, bootstrap of an empty disk, freshness
@@ -42,6 +43,7 @@ pub mod clock;
 pub mod config;
 pub mod crdt;
 pub mod ingest;
+pub mod keeper;
 pub mod lease;
 pub mod log;
 pub mod metrics;

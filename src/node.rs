@@ -1,14 +1,18 @@
 //! Wiring only, in four steps:
 //!
 //! ```text
-//!  open   data dir ─► restore if empty ─► store ─► clock ─► shipping producer (fences
-//!         an older node) ─► incarnation (none: merge this region's own deltas topic)
-//!  spawn  lease member + manager, a merger per remote, ingest, shipper, checkpointer,
-//!         metrics, lag ─► one task set (`supervise::Tasks`) ─► the API's parts
+//!  open   data dir ─► restore if empty ─► store ─► clock ─► incarnation (none: merge
+//!         this region's own deltas topic first)
+//!  spawn  lease member + manager, the region's group member and the partition keeper
+//!         (it takes the partitions the group assigns: fence, catch up, ship), then a
+//!         merger per remote, ingest, checkpointer, metrics, lag ─► one task set
+//!         (`supervise::Tasks`) ─► the API's parts
 //!  serve  (rebuilt node: every remote topic read first) gRPC until shutdown or a task ends
-//!  stop   signal ─► gRPC drains (grace) ─► tasks finish or abort ─► lease member stops
+//!  stop   signal ─► gRPC drains (grace) ─► the node leaves the group (its partitions
+//!         handed off) ─► tasks finish or abort ─► lease member stops
 //! ```
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,13 +29,14 @@ use crate::clock::{Clock, Hlc, ShiftedClock, SystemClock};
 use crate::config::Config;
 use crate::crdt::Actor;
 use crate::ingest::ingestor::{IngestShared, Ingestor};
+use crate::keeper::Keeper;
 use crate::lease::leases::Leases;
 use crate::lease::member::{Member, MemberError};
+use crate::log::membership::{Membership, MembershipSpec};
 use crate::log::{self, LogError};
 use crate::metrics as m;
 use crate::replication::bootstrap::{self, BootstrapError};
 use crate::replication::merger::Merger;
-use crate::replication::shipper::Shipper;
 use crate::replication::{Freshness, RemoteProgress};
 use crate::shutdown::stopped;
 use crate::store::{Store, StoreError};
@@ -39,8 +44,10 @@ use crate::supervise::{OnStop, Tasks};
 
 /// How long shutdown waits for gRPC clients to finish and disconnect.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
-/// A shipping transaction left open longer (its node died) is aborted by Kafka.
-const SHIP_TRANSACTION_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long the region's group waits for a silent node before it moves its partitions.
+const GROUP_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest shutdown waits for the node to leave the group (its partitions handed off).
+const LEAVE_WAIT: Duration = Duration::from_secs(20);
 
 /// The node's bound sockets; tests bind port 0 and read the addresses back.
 pub struct Listeners {
@@ -110,34 +117,6 @@ pub fn new_incarnation(clock: &dyn Clock) -> u32 {
         .max(1)
 }
 
-/// One initialised transactional producer per partition of the deltas topic, each with
-/// the partition's own id (`geostate.<region>.<deltas topic>.p<partition>`), started
-/// together.
-async fn ship_producers(
-    config: &Config,
-    partitions: &[i32],
-) -> Result<Vec<(i32, log::Transactional)>, NodeError> {
-    let mut starting = tokio::task::JoinSet::new();
-    for &partition in partitions {
-        let spec = log::TransactionalSpec {
-            kafka: config.kafka.clone(),
-            transactional_id: format!(
-                "geostate.{}.{}.p{partition}",
-                config.region, config.kafka.deltas_topic
-            ),
-            transaction_timeout: SHIP_TRANSACTION_TIMEOUT,
-        };
-        starting.spawn(async move { (partition, spec.start().await) });
-    }
-    let mut producers = Vec::new();
-    while let Some(started) = starting.join_next().await {
-        let (partition, producer) = started?;
-        producers.push((partition, producer?));
-    }
-    producers.sort_by_key(|(p, _)| *p);
-    Ok(producers)
-}
-
 /// Runs one region node until `shutdown` completes or a part fails: open its state, spawn
 /// its tasks, serve until asked to stop or a task ends, then stop in one sequence.
 pub async fn run(
@@ -162,7 +141,7 @@ pub async fn run(
 }
 
 /// A node's state, opened: the store (restored first if empty and so configured), its
-/// clocks, the shipping producer, and the incarnation it writes under.
+/// clocks, and the incarnation it writes under.
 struct Opened {
     config: Arc<Config>,
     clock: Arc<dyn Clock>,
@@ -171,8 +150,6 @@ struct Opened {
     /// The updates topic's partitions.
     partitions: Vec<i32>,
     hlc: Arc<Hlc>,
-    /// Per partition, the shipper's transactional producer.
-    ship_producers: Vec<(i32, log::Transactional)>,
     incarnation: u32,
     /// The node had no incarnation: it rebuilt itself from its own deltas topic, and
     /// serves only once it holds what the other regions wrote.
@@ -198,9 +175,6 @@ async fn open(config: Arc<Config>) -> Result<Opened, NodeError> {
     if let Some(high_water) = store.hlc_high_water()? {
         hlc.advance_past(high_water);
     }
-    // The shipping producers first: each one's init fences any older node's producer of
-    // its partition and aborts its open transaction, so what bootstrap reads next is final.
-    let ship_producers = ship_producers(&config, &partitions).await?;
     let (incarnation, bootstrapping) = match store.incarnation()? {
         Some(i) => (i, false),
         None => (
@@ -215,7 +189,6 @@ async fn open(config: Arc<Config>) -> Result<Opened, NodeError> {
         store,
         partitions,
         hlc,
-        ship_producers,
         incarnation,
         bootstrapping,
     })
@@ -253,7 +226,10 @@ async fn restore_newest(config: &Config, objects: &Objects) -> Result<(), NodeEr
 }
 
 /// A store with no incarnation (empty or restored) merges its region's own deltas topic,
-/// then takes an incarnation above every earlier one.
+/// then takes an incarnation above every earlier one. What it read is a consistent prefix
+/// (each round's deltas and resume point commit together); each partition this node is
+/// assigned is caught up again after its shipping producer fenced the previous owner
+/// (`keeper`).
 async fn bootstrap_own_past(
     config: &Arc<Config>,
     clock: &Arc<dyn Clock>,
@@ -262,7 +238,7 @@ async fn bootstrap_own_past(
 ) -> Result<u32, NodeError> {
     let started = std::time::Instant::now();
     let recovered = bootstrap::recover_own_past(config, hlc, store).await?;
-    let last = recovered.resume.as_ref().map_or(0, |r| r.incarnation);
+    let last = recovered.writers.last().copied().unwrap_or(0);
     let incarnation = new_incarnation(clock.as_ref()).max(last.saturating_add(1));
     tracing::info!(
         deltas = recovered.deltas,
@@ -285,6 +261,7 @@ struct Running {
     tasks: Tasks,
     stop: watch::Sender<bool>,
     member: Option<Member>,
+    group: Membership,
     bootstrapping: bool,
 }
 
@@ -302,7 +279,6 @@ impl Opened {
             partitions,
             ..
         } = &self;
-        let topic = config.kafka.updates_topic.clone();
         let deltas = &config.kafka.deltas_topic;
         let shipped_to = log::partitions(&config.kafka, deltas).await?.len();
         if shipped_to != partitions.len() {
@@ -312,19 +288,21 @@ impl Opened {
                 expected: partitions.len(),
             });
         }
-        let applied = store.source_offsets(&topic)?;
-        let shared = Arc::new(IngestShared::new(applied));
+        let shared = Arc::new(IngestShared::new(BTreeMap::new()));
         tracing::info!(region = %config.region, incarnation = self.incarnation, partitions = partitions.len(), "node starting");
         let (stop, stop_rx) = watch::channel(false);
         let mut tasks = Tasks::default();
         // The lease group member and this region's leases run from here on, bootstrap or
         // not.
         let (member, leases) = self.start_leases(&mut tasks, &stop_rx).await?;
+        let group = self
+            .join_group(&mut tasks, &shared, &address, &stop_rx)
+            .await?;
         let (freshness, remotes) =
             self.spawn_mergers(&mut tasks, &shared, partitions.len(), &stop_rx)?;
-        self.spawn_ingest(&mut tasks, &shared, &remotes, &leases, partitions, &stop_rx)
-            .await?;
-        let (checkpoints, checkpoint_status) = self.spawn_checkpointer(&mut tasks, &stop_rx)?;
+        self.spawn_ingest(&mut tasks, &shared, &remotes, &leases, &stop_rx)?;
+        let (checkpoints, checkpoint_status) =
+            self.spawn_checkpointer(&mut tasks, &shared, &stop_rx)?;
         tasks.spawn(
             "the metrics server",
             OnStop::Abort,
@@ -332,7 +310,6 @@ impl Opened {
         );
         let lag = report_lag(
             config.clone(),
-            partitions.clone(),
             shared.clone(),
             remotes.clone(),
             self.clock.clone(),
@@ -359,16 +336,56 @@ impl Opened {
             leases,
             peers: Default::default(),
             ends: Default::default(),
+            routes: Default::default(),
         };
-        // last: the shipper takes the producer
-        self.spawn_shippers(&mut tasks, &shared, &stop_rx);
         Ok(Running {
             api,
             tasks,
             stop,
             member,
+            group,
             bootstrapping,
         })
+    }
+
+    /// Joins the region's group and starts the partition keeper; returns once it took
+    /// the first assignment (a node that stops or fails first: an error).
+    async fn join_group(
+        &self,
+        tasks: &mut Tasks,
+        shared: &Arc<IngestShared>,
+        address: &str,
+        stop: &watch::Receiver<bool>,
+    ) -> Result<Membership, NodeError> {
+        let config = &self.config;
+        let (group, changes) = Membership::join(&MembershipSpec {
+            kafka: config.kafka.clone(),
+            group: group_id(config),
+            topic: config.kafka.updates_topic.clone(),
+            address: address.to_string(),
+            session_timeout: GROUP_SESSION_TIMEOUT,
+        })?;
+        let (first_taken, taken) = tokio::sync::oneshot::channel();
+        let keeper = Keeper {
+            config: config.clone(),
+            store: self.store.clone(),
+            hlc: self.hlc.clone(),
+            shared: shared.clone(),
+            actor: Actor::new(config.region.clone(), self.incarnation),
+            changes,
+            first_taken: Some(first_taken),
+        };
+        tasks.spawn(
+            "the partition keeper",
+            OnStop::Finish,
+            keeper.run(stop.clone()),
+        );
+        tokio::select! {
+            _ = taken => {}
+            Some(ended) = tasks.next_ended() => return Err(NodeError::TaskEnded(Tasks::failure(ended))),
+        }
+        tracing::info!(owned = ?shared.owned.borrow(), "joined the region's group");
+        Ok(group)
     }
 
     async fn start_leases(
@@ -433,48 +450,34 @@ impl Opened {
         Ok((freshness, remotes))
     }
 
-    async fn spawn_ingest(
+    fn spawn_ingest(
         &self,
         tasks: &mut Tasks,
         shared: &Arc<IngestShared>,
         remotes: &[Arc<RemoteProgress>],
         leases: &Option<Arc<Leases>>,
-        partitions: &[i32],
         stop: &watch::Receiver<bool>,
     ) -> Result<(), NodeError> {
         let config = &self.config;
-        // where the store says ingest stopped
-        let applied = shared.applied.borrow().clone();
-        let topic = &config.kafka.updates_topic;
         let source = log::ConsumerSpec {
             kafka: config.kafka.clone(),
-            group: format!("geostate-ingest-{}", config.region),
+            group: format!("geostate-ingest-reader-{}", config.region),
             report_end: false,
-            topic: topic.clone(),
-            partitions: partitions.to_vec(),
+            topic: config.kafka.updates_topic.clone(),
+            partitions: Vec::new(),
             role: "ingest",
         };
-        // What an earlier node of the region may have applied and acknowledged: every
-        // record the topic holds now (that node is gone). No heartbeat leaves before it is
-        // applied.
-        let replay_to = log::watermarks(&config.kafka, topic, partitions.to_vec())
-            .await?
-            .into_iter()
-            .filter(|(p, (first, end))| applied.get(p).map_or(*first, |o| o + 1).max(*first) < *end)
-            .map(|(p, (_, end))| (p, end))
-            .collect();
         let ingest = Ingestor {
             config: config.clone(),
             actor: Actor::new(config.region.clone(), self.incarnation),
             hlc: self.hlc.clone(),
             store: self.store.clone(),
-            reader: log::Reader::start(source, &applied)?,
+            source,
             dlq: log::RenewingProducer::new(&config.kafka, Duration::from_secs(30))?,
             shared: shared.clone(),
-            replay_to,
             leases: leases.clone(),
             grants: Default::default(),
-            partitions: i32::try_from(partitions.len()).unwrap_or(i32::MAX),
+            partitions: i32::try_from(self.partitions.len()).unwrap_or(i32::MAX),
         };
         // A node that rebuilt itself replays its updates topic only once it holds every
         // remote delta the lost node could have seen: a compare-and-set replayed on less
@@ -494,34 +497,11 @@ impl Opened {
         Ok(())
     }
 
-    fn spawn_shippers(
-        self,
-        tasks: &mut Tasks,
-        shared: &IngestShared,
-        stop: &watch::Receiver<bool>,
-    ) {
-        for (partition, producer) in self.ship_producers {
-            let shipper = Shipper {
-                store: self.store.clone(),
-                partition,
-                producer,
-                topic: self.config.kafka.deltas_topic.clone(),
-                updates_topic: self.config.kafka.updates_topic.clone(),
-                actor: Actor::new(self.config.region.clone(), self.incarnation),
-                wake: shared.committed.subscribe(),
-                shipped: shared.shipped.clone(),
-                clock: self.hlc.physical().clone(),
-                replayed: shared.replayed.subscribe(),
-            };
-            let name = format!("the shipper of partition {partition}");
-            tasks.spawn(name, OnStop::Finish, shipper.run(stop.clone()));
-        }
-    }
-
     /// The checkpointer, and how the API asks it for a checkpoint and reads its status.
     fn spawn_checkpointer(
         &self,
         tasks: &mut Tasks,
+        shared: &IngestShared,
         stop: &watch::Receiver<bool>,
     ) -> Result<(mpsc::Sender<checkpoint::Request>, Arc<CheckpointStatus>), NodeError> {
         let status = Arc::new(CheckpointStatus {
@@ -538,6 +518,7 @@ impl Opened {
             wall: self.hlc.physical().clone(),
             status: status.clone(),
             requests,
+            owned: shared.owned.subscribe(),
         };
         // a checkpoint cut short is harmless: its manifest is never written
         let run = returns(checkpointer.run(stop.clone()));
@@ -560,6 +541,7 @@ impl Running {
             mut tasks,
             stop,
             member,
+            group,
             bootstrapping,
         } = self;
         let mut shutdown = std::pin::pin!(shutdown);
@@ -570,10 +552,10 @@ impl Running {
             );
             tokio::select! {
                 () = all_caught_up(&api.remotes) => tracing::info!("bootstrap done: serving"),
-                () = &mut shutdown => return stop_in_order(stop, tasks, member, None, None).await,
+                () = &mut shutdown => return stop_in_order(stop, tasks, member, group, None, None).await,
                 Some(ended) = tasks.next_ended() => {
                     let failed = Some(Tasks::failure(ended));
-                    return stop_in_order(stop, tasks, member, None, failed).await;
+                    return stop_in_order(stop, tasks, member, group, None, failed).await;
                 }
             }
         }
@@ -591,25 +573,28 @@ impl Running {
             }),
         };
         let grpc = (!grpc_task.is_finished()).then_some(grpc_task);
-        stop_in_order(stop, tasks, member, grpc, failed).await
+        stop_in_order(stop, tasks, member, group, grpc, failed).await
     }
 }
 
 /// The one shutdown sequence: tell every task to stop; let gRPC calls in flight finish
 /// (clients are told to go away; one still connected after the grace period is cut off);
-/// abort what may be cut short and wait for the rest (the lease manager releases through
-/// the group); stop the lease group member; report the first failure.
+/// leave the region's group (the keeper hands each partition off: ingest commits, the
+/// shipper ships the outbox; not after a failure, when a task may be gone); abort what
+/// may be cut short and wait for the rest (the lease manager releases through the
+/// group); stop the lease group member; report the first failure.
 async fn stop_in_order(
     stop: watch::Sender<bool>,
     tasks: Tasks,
     member: Option<Member>,
+    group: Membership,
     grpc: Option<JoinHandle<Result<(), tonic::transport::Error>>>,
     failed: Option<String>,
 ) -> Result<(), NodeError> {
     tracing::info!("node stopping");
-    let _ = stop.send(true);
     let mut grpc_result = Ok(Ok(()));
     if let Some(mut grpc) = grpc {
+        let _ = stop.send(true);
         match tokio::time::timeout(SHUTDOWN_GRACE, &mut grpc).await {
             Ok(result) => grpc_result = result,
             Err(_) => {
@@ -619,6 +604,15 @@ async fn stop_in_order(
         }
         tracing::info!("grpc stopped");
     }
+    if failed.is_none() {
+        let leaving = tokio::task::spawn_blocking(move || group.leave());
+        if tokio::time::timeout(LEAVE_WAIT, leaving).await.is_err() {
+            tracing::warn!(wait = ?LEAVE_WAIT, "leaving the region's group took too long; stopping anyway");
+        } else {
+            tracing::info!("left the region's group");
+        }
+    }
+    let _ = stop.send(true);
     let finished = tasks.finish().await;
     tracing::info!("ingest, shipping, merging and leases stopped");
     if let Some(member) = member {
@@ -630,6 +624,11 @@ async fn stop_in_order(
         Some(why) => Err(NodeError::TaskEnded(why)),
         None => Ok(()),
     }
+}
+
+/// The region's group: its nodes share the updates topic's partitions.
+pub fn group_id(config: &Config) -> String {
+    format!("geostate-ingest-{}", config.region)
 }
 
 /// Completes once every remote's merger has read its topic to the end (owns what it
@@ -649,10 +648,9 @@ async fn returns(task: impl Future<Output = ()>) -> Result<(), std::convert::Inf
     Ok(())
 }
 
-/// Publishes the consumer lag per partition every few seconds.
+/// Publishes the consumer lag per owned partition every few seconds.
 async fn report_lag(
     config: Arc<Config>,
-    partitions: Vec<i32>,
     shared: Arc<IngestShared>,
     remotes: Vec<Arc<RemoteProgress>>,
     clock: Arc<dyn Clock>,
@@ -670,12 +668,8 @@ async fn report_lag(
                     .set(silence);
             }
         }
-        let Ok(ends) = log::end_offsets(
-            &config.kafka,
-            &config.kafka.updates_topic,
-            partitions.clone(),
-        )
-        .await
+        let owned: Vec<i32> = shared.owned.borrow().iter().copied().collect();
+        let Ok(ends) = log::end_offsets(&config.kafka, &config.kafka.updates_topic, owned).await
         else {
             continue;
         };

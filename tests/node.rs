@@ -220,49 +220,6 @@ async fn bad_records_are_dead_lettered_and_the_partition_keeps_flowing() -> anyh
     Ok(())
 }
 
-/// A second node of a region takes over from the first: its shipping producer's
-/// `init_transactions` fences the first one's, whose next round (a heartbeat comes every
-/// second) fails for good, and the first node stops: a zombie never ships again. The
-/// second node holds every write, the first node's included.
-#[tokio::test]
-async fn a_second_node_of_a_region_fences_the_first_which_stops() -> anyhow::Result<()> {
-    let cluster = cluster()?;
-    let kafka = cluster.regions["us-east-1"].kafka.clone();
-    let topics = Topics::create(&kafka, "zombie", 2).await?;
-    let key = format!("requests/{}", common::unique("zombie"));
-    let add = |n: i64| pb::UpdateRequest {
-        key: key.clone(),
-        op: Some(pb::update_request::Op::Add(n)),
-        id: String::new(),
-    };
-    let (first_dir, second_dir) = (tempfile::tempdir()?, tempfile::tempdir()?);
-    let mut first = Node::configure(first_dir.path(), &kafka, &topics)?;
-    first.start().await?;
-    first.state().await?.update(add(1)).await?;
-
-    let mut second = Node::configure(second_dir.path(), &kafka, &topics)?;
-    second.start().await?;
-    let status = first.exited(Duration::from_secs(60)).await?;
-    let log = std::fs::read_to_string(&first.log)?;
-    let stopped = log
-        .lines()
-        .find(|l| l.contains("shipping deltas stopped for good"));
-    assert!(
-        !status.success() && stopped.is_some(),
-        "the first node exited with {status}; log: {}",
-        first.log_tail()
-    );
-    println!(
-        "the first node exited with {status}: {}",
-        stopped.unwrap_or_default()
-    );
-
-    second.state().await?.update(add(2)).await?;
-    let value = second.state().await?.get(replica(&key)).await?.into_inner();
-    assert_eq!(counter(&value), 3, "the second node holds both writes");
-    Ok(())
-}
-
 /// A record produced to another partition than its key's (a producer that does not
 /// partition like the Java client) is dead-lettered, counted and named, never applied:
 /// the key's state is in its own partition's store, and the record's offset in another.

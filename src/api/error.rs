@@ -33,6 +33,10 @@ pub enum ApiError {
         "the lease on shard {shard} ended before the write was applied: it may or may not take effect"
     )]
     LeaseEnded { shard: u32 },
+    /// The answer of the node of this region a request was routed to (it owns the key's
+    /// partition).
+    #[error("routed to {node}: {}", status.message())]
+    Routed { node: String, status: tonic::Status },
     /// The holder region's answer to a forwarded owned write.
     #[error("forwarded to the lease holder: {}", .0.message())]
     Forwarded(tonic::Status),
@@ -78,6 +82,14 @@ pub enum ApiError {
         /// The outbox's keys and its bound, when it is full (why ingest did not go on).
         outbox_full: Option<(usize, usize)>,
     },
+    /// The key's partition is owned by another node of this region, or by none while it
+    /// moves.
+    #[error("partition {partition} (of key {key:?}) is {}", owner.as_ref().map_or("moving between this region's nodes; retry".to_string(), |o| format!("owned by the node at {o}; ask it (Admin/Route)")))]
+    NotOwner {
+        key: String,
+        partition: i32,
+        owner: Option<String>,
+    },
     #[error("storage failure: {0}")]
     Store(#[from] StoreError),
     #[error("internal error: {0}")]
@@ -110,13 +122,14 @@ impl ApiError {
             | ApiError::Checkpoint { .. }
             | ApiError::Settling { .. }
             | ApiError::LeaseEnded { .. }
+            | ApiError::NotOwner { .. }
             | ApiError::OutcomeForgotten { .. } => Code::Unavailable,
             ApiError::NotApplied { .. } => Code::DeadlineExceeded,
             ApiError::WatcherBehind { .. } => Code::DataLoss,
             ApiError::Store(_)
             | ApiError::Internal(_)
             | ApiError::Transfer(TransferError::NoOutcome) => Code::Internal,
-            ApiError::Forwarded(s) => s.code(),
+            ApiError::Forwarded(s) | ApiError::Routed { status: s, .. } => s.code(),
         }
     }
 }
@@ -187,6 +200,15 @@ mod tests {
                 },
                 Code::Unavailable,
                 "savepoint failed: writing the savepoint: disk full",
+            ),
+            (
+                ApiError::NotOwner {
+                    key: "drivers/9q8yy".into(),
+                    partition: 3,
+                    owner: Some("127.0.0.1:7001".into()),
+                },
+                Code::Unavailable,
+                "partition 3 (of key \"drivers/9q8yy\") is owned by the node at 127.0.0.1:7001; ask it (Admin/Route)",
             ),
             (
                 ApiError::WatcherBehind { batches: 3 },

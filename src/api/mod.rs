@@ -45,6 +45,11 @@ enum Admit {
 
 /// Marks an `Update` forwarded by a non-holder region: it is never forwarded again.
 const FORWARDED: &str = "x-geostate-forwarded-by";
+/// Marks a request routed to the node owning its key's partition: it is never routed
+/// again (a node that does not own it either answers UNAVAILABLE).
+const ROUTED: &str = "x-geostate-routed-by";
+/// How long a read of the region's group (which node owns which partition) is used.
+const ROUTES_FOR: Duration = Duration::from_secs(1);
 
 /// How long `Update` waits for its record to be applied.
 const APPLY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -82,7 +87,13 @@ pub struct Api {
     pub peers: Channels,
     /// End offsets `Admin/Status` read lately, per topic (see [`Api::end_offsets`]).
     pub ends: EndOffsets,
+    /// The region's routing table as last read from its group, and when.
+    pub routes: Routes,
 }
+
+/// Per partition, the gRPC address of the node of this region owning it, as read from the
+/// region's Kafka group at the instant kept with it.
+pub type Routes = tokio::sync::Mutex<(Option<Instant>, BTreeMap<i32, String>)>;
 
 /// The last end offsets `Admin/Status` read per topic, and when that reading started. One
 /// reading at a time, shared by every call that was waiting for it, however often Status
@@ -244,6 +255,79 @@ impl Handler {
         }
     }
 
+    /// The key's partition of the updates topic.
+    fn partition_of(&self, key: &str) -> i32 {
+        let partitions = i32::try_from(self.0.partitions.len()).unwrap_or(i32::MAX);
+        crate::log::partition_of(key.as_bytes(), partitions)
+    }
+
+    /// The node of this region owning `partition`: this one (`None`), or another's address
+    /// from the region's group (read at most every [`ROUTES_FOR`], and again when it names
+    /// no owner or this node).
+    async fn owner_of(&self, partition: i32) -> Option<String> {
+        let api = &self.0;
+        if api.shared.owned.borrow().contains(&partition) {
+            return None;
+        }
+        let mut routes = api.routes.lock().await;
+        let known = routes
+            .1
+            .get(&partition)
+            .filter(|owner| **owner != api.address);
+        let fresh = routes.0.is_some_and(|at| at.elapsed() < ROUTES_FOR);
+        if known.is_none() || !fresh {
+            let group = crate::node::group_id(&api.config);
+            let topic = &api.config.kafka.updates_topic;
+            if let Ok(read) = crate::log::membership::owners(&api.config.kafka, &group, topic).await
+            {
+                *routes = (Some(Instant::now()), read);
+            }
+        }
+        routes
+            .1
+            .get(&partition)
+            .filter(|owner| **owner != api.address)
+            .cloned()
+    }
+
+    /// Where a request for `key` is answered: here (`Ok(None)`), or at the address of the
+    /// node owning its partition (a request routed once already is never routed again).
+    async fn route(&self, key: &str, routed: bool) -> Result<Option<String>, ApiError> {
+        let partition = self.partition_of(key);
+        if self.0.shared.owned.borrow().contains(&partition) {
+            return Ok(None);
+        }
+        let owner = self.owner_of(partition).await;
+        match owner {
+            Some(owner) if !routed => Ok(Some(owner)),
+            owner => Err(ApiError::NotOwner {
+                key: key.to_string(),
+                partition,
+                owner,
+            }),
+        }
+    }
+
+    /// A client of the region's node at `addr`, and a request to it marked routed.
+    fn node_client<T>(
+        &self,
+        addr: &str,
+        req: T,
+    ) -> Result<
+        (
+            pb::state_client::StateClient<tonic::transport::Channel>,
+            Request<T>,
+        ),
+        ApiError,
+    > {
+        let channel = self.0.peers.get(addr).map_err(ApiError::Internal)?;
+        let mut request = Request::new(req);
+        if let Ok(node) = self.0.address.parse() {
+            request.metadata_mut().insert(ROUTED, node);
+        }
+        Ok((pb::state_client::StateClient::new(channel), request))
+    }
+
     fn read(&self, key: &str) -> Result<pb::Value, ApiError> {
         let crdt = self.crdt_of(key)?;
         let mut value = convert::value(key, crdt, self.0.store.get(key)?.as_ref())?;
@@ -311,8 +395,19 @@ impl Handler {
         &self,
         req: pb::UpdateRequest,
         forwarded: bool,
+        routed: bool,
     ) -> Result<pb::UpdateResponse, ApiError> {
         let api = &self.0;
+        if let Some(node) = self.route(&req.key, routed).await? {
+            let (mut client, mut request) = self.node_client(&node, req)?;
+            if forwarded && let Ok(by) = api.config.region.as_str().parse() {
+                request.metadata_mut().insert(FORWARDED, by);
+            }
+            return match client.update(request).await {
+                Ok(r) => Ok(r.into_inner()),
+                Err(s) => Err(ApiError::Routed { node, status: s }),
+            };
+        }
         let mut update = convert::update_from_pb(req)?;
         match self.admit(&update).await? {
             Admit::Unowned => {}
@@ -432,7 +527,7 @@ impl Handler {
             Ok(Err(_)) => return Err(ApiError::Stopping),
             Err(_) => {
                 let (keys, max) = (
-                    self.0.store.outbox_len(),
+                    self.0.store.outbox_len_in(&shared.owned.borrow()),
                     self.0.config.replication.max_outbox_keys,
                 );
                 return Err(ApiError::NotApplied {
@@ -449,6 +544,49 @@ impl Handler {
             Outcome::Refused(why) => Err(ApiError::Refused(why)),
             Outcome::Forgotten => Err(ApiError::OutcomeForgotten { partition, offset }),
         }
+    }
+
+    /// `BatchGet`: the keys of this node's partitions read here, the others asked of their
+    /// owners (one request per owner).
+    async fn batch_get_routed(
+        &self,
+        keys: Vec<String>,
+        routed: bool,
+    ) -> Result<pb::BatchGetResponse, ApiError> {
+        let mut here = Vec::new();
+        let mut elsewhere: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for key in keys {
+            match self.route(&key, routed).await? {
+                None => here.push(key),
+                Some(node) => elsewhere.entry(node).or_default().push(key),
+            }
+        }
+        // RocksDB reads: off the async threads (the lease group's Raft runs there)
+        let handler = self.clone();
+        let mut out = tokio::task::spawn_blocking(move || {
+            let mut out = pb::BatchGetResponse::default();
+            for key in here {
+                match handler.read(&key) {
+                    Ok(v) => out.values.push(v),
+                    Err(ApiError::NotFound { .. }) => out.missing.push(key),
+                    Err(e) => return Err(e),
+                }
+            }
+            Ok(out)
+        })
+        .await
+        .unwrap_or_else(|e| Err(ApiError::Internal(e.to_string())))?;
+        for (node, keys) in elsewhere {
+            let (mut client, request) = self.node_client(&node, pb::BatchGetRequest { keys })?;
+            let answer = client
+                .batch_get(request)
+                .await
+                .map_err(|status| ApiError::Routed { node, status })?
+                .into_inner();
+            out.values.extend(answer.values);
+            out.missing.extend(answer.missing);
+        }
+        Ok(out)
     }
 
     async fn scan(&self, req: pb::ScanRequest) -> Result<pb::ScanResponse, ApiError> {
@@ -470,10 +608,13 @@ impl Handler {
         let store = self.0.store.clone();
         let prefix = req.prefix.clone();
         let after = (!req.page_token.is_empty()).then_some(req.page_token);
-        let page =
-            tokio::task::spawn_blocking(move || store.scan(&prefix, after.as_deref(), limit))
-                .await
-                .map_err(|e| ApiError::Internal(e.to_string()))??;
+        // never from a copy of a partition this node does not own
+        let owned = self.0.shared.owned.borrow().clone();
+        let page = tokio::task::spawn_blocking(move || {
+            store.scan_in(&owned, &prefix, after.as_deref(), limit)
+        })
+        .await
+        .map_err(|e| ApiError::Internal(e.to_string()))??;
         let next_page_token = if page.len() == limit {
             page.last().map(|(k, _)| k.clone()).unwrap_or_default()
         } else {
@@ -499,7 +640,8 @@ impl Handler {
                 api.partitions.clone(),
             )
             .await;
-        let partitions = partition_status(&api.partitions, &applied, ends.as_ref());
+        let owned: Vec<i32> = api.shared.owned.borrow().iter().copied().collect();
+        let partitions = partition_status(&owned, &applied, ends.as_ref());
         let freshness = api.freshness.snapshot();
         let mut remotes = Vec::with_capacity(api.remotes.len());
         for progress in &api.remotes {
@@ -537,6 +679,8 @@ impl Handler {
                 .load(std::sync::atomic::Ordering::Relaxed),
             remotes,
             checkpoint: Some(self.checkpoint_status()),
+            owned_partitions: owned,
+            node: api.address.clone(),
         })
     }
 
@@ -591,19 +735,31 @@ impl Handler {
         })
     }
 
-    /// The key's partition and the node serving it: this node, the region's only one.
-    fn locate(&self, req: pb::RouteRequest) -> Result<pb::RouteResponse, ApiError> {
+    /// The key's partition and the node of this region owning it (UNAVAILABLE while it
+    /// moves and no node owns it).
+    async fn locate(&self, req: pb::RouteRequest) -> Result<pb::RouteResponse, ApiError> {
         if req.key.is_empty() {
             return Err(ApiError::InvalidArgument("key is empty".into()));
         }
         let api = &self.0;
-        let partitions = i32::try_from(api.partitions.len()).unwrap_or(i32::MAX);
+        let partition = self.partition_of(&req.key);
+        let node = match self.owner_of(partition).await {
+            None if api.shared.owned.borrow().contains(&partition) => api.address.clone(),
+            Some(owner) => owner,
+            None => {
+                return Err(ApiError::NotOwner {
+                    key: req.key,
+                    partition,
+                    owner: None,
+                });
+            }
+        };
         Ok(pb::RouteResponse {
-            partition: crate::log::partition_of(req.key.as_bytes(), partitions),
+            partition,
             key: req.key,
-            partitions,
+            partitions: i32::try_from(api.partitions.len()).unwrap_or(i32::MAX),
             region: api.config.region.to_string(),
-            node: api.address.clone(),
+            node,
         })
     }
 
@@ -697,21 +853,31 @@ impl State for Handler {
     ) -> Result<Response<pb::UpdateResponse>, Status> {
         let started = Instant::now();
         let forwarded = req.metadata().contains_key(FORWARDED);
+        let routed = req.metadata().contains_key(ROUTED);
         observe(
             "update",
             started,
-            Handler::update(self, req.into_inner(), forwarded).await,
+            Handler::update(self, req.into_inner(), forwarded, routed).await,
         )
         .map(Response::new)
     }
 
     async fn get(&self, req: Request<pb::GetRequest>) -> Result<Response<pb::Value>, Status> {
         let started = Instant::now();
+        let routed = req.metadata().contains_key(ROUTED);
         let req = req.into_inner();
-        let read = if req.leaseholder {
-            self.read_at_holder(&req.key).await
-        } else {
-            self.read(&req.key)
+        let read = match self.route(&req.key, routed).await {
+            Ok(Some(node)) => match self.node_client(&node, req) {
+                Ok((mut client, request)) => client
+                    .get(request)
+                    .await
+                    .map(Response::into_inner)
+                    .map_err(|status| ApiError::Routed { node, status }),
+                Err(e) => Err(e),
+            },
+            Ok(None) if req.leaseholder => self.read_at_holder(&req.key).await,
+            Ok(None) => self.read(&req.key),
+            Err(e) => Err(e),
         };
         observe("get", started, read).map(Response::new)
     }
@@ -721,6 +887,7 @@ impl State for Handler {
         req: Request<pb::BatchGetRequest>,
     ) -> Result<Response<pb::BatchGetResponse>, Status> {
         let started = Instant::now();
+        let routed = req.metadata().contains_key(ROUTED);
         let keys = req.into_inner().keys;
         let max = self.0.config.api.max_batch_keys;
         let result = if keys.len() > max {
@@ -729,21 +896,7 @@ impl State for Handler {
                 keys.len()
             )))
         } else {
-            // RocksDB reads: off the async threads (the lease group's Raft runs there)
-            let handler = self.clone();
-            tokio::task::spawn_blocking(move || {
-                let mut out = pb::BatchGetResponse::default();
-                for key in keys {
-                    match handler.read(&key) {
-                        Ok(v) => out.values.push(v),
-                        Err(ApiError::NotFound { .. }) => out.missing.push(key),
-                        Err(e) => return Err(e),
-                    }
-                }
-                Ok(out)
-            })
-            .await
-            .unwrap_or_else(|e| Err(ApiError::Internal(e.to_string())))
+            self.batch_get_routed(keys, routed).await
         };
         observe("batch_get", started, result).map(Response::new)
     }
@@ -852,7 +1005,12 @@ impl Admin for Handler {
         req: Request<pb::RouteRequest>,
     ) -> Result<Response<pb::RouteResponse>, Status> {
         let started = Instant::now();
-        observe("route", started, Handler::locate(self, req.into_inner())).map(Response::new)
+        observe(
+            "route",
+            started,
+            Handler::locate(self, req.into_inner()).await,
+        )
+        .map(Response::new)
     }
 
     async fn transfer_lease(

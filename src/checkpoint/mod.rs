@@ -54,6 +54,10 @@ const RESTORE_PARALLEL: usize = 4;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
+    #[error(
+        "this node does not own partition 0: a region's checkpoints are taken by the node owning it (Admin/Route names it for any key of that partition)"
+    )]
+    NotTaker,
     #[error(transparent)]
     Objects(#[from] ObjectError),
     #[error(transparent)]
@@ -161,6 +165,10 @@ pub struct Checkpointer {
     pub wall: Arc<dyn Clock>,
     pub status: Arc<CheckpointStatus>,
     pub requests: mpsc::Receiver<Request>,
+    /// The partitions this node owns: only the owner of partition 0 checkpoints, so a
+    /// region's nodes never race on one prefix (each checkpoint holds the node's copy of
+    /// every partition; a restore catches each one up from the deltas topic).
+    pub owned: watch::Receiver<BTreeSet<i32>>,
 }
 
 impl Checkpointer {
@@ -184,6 +192,14 @@ impl Checkpointer {
                 },
                 () = tokio::time::sleep_until(next), if !interval.is_zero() => None,
             };
+            let taker = self.owned.borrow().contains(&0);
+            if !taker {
+                if let Some(reply) = reply {
+                    let _ = reply.send(Err(CheckpointError::NotTaker));
+                }
+                next = tokio::time::Instant::now() + interval;
+                continue;
+            }
             let result = self.take(&mut uploaded).await;
             match &result {
                 Ok(taken) => {
@@ -573,7 +589,7 @@ pub async fn restore(
     }
     let (dir, topic) = (data_dir.clone(), manifest.deltas_topic.clone());
     tokio::task::spawn_blocking(move || {
-        Store::open_existing(&dir)?.prepare_bootstrap(&topic, &deltas_next, &from)
+        Store::open_existing(&dir)?.prepare_bootstrap(&topic, &deltas_next, &from, true)
     })
     .await
     .map_err(|e| CheckpointError::Task(e.to_string()))??;

@@ -179,7 +179,7 @@ pub async fn restore(
         format!("savepoint {savepoint}"),
     );
     tokio::task::spawn_blocking(move || {
-        Store::open_existing(&dir)?.prepare_bootstrap(&topic, &next, &from)
+        Store::open_existing(&dir)?.prepare_bootstrap(&topic, &next, &from, false)
     })
     .await
     .map_err(|e| CheckpointError::Task(e.to_string()))??;

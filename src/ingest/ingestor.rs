@@ -20,11 +20,15 @@
 //! replay long after may find that epoch granted since and apply such a record: only a
 //! writer to the updates topic can forge one, which authenticating writers prevents.
 //!
-//! The task also says when it has replayed what the topic held when the node started
-//! ([`IngestShared::replayed`]): the records an earlier node of the region may have
-//! applied and acknowledged. The shipper sends no heartbeat before that.
+//! It reads the partitions this node owns ([`IngestShared::owned`]), with a new reader
+//! after each change (between batches; a batch cut short is read again from the stored
+//! offsets), and says which it reads ([`IngestShared::reading`]): a partition given up is
+//! handed on only once ingest no longer reads it. Per partition it says when it has
+//! replayed what the topic held when this node took it ([`IngestShared::replayed`]): the
+//! records an earlier owner may have applied and acknowledged. The partition's shipper
+//! sends no heartbeat before that.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -39,8 +43,8 @@ use crate::crdt::{Actor, CrdtValue};
 use crate::lease::leases::Leases;
 use crate::lease::table::ShardId;
 use crate::log::{
-    Batching, DLQ_CODE_HEADER, DLQ_REASON_HEADER, DLQ_SOURCE_HEADER, DLQ_TRUNCATED_HEADER, Out,
-    Reader, RenewingProducer,
+    Batching, ConsumerSpec, DLQ_CODE_HEADER, DLQ_REASON_HEADER, DLQ_SOURCE_HEADER,
+    DLQ_TRUNCATED_HEADER, LogError, Out, Reader, RenewingProducer,
 };
 use crate::metrics as m;
 use crate::shutdown::stopped;
@@ -64,6 +68,8 @@ pub enum IngestError {
     Store(#[from] StoreError),
     #[error("ingest worker failed: {0}")]
     Join(#[from] tokio::task::JoinError),
+    #[error(transparent)]
+    Log(#[from] LogError),
 }
 
 /// A key's new state after a batch, as sent to watchers.
@@ -86,8 +92,17 @@ pub struct IngestShared {
     /// deltas): two writers reading the same key and each writing back their result would
     /// lose the other's update.
     pub state_writer: tokio::sync::Mutex<()>,
-    /// True once every record the updates topic held when the node started is applied.
-    pub replayed: watch::Sender<bool>,
+    /// The partitions this node owns (the region's group assigned them and they caught
+    /// up): ingest reads them, the API answers their keys, the mergers merge them.
+    pub owned: watch::Sender<BTreeSet<i32>>,
+    /// The partitions ingest's reader reads now (it follows `owned` between batches).
+    pub reading: watch::Sender<BTreeSet<i32>>,
+    /// Per owned partition not yet replayed, its end offset when this node took it: the
+    /// records an earlier owner may have applied and acknowledged.
+    pub replay_to: Mutex<BTreeMap<i32, i64>>,
+    /// The owned partitions whose records up to their `replay_to` are applied (their
+    /// shippers send heartbeats from then on).
+    pub replayed: watch::Sender<BTreeSet<i32>>,
 }
 
 impl IngestShared {
@@ -101,8 +116,40 @@ impl IngestShared {
             committed: watch::Sender::new(0),
             shipped: Arc::new(tokio::sync::Notify::new()),
             state_writer: tokio::sync::Mutex::new(()),
-            replayed: watch::Sender::new(false),
+            owned: watch::Sender::new(BTreeSet::new()),
+            reading: watch::Sender::new(BTreeSet::new()),
+            replay_to: Mutex::default(),
+            replayed: watch::Sender::new(BTreeSet::new()),
         }
+    }
+
+    /// Marks `partition` owned, to be replayed up to `end` (the updates topic's end when
+    /// this node took it) before it is counted as replayed.
+    pub fn own(&self, partition: i32, end: i64) {
+        let applied = self.applied.borrow().get(&partition).copied();
+        if applied.is_some_and(|o| o + 1 >= end) || end <= 0 {
+            self.replayed.send_modify(|r| {
+                r.insert(partition);
+            });
+        } else {
+            self.lock_replay().insert(partition, end);
+        }
+        self.owned.send_modify(|o| {
+            o.insert(partition);
+        });
+    }
+
+    /// Marks `partitions` no longer owned.
+    pub fn disown(&self, partitions: &[i32]) {
+        self.owned
+            .send_modify(|o| o.retain(|p| !partitions.contains(p)));
+        self.lock_replay().retain(|p, _| !partitions.contains(p));
+        self.replayed
+            .send_modify(|r| r.retain(|p| !partitions.contains(p)));
+    }
+
+    fn lock_replay(&self) -> std::sync::MutexGuard<'_, BTreeMap<i32, i64>> {
+        self.replay_to.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// What became of the record at `(partition, offset)`, once it is applied (see
@@ -172,12 +219,11 @@ pub struct Ingestor {
     pub actor: Actor,
     pub hlc: Arc<Hlc>,
     pub store: Arc<Store>,
-    /// The updates topic, positioned after the applied offsets.
-    pub reader: Reader,
+    /// How to read the updates topic; its partitions are the owned ones, each positioned
+    /// after its applied offset.
+    pub source: ConsumerSpec,
     pub dlq: RenewingProducer,
     pub shared: Arc<IngestShared>,
-    /// Per partition that had records to apply at start-up, its end offset then.
-    pub replay_to: BTreeMap<i32, i64>,
     /// This region's leases, where a lease group grants them: owned records' epochs are
     /// checked against it.
     pub leases: Option<Arc<Leases>>,
@@ -190,15 +236,36 @@ pub struct Ingestor {
 impl Ingestor {
     /// Runs until `shutdown` turns true; returns early only on a storage failure.
     pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) -> Result<(), IngestError> {
+        let mut owned = self.shared.owned.subscribe();
+        let mut reader: Option<Reader> = None;
         loop {
-            self.note_replayed();
+            if reader.is_none() || owned.has_changed().unwrap_or(false) {
+                reader = self.follow(&mut owned)?;
+            }
+            let Some(reading) = reader.as_mut() else {
+                // owns nothing: waits for the group
+                tokio::select! {
+                    () = stopped(&mut shutdown) => return Ok(()),
+                    _ = owned.changed() => continue,
+                }
+            };
+            self.note_replayed(reading);
             let batching = Batching {
                 max: self.config.ingest.batch_max_events,
                 linger: self.config.ingest.batch_max_wait,
                 // the last records may be ones nobody applies (a transaction marker)
-                idle: (!*self.shared.replayed.borrow()).then_some(REPLAY_POLL),
+                idle: (!self.shared.lock_replay().is_empty()).then_some(REPLAY_POLL),
             };
-            let Some(batch) = self.reader.next_batch(batching, &mut shutdown).await else {
+            // a batch cut short by a change of partitions is read again: the new reader
+            // starts after the applied offsets
+            let batch = tokio::select! {
+                batch = reading.next_batch(batching, &mut shutdown) => batch,
+                _ = owned.changed() => {
+                    reader = None;
+                    continue;
+                }
+            };
+            let Some(batch) = batch else {
                 return Ok(());
             };
             if !batch.records.is_empty() {
@@ -209,12 +276,38 @@ impl Ingestor {
                     return Ok(());
                 }
             }
-            if let Some(e) = batch.failed {
+            if let Some(e) = batch.failed
+                && let Some(reading) = reader.as_mut()
+            {
                 tokio::time::sleep(RETRY_PAUSE).await;
                 let applied = self.shared.applied.borrow().clone();
-                self.reader.restart(&e, &applied);
+                reading.restart(&e, &applied);
             }
         }
+    }
+
+    /// A reader of the partitions owned now, each after its applied offset (`None`: none
+    /// owned); says which it reads ([`IngestShared::reading`]).
+    fn follow(
+        &self,
+        owned: &mut watch::Receiver<BTreeSet<i32>>,
+    ) -> Result<Option<Reader>, IngestError> {
+        let partitions: Vec<i32> = owned.borrow_and_update().iter().copied().collect();
+        let reader = if partitions.is_empty() {
+            None
+        } else {
+            let applied = self.shared.applied.borrow().clone();
+            let spec = ConsumerSpec {
+                partitions: partitions.clone(),
+                ..self.source.clone()
+            };
+            Some(Reader::start(spec, &applied)?)
+        };
+        tracing::info!(?partitions, "ingest reads the partitions this node owns");
+        self.shared
+            .reading
+            .send_replace(partitions.into_iter().collect());
+        Ok(reader)
     }
 
     /// Waits while the outbox holds `replication.max-outbox-keys` keys or more, so that a
@@ -224,7 +317,8 @@ impl Ingestor {
         let mut waited = false;
         loop {
             let shipped = self.shared.shipped.notified();
-            let keys = self.store.outbox_len();
+            // a copy of a partition given up may keep entries nobody ships: not counted
+            let keys = self.store.outbox_len_in(&self.shared.owned.borrow());
             metrics::gauge!(m::OUTBOX_KEYS).set(keys as f64);
             if keys < max {
                 if waited {
@@ -248,21 +342,36 @@ impl Ingestor {
         }
     }
 
-    /// Sets [`IngestShared::replayed`] once every partition of `replay_to` is applied, or
-    /// consumed, up to its end offset at start-up.
-    fn note_replayed(&self) {
-        if *self.shared.replayed.borrow() {
+    /// Moves each partition of [`IngestShared::replay_to`] applied, or consumed, up to its
+    /// end offset into [`IngestShared::replayed`].
+    fn note_replayed(&self, reader: &Reader) {
+        let mut replay_to = self.shared.lock_replay();
+        if replay_to.is_empty() {
             return;
         }
         let applied = self.shared.applied.borrow();
-        let done = self.replay_to.iter().all(|(&p, &end)| {
-            applied.get(&p).is_some_and(|&o| o + 1 >= end)
-                || self.reader.position(p).is_some_and(|o| o >= end)
-        });
+        let done: Vec<(i32, i64)> = replay_to
+            .iter()
+            .filter(|&(&p, &end)| {
+                applied.get(&p).is_some_and(|&o| o + 1 >= end)
+                    || reader.position(p).is_some_and(|o| o >= end)
+            })
+            .map(|(&p, &end)| (p, end))
+            .collect();
         drop(applied);
-        if done {
-            tracing::info!(ends = ?self.replay_to, "replayed the updates topic as it was at start-up");
-            self.shared.replayed.send_replace(true);
+        for (p, end) in &done {
+            replay_to.remove(p);
+            tracing::info!(
+                partition = p,
+                end,
+                "replayed the partition as it was when this node took it"
+            );
+        }
+        drop(replay_to);
+        if !done.is_empty() {
+            self.shared
+                .replayed
+                .send_modify(|r| r.extend(done.iter().map(|(p, _)| *p)));
         }
     }
 

@@ -23,6 +23,7 @@ pub const DLQ_CODE_HEADER: &str = "geostate.error.code";
 /// Header holding where the record came from: `topic/partition/offset`.
 pub const DLQ_SOURCE_HEADER: &str = "geostate.source";
 
+pub mod membership;
 mod partitioner;
 mod reader;
 mod transactional;
@@ -64,6 +65,8 @@ pub enum LogError {
     NoPartitions { topic: String },
     #[error("kafka metadata task failed: {0}")]
     Join(#[from] tokio::task::JoinError),
+    #[error("cannot start a thread: {0}")]
+    Thread(String),
 }
 
 impl LogError {

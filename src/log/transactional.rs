@@ -81,7 +81,8 @@ pub struct Transactional {
 }
 
 impl Transactional {
-    /// One transaction: begin, queue every record, wait for every delivery, commit.
+    /// One transaction: begin, queue every record, wait for every delivery, commit;
+    /// answers each record's offset, in order.
     /// Every delivery is awaited before the commit: leaving the flush to
     /// `commit_transaction` costs about 130 ms of replication lag per round (measured:
     /// p50 160 ms instead of 16 ms through MirrorMaker 2), for a few percent of CPU saved.
@@ -89,20 +90,22 @@ impl Transactional {
         &self,
         topic: &str,
         records: impl IntoIterator<Item = TxRecord<'_>>,
-    ) -> Result<(), LogError> {
+    ) -> Result<Vec<i64>, LogError> {
         self.blocking(|p| p.begin_transaction()).await?;
         let mut deliveries = Vec::new();
         for record in records {
             deliveries.push(self.queue(topic, &record).await?);
         }
+        let mut offsets = Vec::with_capacity(deliveries.len());
         for delivery in deliveries {
-            delivery
+            let delivered = delivery
                 .await
                 .map_err(|_| KafkaError::Canceled)?
                 .map_err(|(e, _)| e)?;
+            offsets.push(delivered.offset);
         }
         self.blocking(|p| p.commit_transaction(TXN_CALL)).await?;
-        Ok(())
+        Ok(offsets)
     }
 
     /// A fatal error of this client (another client of the same id fenced it): no new

@@ -24,6 +24,7 @@ use crate::clock::Hlc;
 use crate::config::Config;
 use crate::crdt::ResumePoint;
 use crate::log::{self, LogError};
+use crate::metrics as m;
 use crate::store::{Commit, Store, StoreError};
 
 const BATCH: usize = 1000;
@@ -40,7 +41,7 @@ pub enum BootstrapError {
         source: log::LogError,
     },
     #[error(
-        "own delta {topic}/{partition}/{offset} cannot be merged ({reason}); refusing to start rather than lose it"
+        "own delta {topic}/{partition}/{offset} cannot be merged yet ({reason}); its partition is not caught up past it"
     )]
     Refused {
         topic: String,
@@ -69,6 +70,10 @@ pub struct Recovered {
     /// Every partition's last resume point, absorbed; `None` if the region never shipped
     /// anything.
     pub resume: Option<ResumePoint>,
+    /// Per partition, the last offset read.
+    pub through: BTreeMap<i32, i64>,
+    /// The incarnations that wrote the resume points read.
+    pub writers: BTreeSet<u32>,
 }
 
 /// Merges every committed delta of the region's own deltas topic into `store` and
@@ -79,24 +84,83 @@ pub async fn recover_own_past(
     hlc: &Arc<Hlc>,
     store: &Arc<Store>,
 ) -> Result<Recovered, BootstrapError> {
-    let recovered = merge_own_topic(config, hlc, store).await?;
-    if let Some(resume) = &recovered.resume {
-        resume_after(config, hlc, store, resume).await?;
+    let mut all = Recovered::default();
+    for p in log::partitions(&config.kafka, &config.kafka.deltas_topic).await? {
+        let recovered = catch_up(config, hlc, store, p).await?.recovered;
+        all.deltas += recovered.deltas;
+        all.superseded += recovered.superseded;
+        all.keys += recovered.keys;
+        all.through.extend(recovered.through);
+        all.writers.extend(recovered.writers);
+        if let Some(resume) = recovered.resume {
+            ResumePoint::absorb_into(&mut all.resume, resume);
+        }
     }
-    Ok(recovered)
+    Ok(all)
 }
 
-/// Reads the own deltas topic to its end (from where a restored copy was taken, or the
-/// beginning) and merges it; stops at the first delta that cannot be merged and is not
-/// superseded.
+/// How a partition this node takes caught up with what its region shipped.
+#[derive(Debug)]
+pub struct CaughtUp {
+    pub recovered: Recovered,
+    /// This node's copy held increments it never shipped while another node shipped the
+    /// partition since: it was forgotten and the partition rebuilt from the deltas topic.
+    pub discarded: bool,
+}
+
+/// Brings this node's copy of `partition` up to what its region shipped, before the node
+/// ingests it: merges the region's own deltas partition from where the copy holds them
+/// (the copy's last shipped round, catch-up or restore) to its end, and positions ingest
+/// after the newest resume point. Call with the partition's shipping producer already
+/// initialised (the previous owner fenced, its open round aborted).
+///
+/// A copy with unshipped outbox entries is kept only if every round shipped since came
+/// from the incarnation that wrote those entries (the same actor's entry only grows, over
+/// the same records): a round of another incarnation applied those records again under
+/// its own actor, and merging both would count them twice, so the copy is discarded and
+/// rebuilt from the deltas topic alone.
+pub async fn catch_up(
+    config: &Arc<Config>,
+    hlc: &Arc<Hlc>,
+    store: &Arc<Store>,
+    partition: i32,
+) -> Result<CaughtUp, BootstrapError> {
+    let mut discarded = false;
+    loop {
+        let recovered = merge_own_topic(config, hlc, store, vec![partition]).await?;
+        let unshipped = store.outbox_len_in(&BTreeSet::from([partition])) > 0;
+        let writer = store.outbox_writer(partition)?;
+        let others = recovered.writers.iter().any(|&w| Some(w) != writer);
+        if unshipped && others {
+            tracing::warn!(
+                partition,
+                "this node's copy of the partition holds increments it never shipped, and another node shipped the partition since: discarding the copy and rebuilding it from the deltas topic"
+            );
+            store.discard(partition)?;
+            discarded = true;
+            continue;
+        }
+        if let Some(resume) = &recovered.resume {
+            resume_after(config, hlc, store, resume).await?;
+        }
+        note_through(config, store, &recovered)?;
+        return Ok(CaughtUp {
+            recovered,
+            discarded,
+        });
+    }
+}
+
+/// Reads the own deltas topic's `partitions` to their end (from where the copy holds
+/// them, or the beginning) and merges them; stops at the first delta that cannot be
+/// merged and is not superseded. Records how far each partition was read.
 async fn merge_own_topic(
     config: &Arc<Config>,
     hlc: &Arc<Hlc>,
     store: &Arc<Store>,
+    partitions: Vec<i32>,
 ) -> Result<Recovered, BootstrapError> {
     let topic = config.kafka.deltas_topic.clone();
-    let partitions = log::partitions(&config.kafka, &topic).await?;
-    // a restored store starts where its copy was taken; an empty one at the beginning
     let from = store.bootstrap_offsets(&topic)?;
     let spec = log::ConsumerSpec {
         kafka: config.kafka.clone(),
@@ -115,23 +179,36 @@ async fn merge_own_topic(
     // bootstrap runs before the node's tasks: nothing stops it but an error
     let (_running, mut never_stopped) = tokio::sync::watch::channel(false);
     let (mut at_end, mut keys) = (BTreeSet::new(), BTreeSet::new());
+    let mut through: BTreeMap<i32, i64> = BTreeMap::new();
     let mut recovered = Recovered::default();
     while at_end.len() < partitions.len() {
         let Some(batch) = reader.next_batch(batching, &mut never_stopped).await else {
             break;
         };
-        at_end.extend(batch.at_end.iter().map(|(p, _)| *p));
+        for (p, next) in &batch.at_end {
+            at_end.insert(*p);
+            if let Some(next) = next {
+                let at = through.entry(*p).or_insert(next - 1);
+                *at = (*at).max(next - 1);
+            }
+        }
+        for r in &batch.records {
+            let at = through.entry(r.partition).or_insert(r.offset);
+            *at = (*at).max(r.offset);
+        }
         if let Some(source) = batch.failed {
             return Err(BootstrapError::Read { topic, source });
         }
         if batch.records.is_empty() {
             continue;
         }
-        let (store, config, hlc) = (store.clone(), config.clone(), hlc.clone());
         let region = config.region.clone();
-        let merged = merge_and_commit(store, config, hlc, batch.records, region, None).await?;
+        let (store, config, hlc) = (store.clone(), config.clone(), hlc.clone());
+        let merged =
+            merge_and_commit(store, config, hlc, batch.records, region.clone(), None).await?;
         let held = merged.held.into_iter().map(|(p, (o, why))| (p, o, why));
-        let (superseded, fatal) = sort_refusals(merged.refused.into_iter().chain(held).collect());
+        let refused = merged.refused.into_iter().chain(held).collect();
+        let (superseded, fatal) = sort_refusals(refused, &topic, region.as_str());
         if let Some((partition, offset, reason)) = fatal {
             return Err(BootstrapError::Refused {
                 topic,
@@ -143,12 +220,24 @@ async fn merge_own_topic(
         recovered.superseded += superseded;
         recovered.deltas += merged.merged;
         keys.extend(merged.states.into_keys());
+        recovered.writers.extend(merged.writers);
         if let Some(later) = merged.resume {
             ResumePoint::absorb_into(&mut recovered.resume, later);
         }
     }
     recovered.keys = keys.len();
+    recovered.through = through;
     Ok(recovered)
+}
+
+/// Records how far the own deltas topic was merged: last, after the resume point it held
+/// was applied (a crash before this merges the same deltas again, which is harmless; after
+/// it, the next catch-up would never see that resume point again).
+fn note_through(config: &Config, store: &Store, recovered: &Recovered) -> Result<(), StoreError> {
+    for (&p, &offset) in &recovered.through {
+        store.own_deltas_through(&config.kafka.deltas_topic, p, offset)?;
+    }
+    Ok(())
 }
 
 /// Positions ingest after `resume` (with its fences) in every partition where it is later
@@ -220,15 +309,27 @@ fn later_partitions(
         .collect()
 }
 
-/// Splits the refusals of a batch of own deltas into those superseded by what the store
-/// already holds (an owned key's older epoch: skipped, nothing is lost) and the first
-/// that would lose data if skipped (the node must not start).
-fn sort_refusals(refused: Vec<(i32, i64, Refusal)>) -> (usize, Option<(i32, i64, Refusal)>) {
+/// Sorts the refusals of a batch of own deltas: superseded by what the store already
+/// holds (an owned key's older epoch: skipped, nothing is lost), unmergeable here (a key
+/// in no namespace or of another type now, or a record this region's shippers never
+/// wrote: skipped, logged and counted, as a remote region's would be; ingest refuses such
+/// keys too, so no state of theirs can be served), and the first held for the clock
+/// (its stamp ahead: the catch-up is tried again, never past it).
+fn sort_refusals(
+    refused: Vec<(i32, i64, Refusal)>,
+    topic: &str,
+    region: &str,
+) -> (usize, Option<(i32, i64, Refusal)>) {
     let mut superseded = 0;
     for r in refused {
-        match r.2 {
+        match &r.2 {
             Refusal::Fenced { .. } => superseded += 1,
-            _ => return (superseded, Some(r)),
+            why if why.holds().is_some() => return (superseded, Some(r)),
+            why => {
+                tracing::error!(%topic, partition = r.0, offset = r.1, reason = %why, "an own delta cannot be merged here: skipped");
+                metrics::counter!(m::DELTAS_REFUSED, "region" => region.to_string(), "reason" => why.code())
+                    .increment(1);
+            }
         }
     }
     (superseded, None)
@@ -252,7 +353,7 @@ mod tests {
     }
 
     #[test]
-    fn an_own_delta_below_its_keys_epoch_is_skipped_and_anything_else_stops_the_start() {
+    fn an_own_delta_is_skipped_unless_the_clock_holds_it() {
         let fenced = |offset| {
             (
                 2,
@@ -264,7 +365,8 @@ mod tests {
                 },
             )
         };
-        let (superseded, fatal) = sort_refusals(vec![fenced(1), fenced(2)]);
+        let sort = |refused| sort_refusals(refused, "geostate.deltas", "us-east-1");
+        let (superseded, fatal) = sort(vec![fenced(1), fenced(2)]);
         assert_eq!((superseded, fatal.is_none()), (2, true));
         let no_namespace = (
             0,
@@ -273,7 +375,18 @@ mod tests {
                 key: "gone/k".into(),
             },
         );
-        let (_, fatal) = sort_refusals(vec![fenced(1), no_namespace]);
-        assert_eq!(fatal.map(|(p, o, _)| (p, o)), Some((0, 7)));
+        let (superseded, fatal) = sort(vec![fenced(1), no_namespace]);
+        assert_eq!((superseded, fatal.is_none()), (1, true));
+        let ahead = (
+            0,
+            9,
+            Refusal::Clock(crate::clock::ClockError::AheadOfLocal {
+                remote: crate::clock::HlcTimestamp::new(9, 0),
+                ahead: std::time::Duration::from_secs(9),
+                max: std::time::Duration::from_millis(500),
+            }),
+        );
+        let (_, fatal) = sort(vec![fenced(1), ahead]);
+        assert_eq!(fatal.map(|(p, o, _)| (p, o)), Some((0, 9)));
     }
 }

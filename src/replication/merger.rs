@@ -116,6 +116,8 @@ pub struct Merged {
     /// The resume points among the records (not deltas: never merged), absorbed
     /// ([`ResumePoint::absorb`]): every partition's newest position.
     pub resume: Option<ResumePoint>,
+    /// The incarnations that wrote the resume points among the records.
+    pub writers: BTreeSet<u32>,
     /// Per partition, the delta it is held at and why: neither it nor anything after it
     /// in its partition is merged, and `offsets` stops just before it.
     pub held: BTreeMap<i32, (i64, Refusal)>,
@@ -211,7 +213,10 @@ fn control_record(record: &Record, remote: &RegionId, out: &mut Merged) -> bool 
         }
         Some(RESUME_KEY) => {
             match ResumePoint::decode(record.payload.as_deref().unwrap_or_default()) {
-                Ok(resume) => ResumePoint::absorb_into(&mut out.resume, resume),
+                Ok(resume) => {
+                    out.writers.insert(resume.incarnation);
+                    ResumePoint::absorb_into(&mut out.resume, resume);
+                }
                 Err(why) => refuse(out, Refusal::Malformed(why)),
             }
             true
@@ -401,26 +406,41 @@ impl Merger {
         &self.progress.remote
     }
 
-    pub async fn run(self, mut stop: watch::Receiver<bool>) -> Result<(), MergeError> {
-        let Some(mut reader) = self.subscribe(&mut stop).await? else {
-            return Ok(());
-        };
-        let partitions = reader.partitions().len();
-        if partitions != self.partitions {
-            return Err(MergeError::PartitionCounts {
-                topic: self.remote().topic.clone(),
-                found: partitions,
-                expected: self.partitions,
-            });
+    /// Merges the remote's deltas of the partitions this node owns, following them as they
+    /// change (a new reader after each change, from the stored offsets).
+    pub async fn run(self, stop: watch::Receiver<bool>) -> Result<(), MergeError> {
+        let mut owned = self.shared.owned.subscribe();
+        loop {
+            let partitions: Vec<i32> = owned.borrow_and_update().iter().copied().collect();
+            let merging = async {
+                let Some(reader) = self.subscribe(&partitions, &mut stop.clone()).await? else {
+                    return Ok(());
+                };
+                self.merge_from(reader, &mut stop.clone()).await
+            };
+            tokio::select! {
+                merged = merging => return merged,
+                _ = owned.changed() => {}
+            }
         }
+    }
+
+    /// Merges what `reader` reads until asked to stop.
+    async fn merge_from(
+        &self,
+        mut reader: Reader,
+        stop: &mut watch::Receiver<bool>,
+    ) -> Result<(), MergeError> {
+        let partitions = reader.partitions().len();
         let batching = Batching {
             max: MAX_BATCH,
             linger: Duration::ZERO,
             idle: None,
         };
         let mut at_end = BTreeSet::new();
+        self.note_caught_up(&at_end, partitions);
         loop {
-            let Some(batch) = reader.next_batch(batching, &mut stop).await else {
+            let Some(batch) = reader.next_batch(batching, stop).await else {
                 return Ok(());
             };
             for (partition, next) in batch.at_end {
@@ -436,7 +456,7 @@ impl Merger {
                     at_end.remove(&p);
                 }
                 tokio::select! {
-                    () = stopped(&mut stop) => return Ok(()),
+                    () = stopped(stop) => return Ok(()),
                     () = tokio::time::sleep(wait.clamp(HOLD_MIN, HOLD_MAX)) => {}
                 }
                 if let Err(e) = reader.reposition(&self.merged()?) {
@@ -444,14 +464,19 @@ impl Merger {
                 }
                 continue;
             }
-            if at_end.len() == partitions && !*self.progress.caught_up.borrow() {
-                self.progress.caught_up.send_replace(true);
-                tracing::info!(remote = %self.remote().region, "read every remote partition to its end");
-            }
+            self.note_caught_up(&at_end, partitions);
             if let Some(e) = batch.failed {
                 tokio::time::sleep(RETRY_PAUSE).await;
                 reader.restart(&e, &self.merged()?);
             }
+        }
+    }
+
+    /// Says once that every partition read was read to its end.
+    fn note_caught_up(&self, at_end: &BTreeSet<i32>, partitions: usize) {
+        if at_end.len() == partitions && !*self.progress.caught_up.borrow() {
+            self.progress.caught_up.send_replace(true);
+            tracing::info!(remote = %self.remote().region, "read every remote partition this node owns to its end");
         }
     }
 
@@ -471,12 +496,14 @@ impl Merger {
         }
     }
 
-    /// Waits for the remote topic to exist, then positions a consumer after the stored
-    /// offsets. `None` if asked to stop first.
+    /// Waits for the remote topic to exist (with this region's partition count), then
+    /// positions a consumer of `owned` after the stored offsets. `None` if asked to stop
+    /// first.
     async fn subscribe(
         &self,
+        owned: &[i32],
         stop: &mut watch::Receiver<bool>,
-    ) -> Result<Option<Reader>, StoreError> {
+    ) -> Result<Option<Reader>, MergeError> {
         let remote = self.remote();
         let kafka = crate::config::KafkaConfig {
             bootstrap: remote.bootstrap.clone(),
@@ -488,18 +515,27 @@ impl Merger {
                 return Ok(None);
             }
             let attempt = async {
+                let partitions = log::partitions(&kafka, &remote.topic).await?;
+                if partitions.len() != self.partitions {
+                    return Ok(Err(MergeError::PartitionCounts {
+                        topic: remote.topic.clone(),
+                        found: partitions.len(),
+                        expected: self.partitions,
+                    }));
+                }
                 let source = log::ConsumerSpec {
-                    partitions: log::partitions(&kafka, &remote.topic).await?,
+                    partitions: owned.to_vec(),
                     kafka: kafka.clone(),
                     group: format!("geostate-merge-{}", self.config.region),
                     report_end: true,
                     topic: remote.topic.clone(),
                     role: "merge",
                 };
-                Reader::start(source, &applied)
+                Reader::start(source, &applied).map(Ok)
             };
             match attempt.await {
-                Ok(reader) => {
+                Ok(Err(counts)) => return Err(counts),
+                Ok(Ok(reader)) => {
                     self.progress
                         .partitions
                         .send_replace(reader.partitions().to_vec());

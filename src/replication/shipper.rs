@@ -19,11 +19,14 @@
 //! every [`HEARTBEAT_EVERY`] even with nothing to ship: its physical time is read before
 //! the outbox, so a region that merged a partition's heartbeat has every delta of that
 //! partition the origin applied before it. A new lease holder waits for that before it
-//! serves linearizable reads (`api`). A node sends no heartbeat before its ingest has
-//! replayed every record its updates topic held when it started: what an earlier node of
-//! the region applied (and acknowledged) but never shipped, its disk lost, is applied and
-//! shipped again first.
+//! serves linearizable reads (`api`). A shipper sends no heartbeat before ingest has
+//! replayed every record its partition held when this node took it: what an earlier owner
+//! applied (and acknowledged) but never shipped, its disk lost, is applied and shipped
+//! again first. Given up (`hand_off`), it ships what the outbox holds and ends; after
+//! each round with entries it records how far its copy holds the partition's deltas
+//! (`Store::own_deltas_through`), where the next catch-up reads from.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -70,21 +73,27 @@ pub struct Shipper {
     pub shipped: Arc<Notify>,
     /// The physical clock heartbeats carry.
     pub clock: Arc<dyn Clock>,
-    /// True once ingest replayed what the updates topic held at start-up; no heartbeat
-    /// before.
-    pub replayed: watch::Receiver<bool>,
+    /// The partitions ingest replayed up to where they were when this node took them; no
+    /// heartbeat before this shipper's is among them.
+    pub replayed: watch::Receiver<BTreeSet<i32>>,
+    /// Turns true when the node gives the partition up: one last round ships what the
+    /// outbox holds, then the shipper ends.
+    pub hand_off: watch::Receiver<bool>,
 }
 
 impl Shipper {
     pub async fn run(mut self, mut stop: watch::Receiver<bool>) -> Result<(), ShipError> {
         let mut last_beat: Option<Instant> = None;
+        let partition = self.partition;
         loop {
             if *stop.borrow() {
                 return Ok(());
             }
+            let handing_off = *self.hand_off.borrow();
             // before the outbox is read: whatever was applied by then ships this round (and
             // only once every record an earlier node may have acknowledged is applied)
-            let beat = self.replayed.borrow().then(|| self.clock.now_nanos());
+            let replayed = self.replayed.borrow().contains(&partition);
+            let beat = (replayed && !handing_off).then(|| self.clock.now_nanos());
             self.wake.borrow_and_update();
             let (store, topic, partition) = (
                 self.store.clone(),
@@ -102,42 +111,60 @@ impl Shipper {
                 (Some(_), None) => Some(Instant::now()),
                 (Some(_), Some(at)) => Some(at + HEARTBEAT_EVERY),
             };
+            if snapshot.entries.is_empty() && handing_off {
+                tracing::info!(partition, "handed off: the outbox is shipped");
+                return Ok(());
+            }
             if snapshot.entries.is_empty() && due.is_none_or(|due| Instant::now() < due) {
                 let mut replayed = self.replayed.clone();
+                let mut hand_off = self.hand_off.clone();
                 tokio::select! {
                     () = stopped(&mut stop) => return Ok(()),
                     _ = self.wake.changed() => {}
                     () = sleep_until(due) => {}
-                    _ = replayed.wait_for(|&done| done), if beat.is_none() => {}
+                    _ = replayed.wait_for(|r| r.contains(&partition)), if beat.is_none() => {}
+                    _ = hand_off.wait_for(|&h| h) => {}
                 }
                 continue;
             }
-            if let Err(e) = self.ship(&snapshot, beat).await {
-                if let Some(fatal) = self.producer.fatal_error() {
-                    return Err(ShipError::Fatal(fatal));
+            let through = match self.ship(&snapshot, beat).await {
+                Ok(through) => through,
+                Err(e) => {
+                    if let Some(fatal) = self.producer.fatal_error() {
+                        return Err(ShipError::Fatal(fatal));
+                    }
+                    tokio::time::sleep(RETRY_PAUSE).await;
+                    self.producer.restart(&e).await;
+                    continue;
                 }
-                tokio::time::sleep(RETRY_PAUSE).await;
-                self.producer.restart(&e).await;
-                continue;
-            }
+            };
             if beat.is_some() {
                 last_beat = Some(Instant::now());
             }
-            if snapshot.entries.is_empty() {
+            let Some(through) = through else {
                 continue;
-            }
-            let store = self.store.clone();
-            tokio::task::spawn_blocking(move || store.clear_outbox(&snapshot.entries))
-                .await
-                .unwrap_or_else(|e| Err(StoreError::Task(e.to_string())))?;
+            };
+            let (store, deltas) = (self.store.clone(), self.topic.clone());
+            tokio::task::spawn_blocking(move || {
+                store.clear_outbox(&snapshot.entries)?;
+                // this copy holds every delta of its partition up to its own last round
+                store.own_deltas_through(&deltas, partition, through)
+            })
+            .await
+            .unwrap_or_else(|e| Err(StoreError::Task(e.to_string())))?;
             metrics::gauge!(m::OUTBOX_KEYS).set(self.store.outbox_len() as f64);
             self.shipped.notify_waiters();
         }
     }
 
     /// One transaction: every entry, then the resume point (if there were entries), then a
-    /// heartbeat (if `beat`), all on the shipper's partition.
-    async fn ship(&self, snapshot: &OutboxSnapshot, beat: Option<u64>) -> Result<(), LogError> {
+    /// heartbeat (if `beat`), all on the shipper's partition. Answers the resume point's
+    /// offset, if there was one.
+    async fn ship(
+        &self,
+        snapshot: &OutboxSnapshot,
+        beat: Option<u64>,
+    ) -> Result<Option<i64>, LogError> {
         let resume = (!snapshot.entries.is_empty()).then(|| {
             ResumePoint {
                 origin: self.actor.region.clone(),
@@ -168,11 +195,11 @@ impl Shipper {
             .collect();
         records.extend(resume.as_deref().map(|r| on_partition(RESUME_KEY, r)));
         records.extend(heartbeat.as_deref().map(|h| on_partition(HEARTBEAT_KEY, h)));
-        self.producer.commit_all(&self.topic, records).await?;
+        let offsets = self.producer.commit_all(&self.topic, records).await?;
         let bytes: usize = snapshot.entries.iter().map(|e| e.bytes.len()).sum();
         metrics::counter!(m::DELTAS_SHIPPED).increment(snapshot.entries.len() as u64);
         metrics::counter!(m::DELTA_BYTES_SHIPPED).increment(bytes as u64);
-        Ok(())
+        Ok(resume.and(offsets.get(snapshot.entries.len()).copied()))
     }
 }
 

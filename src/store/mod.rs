@@ -362,12 +362,15 @@ impl Store {
     /// Marks a restored store so that its next start bootstraps: the incarnation is
     /// forgotten (the node takes a new one after merging its own deltas topic, read from
     /// `deltas_next`, the deltas topic's end offsets when the copy was taken; partition
-    /// `p`'s position is kept in partition `p`).
+    /// `p`'s position is kept in partition `p`). With `keep_own` (a checkpoint of this
+    /// region's own store), a partition whose copy records how far it holds its own deltas
+    /// is read from there instead (see [`PartitionStore::prepare_bootstrap`]).
     pub fn prepare_bootstrap(
         &self,
         deltas_topic: &str,
         deltas_next: &BTreeMap<i32, i64>,
         restored_from: &str,
+        keep_own: bool,
     ) -> Result<(), StoreError> {
         for (p, part) in self.parts.iter().enumerate() {
             let own: BTreeMap<i32, i64> = deltas_next
@@ -375,7 +378,7 @@ impl Store {
                 .filter(|(partition, _)| usize::try_from(**partition) == Ok(p))
                 .map(|(p, next)| (*p, *next))
                 .collect();
-            part.prepare_bootstrap(deltas_topic, &own, restored_from)?;
+            part.prepare_bootstrap(deltas_topic, &own, restored_from, keep_own)?;
         }
         Ok(())
     }
@@ -442,9 +445,23 @@ impl Store {
         after: Option<&str>,
         limit: usize,
     ) -> Result<Vec<(String, CrdtValue)>, StoreError> {
+        let every: BTreeSet<i32> = (0..self.parts.len())
+            .filter_map(|p| i32::try_from(p).ok())
+            .collect();
+        self.scan_in(&every, prefix, after, limit)
+    }
+
+    /// [`Store::scan`] over `partitions` only.
+    pub fn scan_in(
+        &self,
+        partitions: &BTreeSet<i32>,
+        prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<(String, CrdtValue)>, StoreError> {
         let mut out = Vec::new();
-        for part in &self.parts {
-            out.extend(part.scan(prefix, after, limit)?);
+        for &p in partitions {
+            out.extend(self.part(p)?.scan(prefix, after, limit)?);
         }
         out.sort_by(|a, b| a.0.cmp(&b.0));
         out.truncate(limit);
@@ -482,6 +499,40 @@ impl Store {
     /// How many keys the outbox holds.
     pub fn outbox_len(&self) -> usize {
         self.parts.iter().map(PartitionStore::outbox_len).sum()
+    }
+
+    /// How many keys the outbox of these partitions holds.
+    pub fn outbox_len_in(&self, partitions: &BTreeSet<i32>) -> usize {
+        partitions
+            .iter()
+            .filter_map(|&p| self.part(p).ok())
+            .map(PartitionStore::outbox_len)
+            .sum()
+    }
+
+    /// Records that partition `partition`'s copy holds every delta of its own deltas
+    /// topic partition up to `offset` (a round it shipped, or a catch-up that merged
+    /// them): where the next catch-up reads from.
+    pub fn own_deltas_through(
+        &self,
+        deltas_topic: &str,
+        partition: i32,
+        offset: i64,
+    ) -> Result<(), StoreError> {
+        self.part(partition)?
+            .own_deltas_through(deltas_topic, partition, offset)
+    }
+
+    /// The incarnation that wrote partition `partition`'s outbox entries last, if recorded:
+    /// whose increments its copy may hold beyond what was shipped.
+    pub fn outbox_writer(&self, partition: i32) -> Result<Option<u32>, StoreError> {
+        self.part(partition)?.outbox_writer()
+    }
+
+    /// Forgets partition `partition`'s copy (see [`PartitionStore::discard`]): it held
+    /// increments no one shipped, and another node applied those records since.
+    pub fn discard(&self, partition: i32) -> Result<(), StoreError> {
+        self.part(partition)?.discard()
     }
 
     /// Removes shipped outbox entries — each only if it was not rewritten since it was
@@ -659,6 +710,71 @@ mod tests {
         assert_eq!(
             next.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>(),
             [b.as_str()]
+        );
+    }
+
+    /// A copy given up with entries it never shipped records who wrote them; discarding it
+    /// forgets everything of that partition but the node's incarnation and clock, and the
+    /// other partitions keep theirs. A restore keeps how far a copy holds its own deltas.
+    #[test]
+    fn a_discarded_partition_forgets_its_copy_and_a_restore_keeps_its_own_position() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = keys();
+        let store = Store::open(dir.path(), PARTITIONS).unwrap();
+        commit_two_keys(&store);
+        assert_eq!(store.outbox_writer(1).unwrap(), None, "no incarnation yet");
+        store.set_incarnation(7).unwrap();
+        commit_two_keys(&store);
+        assert_eq!(store.outbox_writer(1).unwrap(), Some(7));
+        assert_eq!(
+            store.outbox_writer(3).unwrap(),
+            None,
+            "no outbox entry there"
+        );
+        store.own_deltas_through("geostate.deltas", 1, 12).unwrap();
+        store.own_deltas_through("geostate.deltas", 3, 30).unwrap();
+
+        store.discard(1).unwrap();
+        assert_eq!(store.get(&a).unwrap(), None);
+        assert_eq!(store.outbox_len_in(&BTreeSet::from([1])), 0);
+        assert_eq!(store.outbox_writer(1).unwrap(), None);
+        assert_eq!(store.recent_ids(&a).unwrap().len(), 0);
+        assert_eq!(store.fence(5, 1).unwrap(), 0);
+        assert_eq!(
+            store.source_offsets("geostate.updates").unwrap(),
+            BTreeMap::from([(3, 7)])
+        );
+        assert_eq!(
+            store.bootstrap_offsets("geostate.deltas").unwrap(),
+            BTreeMap::from([(3, 30)])
+        );
+        assert_eq!(store.incarnation().unwrap(), Some(7));
+        assert_eq!(
+            store.parts[1].hlc_high_water().unwrap(),
+            Some(HlcTimestamp::new(99, 2))
+        );
+        assert_eq!(
+            store.get(&b).unwrap(),
+            Some(counter(1)),
+            "partition 3 is kept"
+        );
+
+        // a checkpoint restore reads partition 3 from where its copy holds its deltas,
+        // the others from the topic's end when the copy was taken; a savepoint from there
+        let ends = BTreeMap::from([(0, 5), (1, 50), (2, 5), (3, 50)]);
+        store
+            .prepare_bootstrap("geostate.deltas", &ends, "checkpoint x", true)
+            .unwrap();
+        assert_eq!(
+            store.bootstrap_offsets("geostate.deltas").unwrap(),
+            BTreeMap::from([(0, 4), (1, 49), (2, 4), (3, 30)])
+        );
+        store
+            .prepare_bootstrap("geostate.deltas", &ends, "savepoint y", false)
+            .unwrap();
+        assert_eq!(
+            store.bootstrap_offsets("geostate.deltas").unwrap(),
+            BTreeMap::from([(0, 4), (1, 49), (2, 4), (3, 49)])
         );
     }
 

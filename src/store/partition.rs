@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::path::Path;
+use std::sync::atomic::Ordering;
 
 use rocksdb::{
     ColumnFamily, ColumnFamilyDescriptor, DB, Direction, IteratorMode, Options, ReadOptions,
@@ -26,6 +27,9 @@ const META_RESTORED_FROM: &[u8] = b"restored-from";
 /// Offsets id of the own deltas topic position a restored node bootstraps from.
 const BOOTSTRAP_OFFSETS: &str = "bootstrap/";
 const META_HLC: &[u8] = b"hlc";
+/// The incarnation that wrote the outbox entries last (u32 BE): whose increments the copy
+/// may hold beyond what was shipped.
+const META_OUTBOX_WRITER: &[u8] = b"outbox-writer";
 /// `remote/<region>`: the newest origin time merged from that region.
 const META_REMOTE: &str = "remote/";
 /// `fence/<shard u32 BE><partition i32 BE>` → the highest lease epoch the region's own
@@ -47,6 +51,8 @@ pub struct PartitionStore {
     /// the compare-and-delete of shipped entries, so the mirror always matches the column
     /// family, and a shipping round reads no RocksDB at all for the entries.
     outbox: std::sync::Mutex<Outbox>,
+    /// The store's incarnation (0: none yet), recorded as the outbox's writer.
+    incarnation: std::sync::atomic::AtomicU32,
 }
 
 impl PartitionStore {
@@ -69,10 +75,15 @@ impl PartitionStore {
                 outbox.next_version += 1;
             }
         }
-        Ok(Self {
+        let this = Self {
             db,
             outbox: std::sync::Mutex::new(outbox),
-        })
+            incarnation: Default::default(),
+        };
+        if let Some(i) = this.incarnation()? {
+            this.incarnation.store(i, Ordering::Relaxed);
+        }
+        Ok(this)
     }
 
     /// Opens a store (a checkpoint copy) to read it; nothing is written.
@@ -81,6 +92,7 @@ impl PartitionStore {
         Ok(Self {
             db,
             outbox: std::sync::Mutex::new(Outbox::default()),
+            incarnation: Default::default(),
         })
     }
 
@@ -110,7 +122,20 @@ impl PartitionStore {
             META_INCARNATION,
             incarnation.to_be_bytes(),
         )?;
+        self.incarnation.store(incarnation, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// The incarnation that wrote the outbox entries last, if recorded.
+    pub(super) fn outbox_writer(&self) -> Result<Option<u32>, StoreError> {
+        match self.db.get_cf(self.cf(CF_META), META_OUTBOX_WRITER)? {
+            None => Ok(None),
+            Some(v) => Ok(Some(u32::from_be_bytes(v.as_slice().try_into().map_err(
+                |_| StoreError::BadLength {
+                    what: "outbox writer",
+                },
+            )?))),
+        }
     }
 
     /// Writes a RocksDB checkpoint into the new directory `dir`: the memtables are flushed,
@@ -194,16 +219,20 @@ impl PartitionStore {
 
     /// Marks a restored store so that its next start bootstraps: the incarnation is
     /// forgotten (the node takes a new one after merging its own deltas topic, read from
-    /// `deltas_next`, the deltas topic's end offsets when the copy was taken).
+    /// `deltas_next`, the deltas topic's end offsets when the copy was taken). With
+    /// `keep_own`, a position the copy holds itself stays (how far a node's copy holds its
+    /// own deltas: for a partition another node shipped since, short of the topic's end).
     pub(super) fn prepare_bootstrap(
         &self,
         deltas_topic: &str,
         deltas_next: &BTreeMap<i32, i64>,
         restored_from: &str,
+        keep_own: bool,
     ) -> Result<(), StoreError> {
         let offsets = self.cf(CF_OFFSETS);
         let mut batch = WriteBatch::default();
         let prefix = offset_prefix(&format!("{BOOTSTRAP_OFFSETS}{deltas_topic}"));
+        let own = self.bootstrap_offsets(deltas_topic)?;
         for item in self
             .db
             .iterator_cf(offsets, IteratorMode::From(&prefix, Direction::Forward))
@@ -212,9 +241,14 @@ impl PartitionStore {
             if !k.starts_with(&prefix) {
                 break;
             }
-            batch.delete_cf(offsets, k);
+            if !keep_own {
+                batch.delete_cf(offsets, k);
+            }
         }
         for (partition, next) in deltas_next {
+            if keep_own && own.contains_key(partition) {
+                continue;
+            }
             let mut k = prefix.clone();
             k.extend_from_slice(&partition.to_be_bytes());
             batch.put_cf(offsets, k, (next - 1).to_be_bytes());
@@ -235,6 +269,41 @@ impl PartitionStore {
         deltas_topic: &str,
     ) -> Result<BTreeMap<i32, i64>, StoreError> {
         self.source_offsets(&format!("{BOOTSTRAP_OFFSETS}{deltas_topic}"))
+    }
+
+    /// Records that this copy holds every delta of its own deltas topic partition
+    /// `partition` up to `offset` (a round it shipped, or a catch-up that merged them).
+    pub(super) fn own_deltas_through(
+        &self,
+        deltas_topic: &str,
+        partition: i32,
+        offset: i64,
+    ) -> Result<(), StoreError> {
+        let mut k = offset_prefix(&format!("{BOOTSTRAP_OFFSETS}{deltas_topic}"));
+        k.extend_from_slice(&partition.to_be_bytes());
+        self.db
+            .put_cf(self.cf(CF_OFFSETS), k, offset.to_be_bytes())?;
+        Ok(())
+    }
+
+    /// Forgets this partition's copy: states, ids, outbox, every position, fences and
+    /// remote times. Kept: the node's incarnation and its clock's high-water mark.
+    pub(super) fn discard(&self) -> Result<(), StoreError> {
+        let mut outbox = self.lock_outbox();
+        let mut batch = WriteBatch::default();
+        for name in [CF_STATE, CF_OUTBOX, CF_DEDUP, CF_OFFSETS, CF_META] {
+            let cf = self.cf(name);
+            for item in self.db.iterator_cf(cf, IteratorMode::Start) {
+                let (k, _) = item?;
+                if name == CF_META && (&*k == META_INCARNATION || &*k == META_HLC) {
+                    continue;
+                }
+                batch.delete_cf(cf, k);
+            }
+        }
+        self.db.write(batch)?;
+        outbox.entries.clear();
+        Ok(())
     }
 
     /// The checkpoint or savepoint this store was restored from, if any.
@@ -509,6 +578,10 @@ impl PartitionStore {
             .collect();
         for (key, bytes) in &outbox_entries {
             batch.put_cf(outbox_cf, key.as_bytes(), bytes);
+        }
+        let writer = self.incarnation.load(Ordering::Relaxed);
+        if !outbox_entries.is_empty() && writer != 0 {
+            batch.put_cf(self.cf(CF_META), META_OUTBOX_WRITER, writer.to_be_bytes());
         }
         let dedup = self.cf(CF_DEDUP);
         for (key, ids) in &part.recent_ids {

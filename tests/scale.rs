@@ -1,0 +1,281 @@
+//! A region on several nodes: Kafka's group assigns the updates partitions among them, a
+//! partition that moves is caught up from the region's own deltas before it is ingested,
+//! and every node answers every key (the owner's answer, routed). Counters stay exact
+//! when a node joins, leaves, or is killed in the middle of ingest; the deltas the region
+//! shipped stay exact too (a node rebuilt from them alone reads the same counts).
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use anyhow::bail;
+use common::failover::replica;
+use common::{Node, Topics, cluster, counter, produce_all, producer};
+use geostate::pb;
+
+const PARTITIONS: i32 = 4;
+const KEYS: usize = 24;
+
+/// Events of `round` for every key: key `i` gets `i + 1` increments of 1.
+fn events(base: &str, round: usize) -> Vec<(String, Vec<u8>)> {
+    let mut out = Vec::new();
+    for i in 0..KEYS {
+        let key = format!("requests/{base}-{i}");
+        for n in 0..=i {
+            let id = format!("{round}-{n}");
+            out.push((
+                key.clone(),
+                format!(r#"{{"key":"{key}","add":1,"id":"{id}"}}"#).into_bytes(),
+            ));
+        }
+    }
+    out
+}
+
+/// Waits until the nodes' owned partitions are disjoint and cover every partition, each
+/// node owning at least one; answers who owns what.
+async fn shared_out(nodes: &[&Node], within: Duration) -> anyhow::Result<Vec<Vec<i32>>> {
+    let until = Instant::now() + within;
+    loop {
+        let mut owned = Vec::new();
+        for node in nodes {
+            owned.push(node.status().await?.owned_partitions);
+        }
+        let all: BTreeSet<i32> = owned.iter().flatten().copied().collect();
+        let count: usize = owned.iter().map(Vec::len).sum();
+        if all.len() == PARTITIONS as usize
+            && count == all.len()
+            && owned.iter().all(|o| !o.is_empty())
+        {
+            return Ok(owned);
+        }
+        if Instant::now() > until {
+            bail!("partitions not shared out within {within:?}: {owned:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Waits until `node` owns every partition.
+async fn owns_all(node: &Node, within: Duration) -> anyhow::Result<()> {
+    let until = Instant::now() + within;
+    loop {
+        let owned = node.status().await?.owned_partitions;
+        if owned.len() == PARTITIONS as usize {
+            return Ok(());
+        }
+        if Instant::now() > until {
+            bail!("one node does not own every partition within {within:?}: {owned:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Asks `node` for every key until each reads `rounds × (i + 1)`; fails with the keys that
+/// differ after `within`.
+async fn exact(node: &Node, base: &str, rounds: usize, within: Duration) -> anyhow::Result<()> {
+    let until = Instant::now() + within;
+    loop {
+        let mut state = node.state().await?;
+        let mut wrong = BTreeMap::new();
+        for i in 0..KEYS {
+            let key = format!("requests/{base}-{i}");
+            let want = (rounds * (i + 1)) as i64;
+            match state.get(replica(&key)).await {
+                Ok(v) if counter(v.get_ref()) == want => {}
+                Ok(v) => {
+                    wrong.insert(key, format!("{} (want {want})", counter(&v.into_inner())));
+                }
+                Err(s) => {
+                    wrong.insert(key, format!("{s} (want {want})"));
+                }
+            }
+        }
+        if wrong.is_empty() {
+            return Ok(());
+        }
+        if Instant::now() > until {
+            bail!(
+                "counts at {} not exact within {within:?}: {wrong:?}",
+                node.grpc
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Two nodes share the partitions; the first leaves and the second takes them all; the
+/// first comes back. After each step every key reads exactly what was produced, at either
+/// node (one answers, the other routes to it), and a third node rebuilt from the deltas
+/// topic alone reads the same.
+#[tokio::test]
+async fn counts_stay_exact_as_nodes_join_and_leave() -> anyhow::Result<()> {
+    let cluster = cluster()?;
+    let kafka = cluster.regions["us-east-1"].kafka.clone();
+    let topics = Topics::create(&kafka, "scale", PARTITIONS).await?;
+    let base = common::unique("scale");
+    let producer = producer(&kafka)?;
+    let (dir_a, dir_b, dir_c) = (
+        tempfile::tempdir()?,
+        tempfile::tempdir()?,
+        tempfile::tempdir()?,
+    );
+    let mut a = Node::configure(dir_a.path(), &kafka, &topics)?;
+    let mut b = Node::configure(dir_b.path(), &kafka, &topics)?;
+    let wait = Duration::from_secs(60);
+
+    a.start().await?;
+    owns_all(&a, wait).await?;
+    produce_all(&producer, &topics.updates, &events(&base, 1)).await?;
+    exact(&a, &base, 1, wait).await?;
+
+    b.start().await?;
+    let owned = shared_out(&[&a, &b], wait).await?;
+    println!("two nodes share the partitions: {owned:?}");
+    produce_all(&producer, &topics.updates, &events(&base, 2)).await?;
+    exact(&a, &base, 2, wait).await?;
+    exact(&b, &base, 2, wait).await?;
+
+    let route = pb::admin_client::AdminClient::connect(b.grpc.clone())
+        .await?
+        .route(pb::RouteRequest {
+            key: format!("requests/{base}-0"),
+        })
+        .await?
+        .into_inner();
+    let home = geostate::log::partition_of(route.key.as_bytes(), PARTITIONS);
+    let expected = if owned[0].contains(&home) { &a } else { &b };
+    assert_eq!(
+        format!("http://{}", route.node),
+        expected.grpc,
+        "Route names the node owning the key's partition"
+    );
+
+    let stopping = Instant::now();
+    a.terminate(Duration::from_secs(30)).await?;
+    let stopped = stopping.elapsed();
+    owns_all(&b, wait).await?;
+    println!(
+        "the first node stopped in {} ms (its partitions handed off); the second owned all {} ms after the stop began",
+        stopped.as_millis(),
+        stopping.elapsed().as_millis()
+    );
+    produce_all(&producer, &topics.updates, &events(&base, 3)).await?;
+    exact(&b, &base, 3, wait).await?;
+
+    a.start().await?;
+    shared_out(&[&a, &b], wait).await?;
+    produce_all(&producer, &topics.updates, &events(&base, 4)).await?;
+    exact(&a, &base, 4, wait).await?;
+    exact(&b, &base, 4, wait).await?;
+
+    // what the region shipped is exact too: a node with an empty disk rebuilds from it
+    a.terminate(Duration::from_secs(30)).await?;
+    b.terminate(Duration::from_secs(30)).await?;
+    let mut c = Node::configure(dir_c.path(), &kafka, &topics)?;
+    c.start().await?;
+    owns_all(&c, wait).await?;
+    exact(&c, &base, 4, wait).await?;
+    Ok(())
+}
+
+/// A node killed (SIGKILL) in the middle of ingest: after the group's session timeout its
+/// partitions move to the other node, which catches them up from what the killed node
+/// shipped and replays the rest, once. The killed node comes back with a copy holding
+/// increments it never shipped: it discards that copy (the other node shipped those
+/// records since) instead of counting them twice.
+#[tokio::test]
+async fn a_killed_nodes_partitions_move_and_count_once() -> anyhow::Result<()> {
+    let cluster = cluster()?;
+    let kafka = cluster.regions["us-east-1"].kafka.clone();
+    let topics = Topics::create(&kafka, "killed", PARTITIONS).await?;
+    let base = common::unique("killed");
+    let producer = producer(&kafka)?;
+    let (dir_a, dir_b) = (tempfile::tempdir()?, tempfile::tempdir()?);
+    let mut a = Node::configure(dir_a.path(), &kafka, &topics)?;
+    let mut b = Node::configure(dir_b.path(), &kafka, &topics)?;
+    let wait = Duration::from_secs(90);
+    a.start().await?;
+    owns_all(&a, wait).await?;
+    b.start().await?;
+    shared_out(&[&a, &b], wait).await?;
+
+    // b is killed while a large round is being ingested
+    let rounds = 8;
+    let mut all = Vec::new();
+    for round in 1..=rounds {
+        all.extend(events(&base, round));
+    }
+    produce_all(&producer, &topics.updates, &all).await?;
+    b.kill9();
+    let killed = Instant::now();
+    owns_all(&a, wait).await?;
+    println!(
+        "the survivor owned every partition {} ms after the kill (the group's session timeout)",
+        killed.elapsed().as_millis()
+    );
+    exact(&a, &base, rounds, wait).await?;
+
+    b.start().await?;
+    shared_out(&[&a, &b], wait).await?;
+    produce_all(&producer, &topics.updates, &events(&base, rounds + 1)).await?;
+    exact(&a, &base, rounds + 1, wait).await?;
+    exact(&b, &base, rounds + 1, wait).await?;
+    let log = std::fs::read_to_string(&b.log)?;
+    println!(
+        "the restarted node: {}",
+        log.lines()
+            .filter(|l| l.contains("took the partition"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    Ok(())
+}
+
+/// A node applies a round it cannot ship (its deltas topic refuses writes) and is killed.
+/// Another node takes every partition and applies the round again from the last resume
+/// point, under its own actor, and ships it. When the first node comes back, its copy of
+/// the partitions it is given holds increments it never shipped: it discards that copy and
+/// rebuilds from the deltas topic, so no key counts the round twice.
+#[tokio::test]
+async fn a_copy_with_unshipped_increments_is_discarded_when_another_node_shipped_since()
+-> anyhow::Result<()> {
+    let cluster = cluster()?;
+    let kafka = cluster.regions["us-east-1"].kafka.clone();
+    let topics = Topics::create(&kafka, "discard", PARTITIONS).await?;
+    let base = common::unique("discard");
+    let producer = producer(&kafka)?;
+    let (dir_a, dir_b) = (tempfile::tempdir()?, tempfile::tempdir()?);
+    let mut a = Node::configure(dir_a.path(), &kafka, &topics)?;
+    let mut b = Node::configure(dir_b.path(), &kafka, &topics)?;
+    let wait = Duration::from_secs(90);
+
+    let stuck = common::unwritable::Unwritable::new(&kafka, &topics.deltas).await?;
+    b.start().await?;
+    owns_all(&b, wait).await?;
+    produce_all(&producer, &topics.updates, &events(&base, 1)).await?;
+    b.caught_up(wait).await?;
+    exact(&b, &base, 1, wait).await?;
+    b.kill9();
+    drop(stuck);
+
+    a.start().await?;
+    owns_all(&a, wait).await?;
+    exact(&a, &base, 1, wait).await?;
+
+    b.start().await?;
+    shared_out(&[&a, &b], wait).await?;
+    exact(&b, &base, 1, wait).await?;
+    produce_all(&producer, &topics.updates, &events(&base, 2)).await?;
+    exact(&a, &base, 2, wait).await?;
+    exact(&b, &base, 2, wait).await?;
+    let log = std::fs::read_to_string(&b.log)?;
+    assert!(
+        log.lines()
+            .any(|l| l.contains("took the partition") && l.contains("discarded=true")),
+        "the restarted node discarded its copy: {}",
+        b.log_tail()
+    );
+    Ok(())
+}
