@@ -105,10 +105,34 @@ async fn exact(node: &Node, base: &str, rounds: usize, within: Duration) -> anyh
     }
 }
 
+/// Every key under `prefix` with its count, paging through `Scan` at `node` 7 keys at a
+/// time.
+async fn scan_all(node: &Node, prefix: &str) -> anyhow::Result<BTreeMap<String, i64>> {
+    let mut state = node.state().await?;
+    let (mut out, mut token) = (BTreeMap::new(), String::new());
+    loop {
+        let page = state
+            .scan(pb::ScanRequest {
+                prefix: prefix.to_string(),
+                page_token: token,
+                limit: 7,
+            })
+            .await?
+            .into_inner();
+        for v in &page.values {
+            out.insert(v.key.clone(), counter(v));
+        }
+        if page.next_page_token.is_empty() {
+            return Ok(out);
+        }
+        token = page.next_page_token;
+    }
+}
+
 /// Two nodes share the partitions; the first leaves and the second takes them all; the
 /// first comes back. After each step every key reads exactly what was produced, at either
-/// node (one answers, the other routes to it), and a third node rebuilt from the deltas
-/// topic alone reads the same.
+/// node (one answers, the other routes to it; a `Scan` at either pages through both), and
+/// a third node rebuilt from the deltas topic alone reads the same.
 #[tokio::test]
 async fn counts_stay_exact_as_nodes_join_and_leave() -> anyhow::Result<()> {
     let cluster = cluster()?;
@@ -136,6 +160,13 @@ async fn counts_stay_exact_as_nodes_join_and_leave() -> anyhow::Result<()> {
     produce_all(&producer, &topics.updates, &events(&base, 2)).await?;
     exact(&a, &base, 2, wait).await?;
     exact(&b, &base, 2, wait).await?;
+    // a Scan at either node pages through the keys of both
+    let want: BTreeMap<String, i64> = (0..KEYS)
+        .map(|i| (format!("requests/{base}-{i}"), (2 * (i + 1)) as i64))
+        .collect();
+    for node in [&a, &b] {
+        assert_eq!(scan_all(node, &format!("requests/{base}-")).await?, want);
+    }
 
     let route = pb::admin_client::AdminClient::connect(b.grpc.clone())
         .await?
@@ -270,6 +301,13 @@ async fn a_copy_with_unshipped_increments_is_discarded_when_another_node_shipped
     produce_all(&producer, &topics.updates, &events(&base, 2)).await?;
     exact(&a, &base, 2, wait).await?;
     exact(&b, &base, 2, wait).await?;
+    // a Scan at either node pages through the keys of both
+    let want: BTreeMap<String, i64> = (0..KEYS)
+        .map(|i| (format!("requests/{base}-{i}"), (2 * (i + 1)) as i64))
+        .collect();
+    for node in [&a, &b] {
+        assert_eq!(scan_all(node, &format!("requests/{base}-")).await?, want);
+    }
     let log = std::fs::read_to_string(&b.log)?;
     assert!(
         log.lines()

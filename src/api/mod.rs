@@ -6,7 +6,7 @@
 mod convert;
 mod error;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -589,7 +589,35 @@ impl Handler {
         Ok(out)
     }
 
-    async fn scan(&self, req: pb::ScanRequest) -> Result<pb::ScanResponse, ApiError> {
+    /// The other nodes of this region owning some partition, each once; a partition no
+    /// node owns (it moves) fails the call: a page without its keys would look complete.
+    async fn other_owners(&self, key: &str) -> Result<BTreeSet<String>, ApiError> {
+        let mut nodes = BTreeSet::new();
+        for &partition in &self.0.partitions {
+            if self.0.shared.owned.borrow().contains(&partition) {
+                continue;
+            }
+            match self.owner_of(partition).await {
+                Some(node) => {
+                    nodes.insert(node);
+                }
+                None => {
+                    return Err(ApiError::NotOwner {
+                        key: key.to_string(),
+                        partition,
+                        owner: None,
+                    });
+                }
+            }
+        }
+        Ok(nodes)
+    }
+
+    /// A page of `Scan`: this node's partitions read here; unless the request was routed
+    /// here, the same page asked of every other owner, the pages merged in key order and
+    /// cut to the limit (each owner's first `limit` keys after the token hold the merged
+    /// page's).
+    async fn scan(&self, req: pb::ScanRequest, routed: bool) -> Result<pb::ScanResponse, ApiError> {
         let limit = match req.limit as usize {
             0 => SCAN_DEFAULT_LIMIT,
             n => n.min(SCAN_MAX_LIMIT),
@@ -605,9 +633,14 @@ impl Handler {
                 req.prefix
             )));
         }
+        let others = if routed {
+            BTreeSet::new()
+        } else {
+            self.other_owners(&req.prefix).await?
+        };
         let store = self.0.store.clone();
         let prefix = req.prefix.clone();
-        let after = (!req.page_token.is_empty()).then_some(req.page_token);
+        let after = (!req.page_token.is_empty()).then_some(req.page_token.clone());
         // never from a copy of a partition this node does not own
         let owned = self.0.shared.owned.borrow().clone();
         let page = tokio::task::spawn_blocking(move || {
@@ -615,15 +648,26 @@ impl Handler {
         })
         .await
         .map_err(|e| ApiError::Internal(e.to_string()))??;
-        let next_page_token = if page.len() == limit {
-            page.last().map(|(k, _)| k.clone()).unwrap_or_default()
-        } else {
-            String::new()
-        };
-        let values = page
+        let mut values: Vec<pb::Value> = page
             .iter()
             .map(|(k, v)| convert::value(k, v.crdt_type(), Some(v)))
             .collect::<Result<_, _>>()?;
+        for node in others {
+            let (mut client, request) = self.node_client(&node, req.clone())?;
+            let theirs = client
+                .scan(request)
+                .await
+                .map_err(|status| ApiError::Routed { node, status })?
+                .into_inner();
+            values.extend(theirs.values);
+        }
+        values.sort_by(|a, b| a.key.cmp(&b.key));
+        values.truncate(limit);
+        let next_page_token = if values.len() == limit {
+            values.last().map(|v| v.key.clone()).unwrap_or_default()
+        } else {
+            String::new()
+        };
         Ok(pb::ScanResponse {
             values,
             next_page_token,
@@ -906,7 +950,9 @@ impl State for Handler {
         req: Request<pb::ScanRequest>,
     ) -> Result<Response<pb::ScanResponse>, Status> {
         let started = Instant::now();
-        observe("scan", started, Handler::scan(self, req.into_inner()).await).map(Response::new)
+        let routed = req.metadata().contains_key(ROUTED);
+        let page = Handler::scan(self, req.into_inner(), routed).await;
+        observe("scan", started, page).map(Response::new)
     }
 
     type WatchStream = ReceiverStream<Result<pb::Value, Status>>;
