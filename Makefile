@@ -23,6 +23,7 @@ install:
 build: install
 	cargo build --workspace --all-targets --locked
 
+## NODES=N: nodes per region of a new cluster (default 1)
 up:
 	$(CLUSTER) up
 

@@ -334,6 +334,7 @@ async fn status(node: Node) -> anyhow::Result<()> {
         "region {} incarnation {} topic {} applied {} dead-lettered {}",
         s.region, s.incarnation, s.updates_topic, s.events_applied, s.events_dead_lettered
     );
+    println!("node {} owns partitions {:?}", s.node, s.owned_partitions);
     for p in s.partitions {
         println!(
             "  partition {} applied {} end {} lag {}",

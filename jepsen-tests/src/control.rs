@@ -63,6 +63,17 @@ pub struct RegionFile {
     pub set: Vec<String>,
     /// The node's lease group address.
     pub lease: Option<String>,
+    /// The region's further nodes by index (`make up NODES=N`, `cluster.py node add`).
+    #[serde(default)]
+    pub nodes: std::collections::BTreeMap<String, NodeFile>,
+}
+
+/// One of a region's further nodes.
+#[derive(Deserialize, Clone)]
+pub struct NodeFile {
+    pub grpc: Option<String>,
+    pub metrics: Option<String>,
+    pub pid: Option<u32>,
 }
 
 #[derive(Deserialize, Clone)]

@@ -27,9 +27,10 @@ def main(description: str) -> None:
     kafka.add_argument("action", choices=["kill", "start"])
     kafka.add_argument("region")
     kafka.set_defaults(fn=cmd_kafka)
-    node = sub.add_parser("node", help="restart a region's node, optionally with its clock off")
-    node.add_argument("action", choices=["restart"])
-    node.add_argument("region")
+    node = sub.add_parser("node", help="restart, add, remove or kill one node of a region "
+                          "(REGION or REGION/i); restart optionally with its clock off")
+    node.add_argument("action", choices=["restart", "add", "remove", "kill"])
+    node.add_argument("node", metavar="REGION[/i]")
     node.add_argument("--clock-offset", type=int, default=0, metavar="MS")
     node.set_defaults(fn=cmd_node)
     net = sub.add_parser("net", help="cut a region off the other sites, or heal every cut")

@@ -20,6 +20,8 @@ def health(cluster: dict) -> dict[str, bool]:
     out["s3"] = pid_alive(cluster["s3"]["pid"]) and s3_healthy(cluster["s3"]["endpoint"])
     for region, r in cluster["regions"].items():
         out[f"node {region}"] = bool(r.get("pid")) and pid_alive(r["pid"])
+        for i, n in further_nodes(r).items():
+            out[f"node {region}/{i}"] = bool(n.get("pid")) and pid_alive(n["pid"])
     if "witness" in cluster:
         out["witness"] = pid_alive(cluster["witness"].get("pid"))
     return out
@@ -29,6 +31,8 @@ def runs_an_older_binary(cluster: dict) -> bool:
     """Whether the witness or a node was started from another build than the binary now."""
     now = binary_stamp()
     started = [r.get("binary_mtime_ns") for r in cluster["regions"].values()]
+    started += [n.get("binary_mtime_ns") for r in cluster["regions"].values()
+                for n in further_nodes(r).values()]
     started.append(cluster.get("witness", {}).get("binary_mtime_ns"))
     return any(s != now for s in started)
 
@@ -62,6 +66,11 @@ def cmd_up(_args: argparse.Namespace) -> None:
                     start_node(region, r, existing["s3"], existing)
                     write_cluster(existing)
                     wait_node(region, r)
+                for i, n in further_nodes(r).items():
+                    if f"node {region}/{i}" in down:
+                        start_further_node(region, i, existing)
+                        write_cluster(existing)
+                        wait_node(f"{region}/{i}", n)
             log(f"restarted {', '.join(down)}")
             return
         log(f"partly up ({', '.join(down)} down); restarting")
@@ -101,12 +110,28 @@ def cmd_up(_args: argparse.Namespace) -> None:
         write_cluster(cluster)
         wait_for("mirrormaker 2 remote topics", lambda: mirrored_topics_present(regions), 120)
         start_lease_group(cluster)
+        for region in cluster["regions"]:
+            for _ in range(nodes_per_region() - 1):
+                index = add_node(region, cluster)
+                write_cluster(cluster)
+                wait_node(f"{region}/{index}", further_nodes(cluster["regions"][region])[index])
     except BaseException:
         log("start failed; stopping what was started")
         cmd_down(_args)
         raise
     log(f"up in {time.monotonic() - started:.1f}s; endpoints in {CLUSTER_JSON}")
     print(json.dumps(cluster, indent=2))
+
+
+def nodes_per_region() -> int:
+    """NODES=N (`make up NODES=3`): how many nodes each region of a new cluster runs."""
+    try:
+        n = int(os.environ.get("NODES", "1"))
+    except ValueError:
+        die(f"NODES={os.environ['NODES']!r} is not a number")
+    if n < 1:
+        die("NODES must be at least 1")
+    return n
 
 
 def cmd_down(_args: argparse.Namespace) -> None:
@@ -150,6 +175,12 @@ def cmd_status(_args: argparse.Namespace) -> None:
         h[f"node {region}"] = ok
         print(f"node {region:<11} {'healthy' if ok else 'DOWN':<8} {r['grpc'] or '-':<22} "
               f"pid {r['pid']}  metrics {r['metrics']}  data {r['data_dir']}")
+        for i, n in further_nodes(r).items():
+            ok = h[f"node {region}/{i}"] and node_ready(n["grpc"])
+            h[f"node {region}/{i}"] = ok
+            name = f"{region}/{i}"
+            print(f"node {name:<11} {'healthy' if ok else 'DOWN':<8} {n['grpc'] or '-':<22} "
+                  f"pid {n['pid']}  metrics {n['metrics']}  data {n['data_dir']}")
     if "witness" in cluster:
         w = cluster["witness"]
         print(f"witness          {'healthy' if h['witness'] else 'DOWN':<8} {w['lease']:<22} "
@@ -170,8 +201,13 @@ def start_lease_group(cluster: dict) -> None:
     for region, r in cluster["regions"].items():
         start_node(region, r, cluster["s3"], cluster)
         write_cluster(cluster)
+        for i in further_nodes(r):
+            start_further_node(region, i, cluster)
+            write_cluster(cluster)
     for region, r in cluster["regions"].items():
         wait_node(region, r)
+        for i, n in further_nodes(r).items():
+            wait_node(f"{region}/{i}", n)
     write_cluster(cluster)
 
 
@@ -184,6 +220,9 @@ def cmd_restart_nodes(_args: argparse.Namespace) -> None:
     for region, r in cluster["regions"].items():
         if r.get("pid") and pid_alive(r["pid"]):
             stop_pid(f"node-{region}", r["pid"])
+        for i, n in further_nodes(r).items():
+            if n.get("pid") and pid_alive(n["pid"]):
+                stop_pid(f"node-{region}-{i}", n["pid"])
     start_lease_group(cluster)
     log(f"restarted the witness and nodes ({os.environ.get('GEOSTATE_SET') or 'template settings'})")
 
@@ -236,17 +275,60 @@ def cmd_kafka(args: argparse.Namespace) -> None:
 
 
 def cmd_node(args: argparse.Namespace) -> None:
-    """Restart a region's node (data kept), optionally with its wall clock set off by
-    `--clock-offset` ms (the node's `clock-offset`: every wall-clock reading of the node is
-    shifted, its monotonic clock is not). A later plain
-    `node restart` puts the clock right again; `up` restarts only dead nodes."""
+    """One node of a region, named `REGION` or `REGION/i` (`REGION/0` is its first node,
+    the one carrying the region's lease group member; `make up NODES=N` starts 1..N-1):
+
+    - `restart` (data kept), optionally with its wall clock set off by `--clock-offset` ms
+      (the node's `clock-offset`: every wall-clock reading of the node is shifted, its
+      monotonic clock is not); a later plain `node restart` puts the clock right again;
+    - `add REGION`: a new node of the region (the next index, its own data dir and ports);
+      the region's Kafka group gives it a share of the partitions;
+    - `remove REGION/i`: stops it (SIGTERM: it hands its partitions off) and forgets it;
+    - `kill REGION[/i]`: SIGKILL, nothing handed off (its partitions move after the
+      group's session timeout); `up` starts it again."""
     cluster = read_cluster()
     if cluster is None:
         die(f"no cluster at {CLUSTER_JSON}; run `up` first")
-    if args.region not in cluster["regions"]:
-        die(f"no region {args.region!r}")
-    r = cluster["regions"][args.region]
-    start_node(args.region, r, cluster["s3"], cluster, args.clock_offset)
-    write_cluster(cluster)
-    wait_node(args.region, r)
-    log(f"node {args.region}: restarted, clock offset {args.clock_offset} ms")
+    region, _, index = args.node.partition("/")
+    if region not in cluster["regions"]:
+        die(f"no region {region!r} (regions: {', '.join(cluster['regions'])})")
+    r = cluster["regions"][region]
+    nodes = further_nodes(r)
+    if index not in ("", "0") and index not in nodes:
+        die(f"no node {args.node!r} (nodes: {', '.join([region] + [f'{region}/{i}' for i in nodes])})")
+    first = index in ("", "0")
+    if args.action == "add":
+        if index:
+            die("`node add` takes a region: the new node gets the next index")
+        index = add_node(region, cluster)
+        write_cluster(cluster)
+        wait_node(f"{region}/{index}", nodes[index])
+        log(f"node {region}/{index}: added")
+    elif args.action == "remove":
+        if first:
+            die("the first node of a region carries its lease group member; remove REGION/i, i ≥ 1")
+        n = nodes.pop(index)
+        if n.get("pid"):
+            stop_pid(f"node-{region}-{index}", n["pid"])
+            (PIDS / f"node-{region}-{index}").unlink(missing_ok=True)
+        write_cluster(cluster)
+        log(f"node {region}/{index}: removed (its data dir {n.get('data_dir')} is kept)")
+    elif args.action == "kill":
+        pid = r.get("pid") if first else nodes[index].get("pid")
+        if pid and pid_alive(pid):
+            os.killpg(pid, signal.SIGKILL)
+            while pid_alive(pid):
+                time.sleep(0.05)
+        log(f"node {args.node}: killed")
+    elif first:
+        start_node(region, r, cluster["s3"], cluster, args.clock_offset)
+        write_cluster(cluster)
+        wait_node(region, r)
+        log(f"node {region}: restarted, clock offset {args.clock_offset} ms")
+    else:
+        if args.clock_offset:
+            die("--clock-offset applies to a region's first node only")
+        start_further_node(region, index, cluster)
+        write_cluster(cluster)
+        wait_node(args.node, nodes[index])
+        log(f"node {args.node}: restarted")

@@ -27,8 +27,11 @@ def sites(cluster: dict) -> dict[str, dict]:
     out = {}
     for i, (region, r) in enumerate(sorted(cluster["regions"].items())):
         ports = [r["kafka"], r.get("grpc"), r.get("lease"), r.get("metrics")]
-        out[region] = {"pids": [r.get("pid"), r.get("kafka_pid")], "ports": ports,
-                       "classid": 0x00470001 + i}
+        pids = [r.get("pid"), r.get("kafka_pid")]
+        for n in r.get("nodes", {}).values():
+            ports += [n.get("grpc"), n.get("metrics")]
+            pids.append(n.get("pid"))
+        out[region] = {"pids": pids, "ports": ports, "classid": 0x00470001 + i}
     w = cluster.get("witness", {})
     out["witness"] = {"pids": [w.get("pid")], "ports": [w.get("lease")], "classid": 0x004700fe}
     out["mirrormaker2"] = {"pids": [cluster.get("mirrormaker2", {}).get("pid")], "ports": [],

@@ -84,20 +84,27 @@ def set_args(settings: list[str]) -> list[str]:
 
 
 def node_settings(region: str, r: dict, s3: dict, cluster: dict,
-                  clock_offset_ms: int = 0) -> list[str]:
-    """What the node of `region` runs with on top of regions/<region>.toml: this cluster's
+                  clock_offset_ms: int = 0, node: dict | None = None) -> list[str]:
+    """What a node of `region` runs with on top of regions/<region>.toml: this cluster's
     addresses, checkpoints to the cluster's S3 server (restored from when the data dir is
     empty), and the cluster's lease group; with `clock_offset_ms`, its wall clock shifted
-    by that much (`clock-offset`)."""
+    by that much (`clock-offset`). `node`: one of the region's further nodes (its own data
+    dir and ports), which carries no lease group member: the region's member runs on
+    its first node."""
     bucket = {"bucket": s3["bucket"], "prefix": f"{region}/", "endpoint": s3["endpoint"],
               "region": s3["region"], "path-style": True, "access-key": s3["access_key"],
               "secret-key": s3["secret_key"]}
-    settings = [f"data-dir={toml(r['data_dir'])}", f"kafka.bootstrap={toml(r['kafka'])}",
-                f"api.grpc-listen={toml(r['grpc'])}", f"api.metrics-listen={toml(r['metrics'])}",
+    own = node or r
+    settings = [f"data-dir={toml(own['data_dir'])}", f"kafka.bootstrap={toml(r['kafka'])}",
+                f"api.grpc-listen={toml(own['grpc'])}",
+                f"api.metrics-listen={toml(own['metrics'])}",
                 "checkpoint.restore-on-empty=true", "checkpoint.local-dir=",
                 f"checkpoint.s3={toml(bucket)}"]
-    member_id = sorted(cluster["regions"]).index(region) + 1
-    settings += lease_settings(member_id, r["lease"], cluster)
+    if node is None:
+        member_id = sorted(cluster["regions"]).index(region) + 1
+        settings += lease_settings(member_id, r["lease"], cluster)
+    else:
+        settings.append("lease=")
     if clock_offset_ms:
         sign = "-" if clock_offset_ms < 0 else ""
         settings.append(f"clock-offset={sign}{abs(clock_offset_ms)}ms")
@@ -128,3 +135,36 @@ def start_node(region: str, r: dict, s3: dict, cluster: dict,
 
 def wait_node(region: str, r: dict) -> None:
     wait_for(f"node {region}", lambda: pid_alive(r["pid"]) and node_ready(r["grpc"]), 60)
+
+
+def further_nodes(r: dict) -> dict[str, dict]:
+    """A region's nodes after its first, by index ("1", "2", …)."""
+    return r.setdefault("nodes", {})
+
+
+def start_further_node(region: str, index: str, cluster: dict) -> None:
+    """Starts (or restarts) node `index` of `region`, keeping its data dir and ports."""
+    r = cluster["regions"][region]
+    n = further_nodes(r)[index]
+    name = f"node-{region}-{index}"
+    if n.get("pid") and pid_alive(n["pid"]):
+        stop_pid(name, n["pid"])
+    n["grpc"] = n.get("grpc") or f"127.0.0.1:{free_port()}"
+    n["metrics"] = n.get("metrics") or f"127.0.0.1:{free_port()}"
+    n["data_dir"] = n.get("data_dir") or str(RUN / "nodes" / f"{region}-{index}")
+    n["config"] = str(REPO / "regions" / f"{region}.toml")
+    n["set"] = node_settings(region, r, cluster["s3"], cluster, node=n)
+    n["pid"] = spawn(name, [str(geostate_bin()), "run", "--config", n["config"]]
+                     + set_args(n["set"]),
+                     env={"RUST_LOG": os.environ.get("RUST_LOG", "info,openraft=warn")})
+    n["binary_mtime_ns"] = binary_stamp()
+    log(f"node {region}/{index}: pid {n['pid']}, grpc {n['grpc']}, metrics {n['metrics']}")
+
+
+def add_node(region: str, cluster: dict) -> str:
+    """A new node of `region` (the next free index), started; answers its index."""
+    nodes = further_nodes(cluster["regions"][region])
+    index = str(max((int(i) for i in nodes), default=0) + 1)
+    nodes[index] = {"pid": None}
+    start_further_node(region, index, cluster)
+    return index
