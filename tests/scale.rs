@@ -301,13 +301,6 @@ async fn a_copy_with_unshipped_increments_is_discarded_when_another_node_shipped
     produce_all(&producer, &topics.updates, &events(&base, 2)).await?;
     exact(&a, &base, 2, wait).await?;
     exact(&b, &base, 2, wait).await?;
-    // a Scan at either node pages through the keys of both
-    let want: BTreeMap<String, i64> = (0..KEYS)
-        .map(|i| (format!("requests/{base}-{i}"), (2 * (i + 1)) as i64))
-        .collect();
-    for node in [&a, &b] {
-        assert_eq!(scan_all(node, &format!("requests/{base}-")).await?, want);
-    }
     let log = std::fs::read_to_string(&b.log)?;
     assert!(
         log.lines()

@@ -275,6 +275,23 @@ pub async fn clock_offset(
 }
 
 /// The region a fault of the `round`-th round hits.
+/// Adds a node to `region` (`cluster.py node add`); answers its name, `REGION/i`.
+pub async fn add_node(cluster_json: &Path, region: &str) -> anyhow::Result<String> {
+    let before: Vec<String> = read_cluster(cluster_json)?.regions[region]
+        .nodes
+        .keys()
+        .cloned()
+        .collect();
+    cluster_script(cluster_json, &["node", "add", region]).await?;
+    let after = read_cluster(cluster_json)?;
+    let added = after.regions[region]
+        .nodes
+        .keys()
+        .find(|i| !before.contains(i))
+        .context("`node add` added no node")?;
+    Ok(format!("{region}/{added}"))
+}
+
 pub fn target_region(cluster: &ClusterFile, round: usize) -> String {
     let names: Vec<&String> = cluster.regions.keys().collect();
     names[round % names.len()].clone()

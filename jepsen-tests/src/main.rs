@@ -106,6 +106,14 @@ enum Nemesis {
     /// connections held 100 ± 50 ms (`cluster.py net delay`, iptables NFQUEUE and
     /// `chaos/wan-delay`). A delay that held no packet counts as never fired.
     Wan,
+    /// Add a node to a region (`cluster.py node add`): the region's group moves some of
+    /// its partitions to it, caught up from the region's deltas; after 6 s remove it
+    /// (`node remove`: it hands them back). The regions in turn.
+    Scale,
+    /// Kill one node of several: add a node to a region, after 4 s SIGKILL it mid-ingest
+    /// (its partitions move after the group's session timeout, 10 s), start it again
+    /// (`up`: it takes its partitions back), then remove it. The regions in turn.
+    KillNode,
 }
 
 #[derive(Parser)]

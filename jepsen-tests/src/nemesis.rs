@@ -97,6 +97,25 @@ pub(crate) async fn nemesis(
                     .await?;
                 format!("node {region} clock +{offset} ms")
             }
+            Nemesis::Scale => {
+                let region = target_region(&cluster, round);
+                let node = control::add_node(&args.cluster, &region).await?;
+                tokio::time::sleep(Duration::from_secs(6)).await;
+                cluster_script(&args.cluster, &["node", "remove", &node]).await?;
+                format!("node {node} added, removed 6 s later")
+            }
+            Nemesis::KillNode => {
+                let region = target_region(&cluster, round);
+                let node = control::add_node(&args.cluster, &region).await?;
+                tokio::time::sleep(Duration::from_secs(4)).await;
+                cluster_script(&args.cluster, &["node", "kill", &node]).await?;
+                // past the session timeout: its partitions move to the first node
+                tokio::time::sleep(Duration::from_secs(12)).await;
+                cluster_script(&args.cluster, &["up", "--no-build"]).await?;
+                tokio::time::sleep(Duration::from_secs(3)).await;
+                cluster_script(&args.cluster, &["node", "remove", &node]).await?;
+                format!("node {node} (of 2) killed, restarted, removed")
+            }
             Nemesis::Wan => {
                 let region = target_region(&cluster, round);
                 let delayed =

@@ -4,8 +4,9 @@
 //! with a region cut off the network (iptables), the holder paused past its lease, a node
 //! killed and restarted, a node's data dir wiped so it restores from S3 and its own deltas
 //! (for the owned workloads: a key's holder, with writes it acknowledged and had not
-//! shipped), and MirrorMaker 2 stopped and started; each run must end valid (every
-//! checker passes, every fault fired).
+//! shipped), and MirrorMaker 2 stopped and started; the counter run also adds a node to a
+//! region and removes it (partitions moving to it and back), and kills an added node of
+//! two mid-ingest; each run must end valid (every checker passes, every fault fired).
 //! Its own test binary: it pauses and kills the cluster's nodes (test binaries run one at
 //! a time), and heals them before it returns.
 
@@ -57,7 +58,7 @@ fn counters_and_owned_keys_survive_partitions_pauses_kills_wipes_and_a_stopped_m
         "counter",
         "11",
         "50",
-        "partition,pause-holder,kill,wipe,mirror",
+        "partition,pause-holder,kill,wipe,mirror,scale,kill-node",
     );
     run(
         "owned-register",

@@ -106,13 +106,17 @@ impl PartitionStore {
 
     /// The incarnation this store was created with, if any.
     pub(super) fn incarnation(&self) -> Result<Option<u32>, StoreError> {
-        match self.db.get_cf(self.cf(CF_META), META_INCARNATION)? {
+        self.meta_u32(META_INCARNATION, "incarnation")
+    }
+
+    fn meta_u32(&self, key: &[u8], what: &'static str) -> Result<Option<u32>, StoreError> {
+        match self.db.get_cf(self.cf(CF_META), key)? {
             None => Ok(None),
-            Some(v) => Ok(Some(u32::from_be_bytes(v.as_slice().try_into().map_err(
-                |_| StoreError::BadLength {
-                    what: "incarnation",
-                },
-            )?))),
+            Some(v) => Ok(Some(u32::from_be_bytes(
+                v.as_slice()
+                    .try_into()
+                    .map_err(|_| StoreError::BadLength { what })?,
+            ))),
         }
     }
 
@@ -128,14 +132,7 @@ impl PartitionStore {
 
     /// The incarnation that wrote the outbox entries last, if recorded.
     pub(super) fn outbox_writer(&self) -> Result<Option<u32>, StoreError> {
-        match self.db.get_cf(self.cf(CF_META), META_OUTBOX_WRITER)? {
-            None => Ok(None),
-            Some(v) => Ok(Some(u32::from_be_bytes(v.as_slice().try_into().map_err(
-                |_| StoreError::BadLength {
-                    what: "outbox writer",
-                },
-            )?))),
-        }
+        self.meta_u32(META_OUTBOX_WRITER, "outbox writer")
     }
 
     /// Writes a RocksDB checkpoint into the new directory `dir`: the memtables are flushed,
