@@ -21,7 +21,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
 use rdkafka::{ClientContext, TopicPartitionList};
@@ -36,6 +36,9 @@ pub const REVOKE_WAIT: Duration = Duration::from_secs(30);
 const POLL: Duration = Duration::from_millis(100);
 /// Longest a leaving member polls for its revoke and LeaveGroup to complete.
 const LEAVE_POLL: Duration = Duration::from_secs(5);
+/// How long a member that saw an error may hold no partition before a new client takes
+/// its place.
+const REJOIN_AFTER: Duration = Duration::from_secs(5);
 
 /// What the group decided for this node.
 #[derive(Debug)]
@@ -76,40 +79,47 @@ impl Membership {
         spec: &MembershipSpec,
     ) -> Result<(Self, mpsc::UnboundedReceiver<Change>), LogError> {
         let (changes, received) = mpsc::unbounded_channel();
-        let consumer: BaseConsumer<Member> = client_config(&spec.kafka)
-            .set("group.id", &spec.group)
-            .set("client.id", &spec.address)
-            .set("group.instance.id", &spec.address)
-            .set("partition.assignment.strategy", "cooperative-sticky")
-            .set(
-                "session.timeout.ms",
-                spec.session_timeout.as_millis().to_string(),
-            )
-            .set("heartbeat.interval.ms", "1000")
-            .set("enable.auto.commit", "false")
-            .set("enable.auto.offset.store", "false")
-            .create_with_context(Member {
-                topic: spec.topic.clone(),
-                changes,
-            })?;
-        consumer.subscribe(&[&spec.topic])?;
+        let mut consumer = member(spec, &changes)?;
         let leaving = Arc::new(AtomicBool::new(false));
         let stop = leaving.clone();
+        let spec = spec.clone();
         let thread = std::thread::Builder::new()
             .name("group-member".into())
             .spawn(move || {
+                let mut failing_since: Option<Instant> = None;
                 while !stop.load(Ordering::Relaxed) {
                     // the partitions are paused: a record would only be a race with the pause
                     if let Some(Err(e)) = consumer.poll(POLL) {
                         tracing::warn!(error = %e, "the region's group member");
+                        failing_since.get_or_insert_with(Instant::now);
+                    }
+                    if consumer.assignment().is_ok_and(|a| a.count() > 0) {
+                        failing_since = None;
+                    }
+                    // a member that failed and holds nothing since may never reconnect
+                    // (`super::ConsumerSpec` says why): a new client takes its place (its
+                    // static identity replaces the old member at the coordinator)
+                    if failing_since.is_some_and(|since| since.elapsed() >= REJOIN_AFTER) {
+                        match member(&spec, &consumer.context().changes) {
+                            Ok(new) => {
+                                tracing::warn!(after = ?REJOIN_AFTER, "the region's group member failed and holds no partition: a new client joins in its place");
+                                let old = std::mem::replace(&mut consumer, new);
+                                // closing may wait for a broker that does not answer
+                                std::thread::spawn(move || drop(old));
+                                failing_since = None;
+                            }
+                            Err(e) => {
+                                tracing::warn!(error = %e, "a new group member could not be made; retrying");
+                                failing_since = Some(Instant::now());
+                            }
+                        }
                     }
                 }
                 // a static member's close sends no LeaveGroup; an unsubscribe does, after
                 // revoking what it holds
                 consumer.unsubscribe();
-                let until = std::time::Instant::now() + LEAVE_POLL;
-                while std::time::Instant::now() < until
-                    && consumer.assignment().is_ok_and(|a| a.count() > 0)
+                let until = Instant::now() + LEAVE_POLL;
+                while Instant::now() < until && consumer.assignment().is_ok_and(|a| a.count() > 0)
                 {
                     consumer.poll(POLL);
                 }
@@ -140,6 +150,31 @@ impl Drop for Membership {
     fn drop(&mut self) {
         self.leaving.store(true, Ordering::Relaxed);
     }
+}
+
+/// A new client of the group, subscribed.
+fn member(
+    spec: &MembershipSpec,
+    changes: &mpsc::UnboundedSender<Change>,
+) -> Result<BaseConsumer<Member>, LogError> {
+    let consumer: BaseConsumer<Member> = client_config(&spec.kafka)
+        .set("group.id", &spec.group)
+        .set("client.id", &spec.address)
+        .set("group.instance.id", &spec.address)
+        .set("partition.assignment.strategy", "cooperative-sticky")
+        .set(
+            "session.timeout.ms",
+            spec.session_timeout.as_millis().to_string(),
+        )
+        .set("heartbeat.interval.ms", "1000")
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .create_with_context(Member {
+            topic: spec.topic.clone(),
+            changes: changes.clone(),
+        })?;
+    consumer.subscribe(&[&spec.topic])?;
+    Ok(consumer)
 }
 
 struct Member {
