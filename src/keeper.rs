@@ -67,6 +67,56 @@ pub async fn ship_producer(
     .await
 }
 
+/// Errors worth retrying: Kafka's. A storage failure is not (`Retry::Fatal`).
+trait Retry {
+    type Fatal;
+    fn fatal(self) -> Result<Self, Self::Fatal>
+    where
+        Self: Sized;
+}
+
+impl Retry for LogError {
+    type Fatal = std::convert::Infallible;
+    fn fatal(self) -> Result<Self, Self::Fatal> {
+        Ok(self)
+    }
+}
+
+impl Retry for BootstrapError {
+    type Fatal = BootstrapError;
+    fn fatal(self) -> Result<Self, Self::Fatal> {
+        match self {
+            BootstrapError::Store(e) => Err(BootstrapError::Store(e)),
+            other => Ok(other),
+        }
+    }
+}
+
+/// Runs `attempt` until it succeeds, logging each failure and pausing before the next;
+/// `Ok(None)` if asked to stop meanwhile, `Err` on a failure no retry cures.
+async fn retried<T, E, F>(
+    what: &str,
+    partition: i32,
+    stop: &mut watch::Receiver<bool>,
+    mut attempt: impl FnMut() -> F,
+) -> Result<Option<T>, E::Fatal>
+where
+    E: Retry + std::fmt::Display,
+    F: std::future::Future<Output = Result<T, E>>,
+{
+    loop {
+        let error = match attempt().await {
+            Ok(done) => return Ok(Some(done)),
+            Err(e) => e.fatal()?,
+        };
+        tracing::warn!(partition, %error, "taking the partition: {what} failed; retrying");
+        tokio::select! {
+            () = stopped(stop) => return Ok(None),
+            () = tokio::time::sleep(RETRY_PAUSE) => {}
+        }
+    }
+}
+
 /// One running shipper.
 struct Shipping {
     hand_off: watch::Sender<bool>,
@@ -143,50 +193,29 @@ impl Keeper {
         stop: &mut watch::Receiver<bool>,
     ) -> Result<Option<Shipping>, KeeperError> {
         let started = std::time::Instant::now();
-        let producer = loop {
-            match ship_producer(&self.config, partition).await {
-                Ok(producer) => break producer,
-                Err(e) => {
-                    tracing::warn!(partition, error = %e, "starting the partition's shipping producer failed; retrying");
-                    tokio::select! {
-                        () = stopped(stop) => return Ok(None),
-                        () = tokio::time::sleep(RETRY_PAUSE) => {}
-                    }
-                }
-            }
+        let producer = retried("starting its shipping producer", partition, stop, || {
+            ship_producer(&self.config, partition)
+        });
+        let Some(producer) = producer.await.unwrap_or_else(|never| match never {}) else {
+            return Ok(None);
         };
-        let caught_up = loop {
-            match bootstrap::catch_up(&self.config, &self.hlc, &self.store, partition).await {
-                Ok(caught_up) => break caught_up,
-                Err(BootstrapError::Store(e)) => {
-                    return Err(KeeperError::CatchUp {
-                        partition,
-                        source: BootstrapError::Store(e),
-                    });
-                }
-                Err(e) => {
-                    tracing::warn!(partition, error = %e, "catching up the partition failed; retrying");
-                    tokio::select! {
-                        () = stopped(stop) => return Ok(None),
-                        () = tokio::time::sleep(RETRY_PAUSE) => {}
-                    }
-                }
-            }
+        let caught_up = retried("catching it up", partition, stop, || {
+            bootstrap::catch_up(&self.config, &self.hlc, &self.store, partition)
+        });
+        let caught_up = match caught_up.await {
+            Ok(Some(caught_up)) => caught_up,
+            Ok(None) => return Ok(None),
+            Err(source) => return Err(KeeperError::CatchUp { partition, source }),
         };
         let topic = &self.config.kafka.updates_topic;
         // what the previous owner may have applied and acknowledged: up to the end now
-        let end = loop {
-            match log::end_offsets(&self.config.kafka, topic, vec![partition]).await {
-                Ok(ends) => break ends.get(&partition).copied().unwrap_or(0),
-                Err(e) => {
-                    tracing::warn!(partition, error = %e, "reading the partition's end failed; retrying");
-                    tokio::select! {
-                        () = stopped(stop) => return Ok(None),
-                        () = tokio::time::sleep(RETRY_PAUSE) => {}
-                    }
-                }
-            }
+        let ends = retried("reading its end", partition, stop, || {
+            log::end_offsets(&self.config.kafka, topic, vec![partition])
+        });
+        let Some(ends) = ends.await.unwrap_or_else(|never| match never {}) else {
+            return Ok(None);
         };
+        let end = ends.get(&partition).copied().unwrap_or(0);
         let applied = self
             .store
             .source_offsets(topic)

@@ -12,7 +12,6 @@
 //!         handed off) ─► tasks finish or abort ─► lease member stops
 //! ```
 
-use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -288,7 +287,7 @@ impl Opened {
                 expected: partitions.len(),
             });
         }
-        let shared = Arc::new(IngestShared::new(BTreeMap::new()));
+        let shared = Arc::new(IngestShared::default());
         tracing::info!(region = %config.region, incarnation = self.incarnation, partitions = partitions.len(), "node starting");
         let (stop, stop_rx) = watch::channel(false);
         let mut tasks = Tasks::default();

@@ -105,10 +105,11 @@ pub struct IngestShared {
     pub replayed: watch::Sender<BTreeSet<i32>>,
 }
 
-impl IngestShared {
-    pub fn new(applied: BTreeMap<i32, i64>) -> Self {
+/// Nothing owned yet: the keeper fills `applied` as it takes each partition.
+impl Default for IngestShared {
+    fn default() -> Self {
         Self {
-            applied: watch::Sender::new(applied),
+            applied: watch::Sender::new(BTreeMap::new()),
             changes: broadcast::Sender::new(1024),
             rejected: Mutex::default(),
             events_applied: AtomicU64::new(0),
@@ -122,7 +123,9 @@ impl IngestShared {
             replayed: watch::Sender::new(BTreeSet::new()),
         }
     }
+}
 
+impl IngestShared {
     /// Marks `partition` owned, to be replayed up to `end` (the updates topic's end when
     /// this node took it) before it is counted as replayed.
     pub fn own(&self, partition: i32, end: i64) {
