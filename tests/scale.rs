@@ -10,12 +10,54 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use anyhow::bail;
-use common::failover::replica;
+use common::failover::{Frozen, replica};
 use common::{Node, Topics, cluster, counter, produce_all, producer};
 use geostate::pb;
+use rdkafka::producer::FutureProducer;
 
 const PARTITIONS: i32 = 4;
 const KEYS: usize = 24;
+
+/// One region's private topics on the test cluster's us-east-1 Kafka, its keys, and its
+/// nodes' data dirs (removed with it, after the nodes it made are dropped).
+struct Region {
+    kafka: String,
+    topics: Topics,
+    base: String,
+    producer: FutureProducer,
+    dirs: Vec<tempfile::TempDir>,
+}
+
+impl Region {
+    async fn new(label: &str) -> anyhow::Result<Self> {
+        let kafka = cluster()?.regions["us-east-1"].kafka.clone();
+        Ok(Self {
+            topics: Topics::create(&kafka, label, PARTITIONS).await?,
+            base: common::unique(label),
+            producer: producer(&kafka)?,
+            kafka,
+            dirs: Vec::new(),
+        })
+    }
+
+    /// A node of the region with a data dir of its own, not started.
+    fn node(&mut self) -> anyhow::Result<Node> {
+        let dir = tempfile::tempdir()?;
+        let node = Node::configure(dir.path(), &self.kafka, &self.topics)?;
+        self.dirs.push(dir);
+        Ok(node)
+    }
+
+    /// Produces round `round` of [`events`] to the updates topic.
+    async fn round(&self, round: usize) -> anyhow::Result<()> {
+        produce_all(
+            &self.producer,
+            &self.topics.updates,
+            &events(&self.base, round),
+        )
+        .await
+    }
+}
 
 /// Events of `round` for every key: key `i` gets `i + 1` increments of 1.
 fn events(base: &str, round: usize) -> Vec<(String, Vec<u8>)> {
@@ -135,29 +177,20 @@ async fn scan_all(node: &Node, prefix: &str) -> anyhow::Result<BTreeMap<String, 
 /// a third node rebuilt from the deltas topic alone reads the same.
 #[tokio::test]
 async fn counts_stay_exact_as_nodes_join_and_leave() -> anyhow::Result<()> {
-    let cluster = cluster()?;
-    let kafka = cluster.regions["us-east-1"].kafka.clone();
-    let topics = Topics::create(&kafka, "scale", PARTITIONS).await?;
-    let base = common::unique("scale");
-    let producer = producer(&kafka)?;
-    let (dir_a, dir_b, dir_c) = (
-        tempfile::tempdir()?,
-        tempfile::tempdir()?,
-        tempfile::tempdir()?,
-    );
-    let mut a = Node::configure(dir_a.path(), &kafka, &topics)?;
-    let mut b = Node::configure(dir_b.path(), &kafka, &topics)?;
+    let mut region = Region::new("scale").await?;
+    let (mut a, mut b) = (region.node()?, region.node()?);
+    let base = region.base.clone();
     let wait = Duration::from_secs(60);
 
     a.start().await?;
     owns_all(&a, wait).await?;
-    produce_all(&producer, &topics.updates, &events(&base, 1)).await?;
+    region.round(1).await?;
     exact(&a, &base, 1, wait).await?;
 
     b.start().await?;
     let owned = shared_out(&[&a, &b], wait).await?;
     println!("two nodes share the partitions: {owned:?}");
-    produce_all(&producer, &topics.updates, &events(&base, 2)).await?;
+    region.round(2).await?;
     exact(&a, &base, 2, wait).await?;
     exact(&b, &base, 2, wait).await?;
     // a Scan at either node pages through the keys of both
@@ -192,19 +225,19 @@ async fn counts_stay_exact_as_nodes_join_and_leave() -> anyhow::Result<()> {
         stopped.as_millis(),
         stopping.elapsed().as_millis()
     );
-    produce_all(&producer, &topics.updates, &events(&base, 3)).await?;
+    region.round(3).await?;
     exact(&b, &base, 3, wait).await?;
 
     a.start().await?;
     shared_out(&[&a, &b], wait).await?;
-    produce_all(&producer, &topics.updates, &events(&base, 4)).await?;
+    region.round(4).await?;
     exact(&a, &base, 4, wait).await?;
     exact(&b, &base, 4, wait).await?;
 
     // what the region shipped is exact too: a node with an empty disk rebuilds from it
     a.terminate(Duration::from_secs(30)).await?;
     b.terminate(Duration::from_secs(30)).await?;
-    let mut c = Node::configure(dir_c.path(), &kafka, &topics)?;
+    let mut c = region.node()?;
     c.start().await?;
     owns_all(&c, wait).await?;
     exact(&c, &base, 4, wait).await?;
@@ -213,19 +246,14 @@ async fn counts_stay_exact_as_nodes_join_and_leave() -> anyhow::Result<()> {
 
 /// A node killed (SIGKILL) in the middle of ingest: after the group's session timeout its
 /// partitions move to the other node, which catches them up from what the killed node
-/// shipped and replays the rest, once. The killed node comes back with a copy holding
-/// increments it never shipped: it discards that copy (the other node shipped those
-/// records since) instead of counting them twice.
+/// shipped and replays the rest, once. The killed node comes back and takes its share
+/// again with exact counts (whether its copy had anything unshipped depends on where the
+/// kill fell; the next test makes sure it has).
 #[tokio::test]
 async fn a_killed_nodes_partitions_move_and_count_once() -> anyhow::Result<()> {
-    let cluster = cluster()?;
-    let kafka = cluster.regions["us-east-1"].kafka.clone();
-    let topics = Topics::create(&kafka, "killed", PARTITIONS).await?;
-    let base = common::unique("killed");
-    let producer = producer(&kafka)?;
-    let (dir_a, dir_b) = (tempfile::tempdir()?, tempfile::tempdir()?);
-    let mut a = Node::configure(dir_a.path(), &kafka, &topics)?;
-    let mut b = Node::configure(dir_b.path(), &kafka, &topics)?;
+    let mut region = Region::new("killed").await?;
+    let (mut a, mut b) = (region.node()?, region.node()?);
+    let base = region.base.clone();
     let wait = Duration::from_secs(90);
     a.start().await?;
     owns_all(&a, wait).await?;
@@ -238,7 +266,7 @@ async fn a_killed_nodes_partitions_move_and_count_once() -> anyhow::Result<()> {
     for round in 1..=rounds {
         all.extend(events(&base, round));
     }
-    produce_all(&producer, &topics.updates, &all).await?;
+    produce_all(&region.producer, &region.topics.updates, &all).await?;
     b.kill9();
     let killed = Instant::now();
     owns_all(&a, wait).await?;
@@ -250,7 +278,7 @@ async fn a_killed_nodes_partitions_move_and_count_once() -> anyhow::Result<()> {
 
     b.start().await?;
     shared_out(&[&a, &b], wait).await?;
-    produce_all(&producer, &topics.updates, &events(&base, rounds + 1)).await?;
+    region.round(rounds + 1).await?;
     exact(&a, &base, rounds + 1, wait).await?;
     exact(&b, &base, rounds + 1, wait).await?;
     let log = std::fs::read_to_string(&b.log)?;
@@ -272,20 +300,15 @@ async fn a_killed_nodes_partitions_move_and_count_once() -> anyhow::Result<()> {
 #[tokio::test]
 async fn a_copy_with_unshipped_increments_is_discarded_when_another_node_shipped_since()
 -> anyhow::Result<()> {
-    let cluster = cluster()?;
-    let kafka = cluster.regions["us-east-1"].kafka.clone();
-    let topics = Topics::create(&kafka, "discard", PARTITIONS).await?;
-    let base = common::unique("discard");
-    let producer = producer(&kafka)?;
-    let (dir_a, dir_b) = (tempfile::tempdir()?, tempfile::tempdir()?);
-    let mut a = Node::configure(dir_a.path(), &kafka, &topics)?;
-    let mut b = Node::configure(dir_b.path(), &kafka, &topics)?;
+    let mut region = Region::new("discard").await?;
+    let (mut a, mut b) = (region.node()?, region.node()?);
+    let base = region.base.clone();
     let wait = Duration::from_secs(90);
 
-    let stuck = common::unwritable::Unwritable::new(&kafka, &topics.deltas).await?;
+    let stuck = common::unwritable::Unwritable::new(&region.kafka, &region.topics.deltas).await?;
     b.start().await?;
     owns_all(&b, wait).await?;
-    produce_all(&producer, &topics.updates, &events(&base, 1)).await?;
+    region.round(1).await?;
     b.caught_up(wait).await?;
     exact(&b, &base, 1, wait).await?;
     b.kill9();
@@ -298,7 +321,7 @@ async fn a_copy_with_unshipped_increments_is_discarded_when_another_node_shipped
     b.start().await?;
     shared_out(&[&a, &b], wait).await?;
     exact(&b, &base, 1, wait).await?;
-    produce_all(&producer, &topics.updates, &events(&base, 2)).await?;
+    region.round(2).await?;
     exact(&a, &base, 2, wait).await?;
     exact(&b, &base, 2, wait).await?;
     let log = std::fs::read_to_string(&b.log)?;
@@ -308,5 +331,49 @@ async fn a_copy_with_unshipped_increments_is_discarded_when_another_node_shipped
         "the restarted node discarded its copy: {}",
         b.log_tail()
     );
+    Ok(())
+}
+
+/// A zombie is fenced: a node frozen (SIGSTOP) past the group's session timeout loses its
+/// partitions to the other node, whose shipping producers fence its own. Thawed, it gives
+/// them up (its assignment lost) or finds its shipper fenced, never ships for them, and
+/// the group gives it a share again; every count stays exact at both nodes.
+#[tokio::test]
+async fn a_node_frozen_past_its_session_is_fenced_and_counts_stay_exact() -> anyhow::Result<()> {
+    let mut region = Region::new("zombie").await?;
+    let (mut a, mut b) = (region.node()?, region.node()?);
+    let base = region.base.clone();
+    let wait = Duration::from_secs(90);
+    a.start().await?;
+    owns_all(&a, wait).await?;
+    let pid = b.start().await?;
+    shared_out(&[&a, &b], wait).await?;
+    region.round(1).await?;
+    exact(&b, &base, 1, wait).await?;
+
+    {
+        let _frozen = Frozen::new(pid)?;
+        region.round(2).await?;
+        owns_all(&a, wait).await?;
+        exact(&a, &base, 2, wait).await?;
+    }
+    shared_out(&[&a, &b], wait).await?;
+    region.round(3).await?;
+    exact(&a, &base, 3, wait).await?;
+    exact(&b, &base, 3, wait).await?;
+    let log = std::fs::read_to_string(&b.log)?;
+    let fenced: Vec<&str> = log
+        .lines()
+        .filter(|l| {
+            (l.contains("gave up the partitions") && l.contains("lost=true"))
+                || l.contains("another node ships this partition now")
+        })
+        .collect();
+    assert!(
+        !fenced.is_empty(),
+        "the thawed node gave nothing up: {}",
+        b.log_tail()
+    );
+    println!("the thawed node: {}", fenced.join("\n"));
     Ok(())
 }
