@@ -136,7 +136,11 @@ pub async fn catch_up(
                 partition,
                 "this node's copy of the partition holds increments it never shipped, and another node shipped the partition since: discarding the copy and rebuilding it from the deltas topic"
             );
-            store.discard(partition)?;
+            // every key of the partition: off the async threads
+            let copy = store.clone();
+            tokio::task::spawn_blocking(move || copy.discard(partition))
+                .await
+                .unwrap_or_else(|e| Err(StoreError::Task(e.to_string())))?;
             discarded = true;
             continue;
         }
