@@ -625,9 +625,13 @@ async fn stop_in_order(
     }
 }
 
-/// The region's group: its nodes share the updates topic's partitions.
+/// The region's group: its nodes share the updates topic's partitions. Named after the
+/// topic too, so deployments sharing a Kafka cluster never share (and rebalance) a group.
 pub fn group_id(config: &Config) -> String {
-    format!("geostate-ingest-{}", config.region)
+    format!(
+        "geostate-ingest-{}-{}",
+        config.region, config.kafka.updates_topic
+    )
 }
 
 /// Completes once every remote's merger has read its topic to the end (owns what it

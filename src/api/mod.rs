@@ -263,7 +263,8 @@ impl Handler {
 
     /// The node of this region owning `partition`: this one (`None`), or another's address
     /// from the region's group (read at most every [`ROUTES_FOR`], and again when it names
-    /// no owner or this node).
+    /// no owner or this node; while the group rebalances, the routes it last read stand:
+    /// a node that no longer owns the partition answers so).
     async fn owner_of(&self, partition: i32) -> Option<String> {
         let api = &self.0;
         if api.shared.owned.borrow().contains(&partition) {
@@ -278,7 +279,8 @@ impl Handler {
         if known.is_none() || !fresh {
             let group = crate::node::group_id(&api.config);
             let topic = &api.config.kafka.updates_topic;
-            if let Ok(read) = crate::log::membership::owners(&api.config.kafka, &group, topic).await
+            if let Ok(Some(read)) =
+                crate::log::membership::owners(&api.config.kafka, &group, topic).await
             {
                 *routes = (Some(Instant::now()), read);
             }

@@ -234,20 +234,21 @@ impl ConsumerContext for Member {
 }
 
 /// Who owns which partition of `topic` in `group`: each member's `client.id` (its node's
-/// gRPC address) for each partition it was assigned. Empty while the group rebalances.
+/// gRPC address) for each partition it was assigned; `None` while the group rebalances
+/// (its members' assignments are not known then).
 pub async fn owners(
     kafka: &KafkaConfig,
     group: &str,
     topic: &str,
-) -> Result<BTreeMap<i32, String>, LogError> {
+) -> Result<Option<BTreeMap<i32, String>>, LogError> {
     let (kafka, group, topic) = (kafka.clone(), group.to_string(), topic.to_string());
     tokio::task::spawn_blocking(move || {
         let client: BaseConsumer = client_config(&kafka).create()?;
         let groups = client.fetch_group_list(Some(&group), METADATA_TIMEOUT)?;
         let mut owners = BTreeMap::new();
         for g in groups.groups().iter().filter(|g| g.name() == group) {
-            if g.state() != "Stable" {
-                continue;
+            if matches!(g.state(), "PreparingRebalance" | "CompletingRebalance") {
+                return Ok(None);
             }
             for member in g.members() {
                 let Some(assignment) = member.assignment() else {
@@ -258,7 +259,7 @@ pub async fn owners(
                 }
             }
         }
-        Ok(owners)
+        Ok(Some(owners))
     })
     .await?
 }
