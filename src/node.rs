@@ -414,7 +414,7 @@ impl Opened {
         let run = leases.clone().run(stop.clone());
         // it finishes by releasing what it holds, through the member (stopped after it)
         tasks.spawn("the lease manager", OnStop::Finish, returns(run));
-        tracing::info!(member = lease.member_id, listen = %lease.listen, shards = lease.all_shards().end, "lease group member started");
+        tracing::info!(member = lease.member_id, learner = lease.learner, listen = %lease.listen, shards = lease.all_shards().end, "lease group member started");
         Ok((Some(member), Some(leases)))
     }
 

@@ -1,9 +1,11 @@
 //! The nodes `make up` starts, grown to two per region with `cluster.py node add` and shrunk
 //! back with `node remove`: through MirrorMaker 2, both regions count every write exactly
 //! at every node, before and after one added node is killed in the middle of ingest, and
-//! after it is started again. The region's first node keeps its lease group member, so
-//! the test leaves the cluster as it found it (the added nodes removed, the first nodes
-//! owning every partition again) for the tests after it.
+//! after it is started again; and owned keys are written at whichever node of the holder
+//! region owns their partition, an added node (a learner of the lease group) keeping the
+//! region's leases when the first node (its member) is killed. Each test leaves the
+//! cluster as it found it (the added nodes removed, the first nodes owning every
+//! partition again) for the tests after it.
 
 mod common;
 
@@ -11,7 +13,7 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use common::failover::replica;
+use common::failover::{epoch_of, register, replica};
 use common::{cluster, cluster_script, counter, produce_all, producer, unique};
 use geostate::pb;
 use geostate::pb::admin_client::AdminClient;
@@ -188,6 +190,123 @@ async fn two_nodes_per_region_count_every_write_across_regions_through_a_kill() 
     owners_settled(true, wait).await?;
     everywhere(&base, |i| 4 * (i as i64 + 1) + 50, wait).await?;
 
+    drop(added);
+    owners_settled(false, wait).await?;
+    Ok(())
+}
+
+/// A region's added node is a learner of the lease group: owned keys of the partitions it
+/// owns are written there (not refused for want of a lease group member), and when the
+/// first node, the region's member, is killed, the added node owns every partition and
+/// goes on writing the region's owned keys under the epochs it kept renewing; each key
+/// reads its last acknowledged value in both regions.
+#[tokio::test]
+async fn an_added_node_writes_owned_keys_and_keeps_the_leases_when_the_first_node_dies()
+-> anyhow::Result<()> {
+    let wait = Duration::from_secs(90);
+    let mut added = Added(Vec::new());
+    cluster_script(&["node", "add", "us-east-1"])?;
+    added.0.push("us-east-1/1".into());
+    owners_settled(true, wait).await?;
+    let cluster = cluster()?;
+    let first = cluster.regions["us-east-1"]
+        .grpc
+        .clone()
+        .context("no first node")?;
+    let second = nodes()?
+        .into_iter()
+        .find(|(r, _)| r == "us-east-1")
+        .and_then(|(_, addrs)| addrs.get(1).cloned())
+        .context("no added node")?;
+    let mut admin = AdminClient::connect(format!("http://{first}")).await?;
+
+    // owned keys whose lease us-east-1 holds, some on each node
+    let base = unique("owned-scale");
+    let mut keys = Vec::new();
+    for i in 0..64 {
+        let key = format!("surge/{base}-{i}");
+        let shard = admin
+            .leases(pb::LeasesRequest { key: key.clone() })
+            .await?
+            .into_inner()
+            .shards
+            .pop()
+            .context("no shard")?;
+        let node = admin
+            .route(pb::RouteRequest { key: key.clone() })
+            .await?
+            .into_inner()
+            .node;
+        if shard.holder == "us-east-1" {
+            keys.push((key, node));
+        }
+    }
+    assert!(
+        keys.iter().any(|(_, n)| *n == second) && keys.iter().any(|(_, n)| *n == first),
+        "no held key on one of the nodes: {keys:?}"
+    );
+    let set = |key: &str, v: &str| pb::UpdateRequest {
+        key: key.to_string(),
+        op: Some(pb::update_request::Op::Set(v.as_bytes().to_vec())),
+        id: String::new(),
+    };
+    // written at the node owning each key's partition (asked of the first, routed)
+    let mut state = StateClient::connect(format!("http://{first}")).await?;
+    let mut epochs = Vec::new();
+    for (key, _) in &keys {
+        epochs.push(epoch_of(state.update(set(key, "before")).await?.get_ref()));
+    }
+
+    cluster_script(&["node", "kill", "us-east-1"])?;
+    let mut state = StateClient::connect(format!("http://{second}")).await?;
+    let until = Instant::now() + wait;
+    let started = Instant::now();
+    let mut after = Vec::new();
+    for (key, _) in &keys {
+        let written = loop {
+            match state.update(set(key, "after")).await {
+                Ok(r) => break r.into_inner(),
+                Err(e) if Instant::now() < until => {
+                    eprintln!(
+                        "{key}: {} ({:?} after the kill)",
+                        e.message(),
+                        started.elapsed()
+                    );
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(e) => bail!("{key} not written at the added node within {wait:?}: {e}"),
+            }
+        };
+        after.push(epoch_of(&written));
+    }
+    eprintln!(
+        "every owned key written at the added node {:?} after the first node was killed",
+        started.elapsed()
+    );
+    // the same epochs: the region kept its leases (no new grant was needed)
+    assert_eq!(after, epochs);
+
+    cluster_script(&["up", "--no-build"])?;
+    for addr in [
+        first.as_str(),
+        second.as_str(),
+        &cluster.regions["eu-west-1"].grpc.clone().context("eu")?,
+    ] {
+        let until = Instant::now() + wait;
+        let mut state = StateClient::connect(format!("http://{addr}")).await?;
+        for (key, _) in &keys {
+            loop {
+                let read = state.get(replica(key)).await;
+                match read.as_ref().map(|v| register(v.get_ref())) {
+                    Ok(Some(b"after")) => break,
+                    _ if Instant::now() < until => {
+                        tokio::time::sleep(Duration::from_millis(200)).await
+                    }
+                    other => bail!("{addr} {key}: {other:?} (want \"after\")"),
+                }
+            }
+        }
+    }
     drop(added);
     owners_settled(false, wait).await?;
     Ok(())

@@ -37,6 +37,7 @@ fn config(id: u64, ports: &[u16]) -> LeaseConfig {
         .collect();
     LeaseConfig {
         member_id: id,
+        learner: 0,
         listen: format!("127.0.0.1:{}", ports[id as usize - 1])
             .parse()
             .expect("an address"),

@@ -26,8 +26,12 @@ pub struct Member {
 /// A validated `[lease]` section.
 #[derive(Clone, Debug)]
 pub struct LeaseConfig {
-    /// This process's member id.
+    /// This process's member id: its own, or (a learner) its region's member's.
     pub member_id: u64,
+    /// 0: this process is the member; n > 0: it is learner n of its region's member (one
+    /// of the region's further nodes): it applies the table and proposes through the
+    /// leader, and votes in nothing.
+    pub learner: u32,
     /// Where this process serves Raft traffic (and lease proposals forwarded to it).
     pub listen: SocketAddr,
     pub members: BTreeMap<u64, Member>,
@@ -50,6 +54,22 @@ pub struct LeaseConfig {
 }
 
 impl LeaseConfig {
+    /// This process's id in the Raft group: the member's, or its learner id.
+    pub fn raft_id(&self) -> u64 {
+        match self.learner {
+            0 => self.member_id,
+            n => crate::lease::raft_store::learner_id(self.member_id, n),
+        }
+    }
+
+    /// Each region's member id.
+    pub fn voters(&self) -> BTreeMap<RegionId, u64> {
+        self.members
+            .values()
+            .filter_map(|m| Some((m.region.clone()?, m.id)))
+            .collect()
+    }
+
     /// The regions of the group, sorted (the witness has none).
     pub fn regions(&self) -> Vec<RegionId> {
         let mut regions: Vec<RegionId> = self
@@ -105,6 +125,8 @@ impl LeaseConfig {
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub(crate) struct RawLease {
     member_id: u64,
+    #[serde(default)]
+    learner: u32,
     listen: String,
     #[serde(default = "default_shards")]
     shards: u32,
@@ -224,6 +246,23 @@ impl RawLease {
                 ),
             ));
         }
+        if self.learner > 0 && region.is_none() {
+            return Err(invalid(
+                "lease.learner",
+                "only a region's further node is a learner",
+            ));
+        }
+        if let Some(big) = members
+            .keys()
+            .find(|&&id| id == 0 || id > u64::from(u32::MAX))
+        {
+            return Err(invalid(
+                "lease.member.id",
+                format!(
+                    "{big} is not in 1..=4294967295 (a learner's id is its member's id times 2^32 plus its number)"
+                ),
+            ));
+        }
         if members.len() < 3 {
             return Err(invalid(
                 "lease.member",
@@ -259,6 +298,7 @@ impl RawLease {
         }
         let config = LeaseConfig {
             member_id: self.member_id,
+            learner: self.learner,
             listen: parse_addr("lease.listen", &self.listen)?,
             members,
             shards: self.shards,

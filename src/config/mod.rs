@@ -687,6 +687,23 @@ mod tests {
         }
     }
 
+    /// A region's further node is learner `n` under its region's member (Raft id in the
+    /// member's high half); the witness cannot be one.
+    #[test]
+    fn a_further_node_is_a_learner_under_its_regions_member() {
+        let set = |s: &str| vec![s.parse::<Setting>().unwrap()];
+        let us = crate::repo_file("regions/us-east-1.toml");
+        let node = Config::load_with(&us, &set("lease.learner=3")).unwrap();
+        let lease = node.lease.unwrap();
+        assert_eq!((lease.member_id, lease.learner), (2, 3));
+        assert_eq!(lease.raft_id(), (2 << 32) | 3);
+        let first = Config::load(&us).unwrap().lease.unwrap();
+        assert_eq!(first.raft_id(), 2);
+        let witness = crate::repo_file("regions/witness.toml");
+        let e = WitnessConfig::load(&witness, &set("lease.learner=1")).unwrap_err();
+        assert!(e.to_string().contains("lease.learner"), "{e}");
+    }
+
     const MINIMAL: &str = r#"
         region = "us-east-1"
         data-dir = "/tmp/x"

@@ -112,7 +112,7 @@ impl Leases {
         let peers = config
             .members
             .iter()
-            .filter(|(id, _)| **id != config.member_id)
+            .filter(|(id, _)| **id != config.raft_id())
             .map(|(id, m)| (*id, m.addr.clone()))
             .collect();
         Self {
@@ -369,8 +369,12 @@ impl Leases {
             }
             Outcome::Refused { current, .. } => {
                 metrics::counter!(m::LEASE_PROPOSALS, "outcome" => "refused").increment(1);
-                let Some(current) = current else { return };
-                current
+                // a refusal renews nothing (another node of this region may have renewed,
+                // on a clock of its own): it only tells of another region's lease
+                match current {
+                    Some(current) if current.holder != self.region => current,
+                    _ => return,
+                }
             }
             // not an answer to a lease command
             Outcome::Current(_) => return,

@@ -2,17 +2,23 @@
 //! folder (`<data-dir>.raft`), the `LeaseRaft` gRPC service on `lease.listen`, and the group
 //! initialized from the configured members the first time any of them starts (every
 //! member proposes the same first membership entry, so it does not matter which wins).
+//!
+//! A region's further node (`learner = true`) runs a learner instead: it asks the members
+//! to add it (again until the leader does), then receives the table like a member and
+//! proposes through the leader, but votes in nothing, so nodes come and go without
+//! changing the group's majority; it asks to be removed when it stops.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use openraft::{BasicNode, Raft};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio_stream::wrappers::TcpListenerStream;
 
-use super::network::{Network, Proposer, Service};
+use super::network::{self, Channels, LearnerChange, Network, Proposer, Service};
 use super::raft_store::{self, LeaseRaft, TableView};
 use crate::clock::Clock;
 use crate::config::LeaseConfig;
@@ -39,7 +45,15 @@ pub struct Member {
     pub proposer: Proposer,
     stop: Option<oneshot::Sender<()>>,
     server: tokio::task::JoinHandle<()>,
+    /// A learner's way back out: its id and the members to ask.
+    learner: Option<(u64, Vec<String>)>,
+    joining: Option<tokio::task::JoinHandle<()>>,
 }
+
+/// How long one ask of a member to change the learners may take.
+const LEARNER_ASK: Duration = Duration::from_secs(2);
+/// Between rounds of asking the members to add this learner.
+const JOIN_RETRY: Duration = Duration::from_millis(500);
 
 impl Member {
     /// Opens the storage in `dir`, serves Raft on `config.listen`, and joins (or forms)
@@ -58,15 +72,16 @@ impl Member {
                     source,
                 })?;
         let dir = dir.to_owned();
+        let voters = config.voters();
         std::fs::create_dir_all(&dir).map_err(|e| MemberError::Storage(e.to_string()))?;
         let (log, machine, view) = tokio::task::spawn_blocking(move || {
-            raft_store::open(&dir, max_offset_ms).map_err(|e| e.to_string())
+            raft_store::open(&dir, max_offset_ms, voters).map_err(|e| e.to_string())
         })
         .await
         .map_err(|e| MemberError::Storage(e.to_string()))?
         .map_err(MemberError::Storage)?;
         let raft = Raft::new(
-            config.member_id,
+            config.raft_id(),
             Arc::new(raft_config(config)?),
             Network,
             log,
@@ -91,7 +106,28 @@ impl Member {
             .is_initialized()
             .await
             .map_err(|e| MemberError::Raft(e.to_string()))?;
-        if !initialized {
+        let members: Vec<String> = config.members.values().map(|m| m.addr.clone()).collect();
+        let (learner, joining) = if config.learner > 0 {
+            let join = LearnerChange::Join {
+                id: config.raft_id(),
+                addr: config.listen.to_string(),
+            };
+            let asked = members.clone();
+            let joining = tokio::spawn(async move {
+                let channels = Channels::default();
+                loop {
+                    match network::change_learner(&channels, &asked, &join, LEARNER_ASK).await {
+                        Ok(()) => break tracing::info!("joined the lease group as a learner"),
+                        Err(e) => tracing::debug!(error = %e, "joining the lease group"),
+                    }
+                    tokio::time::sleep(JOIN_RETRY).await;
+                }
+            });
+            (Some((config.raft_id(), members)), Some(joining))
+        } else {
+            (None, None)
+        };
+        if !initialized && config.learner == 0 {
             let nodes: BTreeMap<u64, BasicNode> = config
                 .members
                 .values()
@@ -109,11 +145,24 @@ impl Member {
             view,
             stop: Some(stop),
             server,
+            learner,
+            joining,
         })
     }
 
-    /// Leaves the group's traffic and stops serving.
+    /// Leaves the group's traffic (a learner asks to be removed first) and stops serving.
     pub async fn stop(mut self) {
+        if let Some(joining) = self.joining.take() {
+            joining.abort();
+        }
+        if let Some((id, members)) = self.learner.take() {
+            let leave = LearnerChange::Leave { id };
+            match network::change_learner(&Channels::default(), &members, &leave, LEARNER_ASK).await
+            {
+                Ok(()) => tracing::info!("left the lease group"),
+                Err(e) => tracing::warn!(error = %e, "leaving the lease group as a learner"),
+            }
+        }
         let _ = self.raft.shutdown().await;
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());

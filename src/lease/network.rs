@@ -4,7 +4,7 @@
 //! error comes back as data. A peer that cannot be reached is reported `Unreachable`, so
 //! openraft backs off instead of spinning.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,9 +17,9 @@ use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
     VoteRequest, VoteResponse,
 };
-use openraft::{BasicNode, Raft};
-use serde::Serialize;
+use openraft::{BasicNode, ChangeMembers, Raft};
 use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Request, Response, Status};
 
@@ -161,6 +161,85 @@ impl Service {
     }
 }
 
+/// A change of the group's learners (a region's further nodes), asked of any member: the
+/// leader applies it, another member refuses.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum LearnerChange {
+    /// Add (or re-address) learner `id`, served at `addr`.
+    Join { id: NodeId, addr: String },
+    /// Remove learner `id` (a node that stops).
+    Leave { id: NodeId },
+}
+
+impl Service {
+    async fn change_learner(&self, change: LearnerChange) -> Result<(), String> {
+        let membership = self.raft.metrics().borrow().membership_config.clone();
+        let membership = membership.membership();
+        let (LearnerChange::Join { id, .. } | LearnerChange::Leave { id }) = &change;
+        let id = *id;
+        if membership.voter_ids().any(|v| v == id) {
+            return Err(format!("{id} is a voting member, not a learner"));
+        }
+        let changed = match change {
+            LearnerChange::Join { addr, .. } => match membership.get_node(&id) {
+                Some(node) if node.addr == addr => return Ok(()),
+                Some(_) => {
+                    let node = BTreeMap::from([(id, BasicNode::new(addr))]);
+                    self.raft
+                        .change_membership(ChangeMembers::SetNodes(node), true)
+                        .await
+                }
+                None => self.raft.add_learner(id, BasicNode::new(addr), false).await,
+            },
+            LearnerChange::Leave { .. } => {
+                if membership.get_node(&id).is_none() {
+                    return Ok(());
+                }
+                let ids = BTreeSet::from([id]);
+                self.raft
+                    .change_membership(ChangeMembers::RemoveNodes(ids), true)
+                    .await
+            }
+        };
+        changed.map(|_| ()).map_err(|e| e.to_string())
+    }
+}
+
+/// Asks the members at `members` in turn to apply `change` until one (the leader) does;
+/// else the last refusal.
+pub async fn change_learner(
+    channels: &Channels,
+    members: &[String],
+    change: &LearnerChange,
+    timeout: Duration,
+) -> Result<(), String> {
+    let json = serde_json::to_vec(change).map_err(|e| e.to_string())?;
+    let mut last = "no member to ask".to_string();
+    for addr in members {
+        let mut request = Request::new(pb::RaftMessage { json: json.clone() });
+        request.set_timeout(timeout);
+        let answer = match channels.get(addr) {
+            Ok(channel) => LeaseRaftClient::new(channel).learner(request).await,
+            Err(e) => {
+                last = format!("{addr}: {e}");
+                continue;
+            }
+        };
+        let result = answer
+            .map_err(|s| s.message().to_owned())
+            .and_then(|reply| {
+                serde_json::from_slice::<Result<(), String>>(&reply.into_inner().json)
+                    .map_err(|e| e.to_string())
+            })
+            .and_then(|r| r);
+        match result {
+            Ok(()) => return Ok(()),
+            Err(e) => last = format!("{addr}: {e}"),
+        }
+    }
+    Err(last)
+}
+
 fn decode<T: DeserializeOwned>(request: Request<pb::RaftMessage>) -> Result<T, Status> {
     serde_json::from_slice(&request.into_inner().json)
         .map_err(|e| Status::invalid_argument(format!("not an openraft message: {e}")))
@@ -216,6 +295,13 @@ impl pb::lease_raft_server::LeaseRaft for Service {
             .map(|r| r.data)
             .map_err(|e| e.to_string());
         encode(&result)
+    }
+
+    async fn learner(
+        &self,
+        request: Request<pb::RaftMessage>,
+    ) -> Result<Response<pb::RaftMessage>, Status> {
+        encode(&self.change_learner(decode(request)?).await)
     }
 }
 

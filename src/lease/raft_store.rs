@@ -15,6 +15,7 @@
 // openraft's traits fix the error type (`StorageError`, a large enum); helpers return it too
 #![allow(clippy::result_large_err)]
 
+use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::io::Cursor;
 use std::ops::{Bound, RangeBounds};
@@ -31,7 +32,8 @@ use rocksdb::{
 };
 use serde::{Deserialize, Serialize};
 
-use super::table::{Command, LeaseTable, Outcome};
+use super::table::{Command, LeaseTable, Outcome, Refusal};
+use crate::crdt::RegionId;
 
 openraft::declare_raft_types!(
     /// The lease group's Raft types: an entry is a batch of lease commands (a region's
@@ -76,7 +78,13 @@ impl TableView {
 }
 
 /// Opens (or creates) the lease group's store in `dir`.
-pub fn open(dir: &Path, max_offset_ms: u64) -> Result<(LogStore, StateMachine, TableView), Error> {
+/// `voters`: each region's member id (its further nodes are learners under it, see
+/// [`learner_id`]).
+pub fn open(
+    dir: &Path,
+    max_offset_ms: u64,
+    voters: BTreeMap<RegionId, NodeId>,
+) -> Result<(LogStore, StateMachine, TableView), Error> {
     let mut opts = Options::default();
     opts.create_if_missing(true);
     opts.create_missing_column_families(true);
@@ -103,6 +111,7 @@ pub fn open(dir: &Path, max_offset_ms: u64) -> Result<(LogStore, StateMachine, T
         StateMachine {
             db,
             machine: machine.clone(),
+            voters,
         },
         TableView(machine),
     ))
@@ -287,6 +296,63 @@ struct StoredSnapshot {
 pub struct StateMachine {
     db: Arc<DB>,
     machine: Arc<std::sync::RwLock<Machine>>,
+    voters: BTreeMap<RegionId, NodeId>,
+}
+
+/// The id of learner `n` (1, 2, …) of the region whose member is `member`: the member's id
+/// in the high half, so the table knows a learner's region.
+pub fn learner_id(member: NodeId, n: u32) -> NodeId {
+    (member << 32) | NodeId::from(n)
+}
+
+/// Applies `command` to `table`, for a region with several nodes (learners under its member
+/// in `membership`) as follows, since each of its nodes renews and writes on its own:
+/// - a release or transfer is refused (`SeveralNodes`): the region's other nodes may
+///   still write, so the shard moves only once its lease expires;
+/// - a grant or renewal never counts as superseded by another node's later one: its time
+///   is taken as the later of its own and the lease's last, which keeps the lease at least
+///   `duration` past the proposer's time and the last time monotonic.
+fn apply(
+    voters: &BTreeMap<RegionId, NodeId>,
+    membership: &StoredMembership<NodeId, BasicNode>,
+    table: &mut LeaseTable,
+    command: &Command,
+) -> Outcome {
+    let region = match command {
+        Command::Acquire { region, .. }
+        | Command::Renew { region, .. }
+        | Command::Release { region, .. } => region,
+        Command::Transfer { from, .. } => from,
+        Command::Read { .. } => return table.apply(command),
+    };
+    let several = voters.get(region).is_some_and(|&voter| {
+        membership
+            .membership()
+            .nodes()
+            .any(|(&id, _)| id != voter && id >> 32 == voter)
+    });
+    if !several {
+        return table.apply(command);
+    }
+    let current = table.get(command.shard()).cloned();
+    let last = current
+        .as_ref()
+        .filter(|l| &l.holder == region)
+        .map_or(0, |l| l.last_ms);
+    let mut command = command.clone();
+    match &mut command {
+        Command::Release { .. } | Command::Transfer { .. } => {
+            return Outcome::Refused {
+                reason: Refusal::SeveralNodes,
+                current,
+            };
+        }
+        Command::Acquire { now_ms, .. } | Command::Renew { now_ms, .. } => {
+            *now_ms = (*now_ms).max(last);
+        }
+        Command::Read { .. } => {}
+    }
+    table.apply(&command)
 }
 
 impl StateMachine {
@@ -365,7 +431,12 @@ impl RaftStateMachine<LeaseRaft> for StateMachine {
                         proposal
                             .0
                             .iter()
-                            .map(|command| machine.table.apply(command))
+                            .map(|command| {
+                                let Machine {
+                                    membership, table, ..
+                                } = &mut *machine;
+                                apply(&self.voters, membership, table, command)
+                            })
                             .collect(),
                     ),
                     EntryPayload::Membership(membership) => {
@@ -429,6 +500,8 @@ impl RaftStateMachine<LeaseRaft> for StateMachine {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeSet;
+
     use openraft::testing::{StoreBuilder, Suite};
 
     use super::*;
@@ -438,9 +511,115 @@ mod tests {
     impl StoreBuilder<LeaseRaft, LogStore, StateMachine, tempfile::TempDir> for Builder {
         async fn build(&self) -> Result<(tempfile::TempDir, LogStore, StateMachine), Error> {
             let dir = tempfile::tempdir().map_err(|e| StorageIOError::write(&e))?;
-            let (log, machine, _) = open(dir.path(), 100)?;
+            let (log, machine, _) = open(dir.path(), 100, BTreeMap::new())?;
             Ok((dir, log, machine))
         }
+    }
+
+    fn r(name: &str) -> RegionId {
+        RegionId::new(name).unwrap()
+    }
+
+    /// Members 1 (us-east-1), 2 (eu-west-1), 3 (the witness), and learners of us-east-1.
+    fn group(learners: &[u32]) -> StoredMembership<NodeId, BasicNode> {
+        let mut nodes: BTreeMap<NodeId, BasicNode> = (1..=3)
+            .map(|id| (id, BasicNode::new(format!("m{id}"))))
+            .collect();
+        for &n in learners {
+            nodes.insert(learner_id(1, n), BasicNode::new(format!("l{n}")));
+        }
+        let voters = BTreeSet::from([1, 2, 3]);
+        StoredMembership::new(None, openraft::Membership::new(vec![voters], nodes))
+    }
+
+    /// A region with further nodes (learners) neither releases nor transfers (its other
+    /// nodes still write), and one node's renewal is not superseded by another's made on
+    /// a clock ahead; a region alone does both as before.
+    #[test]
+    fn a_region_with_several_nodes_keeps_its_leases_until_expiry() {
+        use crate::lease::table::Refusal;
+        let voters = BTreeMap::from([(r("us-east-1"), 1), (r("eu-west-1"), 2)]);
+        let renew = |now_ms| Command::Renew {
+            shard: 0,
+            region: r("us-east-1"),
+            epoch: 1,
+            now_ms,
+            duration_ms: 1000,
+        };
+        let release = Command::Release {
+            shard: 0,
+            region: r("us-east-1"),
+            epoch: 1,
+            now_ms: 600,
+        };
+        let acquire = Command::Acquire {
+            shard: 0,
+            region: r("us-east-1"),
+            now_ms: 0,
+            duration_ms: 1000,
+        };
+        for (learners, several) in [(vec![], false), (vec![1, 2], true)] {
+            let membership = group(&learners);
+            let mut table = LeaseTable::new(100);
+            let apply = |table: &mut LeaseTable, c: &Command| apply(&voters, &membership, table, c);
+            assert!(matches!(apply(&mut table, &acquire), Outcome::Granted(_)));
+            assert!(matches!(
+                apply(&mut table, &renew(500)),
+                Outcome::Granted(_)
+            ));
+            // a node whose clock is behind the last renewal's
+            match apply(&mut table, &renew(400)) {
+                Outcome::Granted(l) if several => {
+                    assert_eq!((l.last_ms, l.expires_at_ms), (500, 1500))
+                }
+                Outcome::Refused {
+                    reason: Refusal::Superseded,
+                    ..
+                } if !several => {}
+                other => panic!("several nodes {several}: {other:?}"),
+            }
+            match apply(&mut table, &release) {
+                Outcome::Refused {
+                    reason: Refusal::SeveralNodes,
+                    current: Some(l),
+                } if several => {
+                    assert_eq!((l.holder.as_str(), l.expires_at_ms), ("us-east-1", 1500));
+                }
+                Outcome::Granted(l) if !several => assert_eq!(l.expires_at_ms, 700),
+                other => panic!("several nodes {several}: {other:?}"),
+            }
+        }
+        // another region's learners change nothing for this one
+        let membership = group(&[1]);
+        let mut table = LeaseTable::new(100);
+        let eu = |c: Command| match c {
+            Command::Acquire {
+                now_ms,
+                duration_ms,
+                shard,
+                ..
+            } => Command::Acquire {
+                shard,
+                region: r("eu-west-1"),
+                now_ms,
+                duration_ms,
+            },
+            other => other,
+        };
+        assert!(matches!(
+            apply(&voters, &membership, &mut table, &eu(acquire)),
+            Outcome::Granted(_)
+        ));
+        let release = Command::Release {
+            shard: 0,
+            region: r("eu-west-1"),
+            epoch: 1,
+            now_ms: 600,
+        };
+        assert!(matches!(
+            apply(&voters, &membership, &mut table, &release),
+            Outcome::Granted(_)
+        ));
     }
 
     /// openraft's own conformance suite for log and state machine storage.

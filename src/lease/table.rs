@@ -137,6 +137,10 @@ pub enum Refusal {
     /// The shard's epoch is `u64::MAX`: no later one exists, so no new grant can fence the
     /// last (only a forged command gets there).
     EpochsExhausted,
+    /// A release or transfer by a region with several nodes (learners in the group): its
+    /// other nodes may still write under their own renewals, so the shard moves only
+    /// once the lease expires.
+    SeveralNodes,
 }
 
 /// The epoch of the next grant after `current` (`None`: there is none).

@@ -29,7 +29,7 @@ def sites(cluster: dict) -> dict[str, dict]:
         ports = [r["kafka"], r.get("grpc"), r.get("lease"), r.get("metrics")]
         pids = [r.get("pid"), r.get("kafka_pid")]
         for n in r.get("nodes", {}).values():
-            ports += [n.get("grpc"), n.get("metrics")]
+            ports += [n.get("grpc"), n.get("lease"), n.get("metrics")]
             pids.append(n.get("pid"))
         out[region] = {"pids": pids, "ports": ports, "classid": 0x00470001 + i}
     w = cluster.get("witness", {})

@@ -84,13 +84,14 @@ def set_args(settings: list[str]) -> list[str]:
 
 
 def node_settings(region: str, r: dict, s3: dict, cluster: dict,
-                  clock_offset_ms: int = 0, node: dict | None = None) -> list[str]:
+                  clock_offset_ms: int = 0, node: dict | None = None,
+                  learner: int = 0) -> list[str]:
     """What a node of `region` runs with on top of regions/<region>.toml: this cluster's
     addresses, checkpoints to the cluster's S3 server (restored from when the data dir is
     empty), and the cluster's lease group; with `clock_offset_ms`, its wall clock shifted
     by that much (`clock-offset`). `node`: one of the region's further nodes (its own data
-    dir and ports), which carries no lease group member: the region's member runs on
-    its first node."""
+    dir and ports), a learner of the lease group (number `learner`): the region's member
+    runs on its first node."""
     bucket = {"bucket": s3["bucket"], "prefix": f"{region}/", "endpoint": s3["endpoint"],
               "region": s3["region"], "path-style": True, "access-key": s3["access_key"],
               "secret-key": s3["secret_key"]}
@@ -100,11 +101,10 @@ def node_settings(region: str, r: dict, s3: dict, cluster: dict,
                 f"api.metrics-listen={toml(own['metrics'])}",
                 "checkpoint.restore-on-empty=true", "checkpoint.local-dir=",
                 f"checkpoint.s3={toml(bucket)}"]
-    if node is None:
-        member_id = sorted(cluster["regions"]).index(region) + 1
-        settings += lease_settings(member_id, r["lease"], cluster)
-    else:
-        settings.append("lease=")
+    member_id = sorted(cluster["regions"]).index(region) + 1
+    settings += lease_settings(member_id, own["lease"], cluster)
+    if learner:
+        settings.append(f"lease.learner={learner}")
     if clock_offset_ms:
         sign = "-" if clock_offset_ms < 0 else ""
         settings.append(f"clock-offset={sign}{abs(clock_offset_ms)}ms")
@@ -151,9 +151,10 @@ def start_further_node(region: str, index: str, cluster: dict) -> None:
         stop_pid(name, n["pid"])
     n["grpc"] = n.get("grpc") or f"127.0.0.1:{free_port()}"
     n["metrics"] = n.get("metrics") or f"127.0.0.1:{free_port()}"
+    n["lease"] = n.get("lease") or f"127.0.0.1:{free_port()}"
     n["data_dir"] = n.get("data_dir") or str(RUN / "nodes" / f"{region}-{index}")
     n["config"] = str(REPO / "regions" / f"{region}.toml")
-    n["set"] = node_settings(region, r, cluster["s3"], cluster, node=n)
+    n["set"] = node_settings(region, r, cluster["s3"], cluster, node=n, learner=int(index))
     n["pid"] = spawn(name, [str(geostate_bin()), "run", "--config", n["config"]]
                      + set_args(n["set"]),
                      env={"RUST_LOG": os.environ.get("RUST_LOG", "info,openraft=warn")})
