@@ -22,6 +22,9 @@ use geostate::pb::state_client::StateClient;
 const PARTITIONS: usize = 4;
 const KEYS: usize = 16;
 
+/// The tests share the cluster's nodes (they add, kill and remove them): one at a time.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// Removes the nodes it added when the test ends, however it ends.
 struct Added(Vec<String>);
 
@@ -142,6 +145,7 @@ async fn everywhere(
 #[tokio::test]
 async fn two_nodes_per_region_count_every_write_across_regions_through_a_kill() -> anyhow::Result<()>
 {
+    let _alone = ONE_AT_A_TIME.lock().await;
     let wait = Duration::from_secs(90);
     let mut added = Added(Vec::new());
     for region in ["us-east-1", "eu-west-1"] {
@@ -203,6 +207,7 @@ async fn two_nodes_per_region_count_every_write_across_regions_through_a_kill() 
 #[tokio::test]
 async fn an_added_node_writes_owned_keys_and_keeps_the_leases_when_the_first_node_dies()
 -> anyhow::Result<()> {
+    let _alone = ONE_AT_A_TIME.lock().await;
     let wait = Duration::from_secs(90);
     let mut added = Added(Vec::new());
     cluster_script(&["node", "add", "us-east-1"])?;

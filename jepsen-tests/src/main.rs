@@ -110,9 +110,11 @@ enum Nemesis {
     /// its partitions to it, caught up from the region's deltas; after 6 s remove it
     /// (`node remove`: it hands them back). The regions in turn.
     Scale,
-    /// Kill one node of several: add a node to a region, after 4 s SIGKILL it mid-ingest
-    /// (its partitions move after the group's session timeout, 10 s), start it again
-    /// (`up`: it takes its partitions back), then remove it. The regions in turn.
+    /// Kill one node of several: add a node to a region, after 4 s SIGKILL it or (every
+    /// other time per region) the region's first node, its lease group member, mid-ingest
+    /// (the partitions move after the group's session timeout, 10 s), start it again
+    /// (`up`: it takes its partitions back), then remove the added node. The regions in
+    /// turn.
     KillNode,
 }
 
