@@ -22,8 +22,13 @@ pub struct Window {
     pub info: usize,
 }
 
+/// Every operation that changes state: an owned list's append and a compare-and-set too
+/// (without them an owned-append run showed no write at all).
 fn is_write(e: &Event) -> bool {
-    matches!(e.f, Function::Add | Function::Write)
+    matches!(
+        e.f,
+        Function::Add | Function::Write | Function::Cas | Function::Append
+    )
 }
 
 /// The windows of the fault `[start_ns, end_ns]`, one per region in `regions` and one for
@@ -135,6 +140,20 @@ mod tests {
         assert_eq!(w[1].longest_gap_ms, 10.0);
         assert_eq!(w[2].scope, "any");
         assert!(w[2].longest_gap_ms <= 10.0, "{w:?}");
+    }
+
+    /// An owned list's appends are its writes: the same history as appends measures the
+    /// same; reads are not writes.
+    #[test]
+    fn appends_count_as_writes_and_reads_do_not() {
+        let regions = vec!["a".to_string()];
+        let as_f = |f: Function| -> Vec<Event> {
+            history().into_iter().map(|e| Event { f, ..e }).collect()
+        };
+        let w = during(&as_f(Function::Append), &regions, 120_000_000, 300_000_000);
+        assert_eq!((w[0].longest_gap_ms, w[0].info), (600.0, 1), "{w:?}");
+        let w = during(&as_f(Function::Read), &regions, 120_000_000, 300_000_000);
+        assert_eq!((w[0].ok, w[0].fail, w[0].info), (0, 0, 0), "{w:?}");
     }
 
     #[test]
