@@ -8,10 +8,15 @@
 //!  Revoked(p…)  ─► owned −= p ─► ingest commits its batch and reads p no more
 //!               ─► p's shipper ships what the outbox holds and ends ─► the group moves p
 //!  a shipper fenced by another node ─► owned −= p (the group's revoke follows)
+//!  every second, with standby-replicas = n: each partition another node owns, if this
+//!  node is among the n chosen for it ─► catch its copy up (bootstrap::catch_up)
 //! ```
 //!
 //! Every partition is taken and given up alone: its state, offsets, outbox and fences are
-//! its own RocksDB instance, and its shipping producer its own transactional id.
+//! its own RocksDB instance, and its shipping producer its own transactional id. A warm
+//! standby's copy is caught up exactly as a take catches it up (the same discard rule),
+//! only more often, so the take that follows merges only what was shipped since; the two
+//! never run on one partition at once ([`Copies`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -24,12 +29,137 @@ use crate::clock::Hlc;
 use crate::config::Config;
 use crate::crdt::Actor;
 use crate::ingest::ingestor::IngestShared;
-use crate::log::membership::{Change, REVOKE_WAIT};
+use crate::log::membership::{self, Change, REVOKE_WAIT};
 use crate::log::{self, LogError};
+use crate::metrics as m;
 use crate::replication::bootstrap::{self, BootstrapError};
 use crate::replication::shipper::{ShipError, Shipper};
 use crate::shutdown::stopped;
 use crate::store::Store;
+
+/// How often a warm standby's copies are caught up.
+const STANDBY_EVERY: Duration = Duration::from_secs(1);
+
+/// What the keeper and the standby refresher share: the partitions the keeper takes, owns
+/// or hands off (never refreshed as standbys), and one lock per partition that a
+/// catch-up holds.
+pub struct Copies {
+    busy: std::sync::Mutex<BTreeSet<i32>>,
+    locks: BTreeMap<i32, tokio::sync::Mutex<()>>,
+}
+
+impl Copies {
+    pub fn new(partitions: impl IntoIterator<Item = i32>) -> Self {
+        Self {
+            busy: std::sync::Mutex::default(),
+            locks: partitions
+                .into_iter()
+                .map(|p| (p, tokio::sync::Mutex::new(())))
+                .collect(),
+        }
+    }
+
+    fn busy(&self) -> std::sync::MutexGuard<'_, BTreeSet<i32>> {
+        self.busy.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Waits for a standby refresh of `partition` to end; the keeper's from then on.
+    async fn take(&self, partition: i32) -> Option<tokio::sync::MutexGuard<'_, ()>> {
+        self.busy().insert(partition);
+        Some(self.locks.get(&partition)?.lock().await)
+    }
+
+    /// The keeper is busy with exactly these partitions (its shippers).
+    fn keep<V>(&self, shippers: &BTreeMap<i32, V>) {
+        *self.busy() = shippers.keys().copied().collect();
+    }
+
+    /// `partition`'s lock, unless the keeper is busy with it or a refresh holds it.
+    fn refresh(&self, partition: i32) -> Option<tokio::sync::MutexGuard<'_, ()>> {
+        let guard = self.locks.get(&partition)?.try_lock().ok()?;
+        (!self.busy().contains(&partition)).then_some(guard)
+    }
+}
+
+/// The partitions the node at `me` keeps warm standby copies of: for each partition
+/// another node owns, the `replicas` nodes other than its owner (among the owners and
+/// `me`) that rank first by a hash of the partition and the node's address (rendezvous
+/// hashing: a node that comes or goes moves only its own share).
+pub fn standbys(owners: &BTreeMap<i32, String>, me: &str, replicas: usize) -> BTreeSet<i32> {
+    let mut nodes: BTreeSet<&str> = owners.values().map(String::as_str).collect();
+    nodes.insert(me);
+    owners
+        .iter()
+        .filter(|(_, owner)| owner.as_str() != me)
+        .filter(|&(&p, owner)| {
+            let mut ranked: Vec<&str> = nodes
+                .iter()
+                .copied()
+                .filter(|n| *n != owner.as_str())
+                .collect();
+            ranked.sort_by_key(|n| log::murmur2(format!("{p}/{n}").as_bytes()));
+            ranked.iter().take(replicas).any(|n| *n == me)
+        })
+        .map(|(&p, _)| p)
+        .collect()
+}
+
+/// Keeps this node's warm standby copies current (`replication.standby-replicas`).
+pub struct Standby {
+    pub config: Arc<Config>,
+    pub store: Arc<Store>,
+    pub hlc: Arc<Hlc>,
+    pub copies: Arc<Copies>,
+    /// This node's address in the region's group.
+    pub address: String,
+}
+
+impl Standby {
+    /// Runs until `stop`; ends early only on a storage failure.
+    pub async fn run(self, mut stop: watch::Receiver<bool>) -> Result<(), KeeperError> {
+        let (config, replicas) = (&self.config, self.config.replication.standby_replicas);
+        let group = crate::node::group_id(config);
+        let mut owners = BTreeMap::new();
+        loop {
+            tokio::select! {
+                () = stopped(&mut stop) => return Ok(()),
+                () = tokio::time::sleep(STANDBY_EVERY) => {}
+            }
+            // while the group rebalances, the owners it last had stand
+            let topic = &config.kafka.updates_topic;
+            if let Ok(Some(read)) = membership::owners(&config.kafka, &group, topic).await {
+                owners = read;
+            }
+            let mine = standbys(&owners, &self.address, replicas);
+            metrics::gauge!(m::STANDBY_PARTITIONS).set(mine.len() as f64);
+            for p in mine {
+                if *stop.borrow() {
+                    return Ok(());
+                }
+                let Some(_refreshing) = self.copies.refresh(p) else {
+                    continue;
+                };
+                match bootstrap::catch_up(config, &self.hlc, &self.store, p).await {
+                    Ok(caught_up) => {
+                        metrics::counter!(m::CATCH_UP_DELTAS, "by" => "standby")
+                            .increment(caught_up.recovered.deltas as u64);
+                    }
+                    Err(e) => match e.fatal() {
+                        Ok(e) => {
+                            tracing::warn!(partition = p, error = %e, "refreshing a standby copy failed; retrying")
+                        }
+                        Err(source) => {
+                            return Err(KeeperError::CatchUp {
+                                partition: p,
+                                source,
+                            });
+                        }
+                    },
+                }
+            }
+        }
+    }
+}
 
 /// A shipping transaction left open longer (its node died) is aborted by Kafka.
 const SHIP_TRANSACTION_TIMEOUT: Duration = Duration::from_secs(30);
@@ -132,6 +262,7 @@ pub struct Keeper {
     pub changes: mpsc::UnboundedReceiver<Change>,
     /// Told once the first assignment was taken (empty or not).
     pub first_taken: Option<tokio::sync::oneshot::Sender<()>>,
+    pub copies: Arc<Copies>,
 }
 
 impl Keeper {
@@ -150,23 +281,27 @@ impl Keeper {
                             if shippers.contains_key(&p) {
                                 continue;
                             }
-                            let Some(shipping) = self.take(p, &mut running, &mut stop).await? else {
+                            let taken = self.take(p, &mut running, &mut stop).await;
+                            let Some(shipping) = taken.inspect_err(|_| self.copies.keep(&shippers))? else {
                                 break;
                             };
                             shippers.insert(p, shipping);
                         }
+                        self.copies.keep(&shippers);
                         if let Some(first) = self.first_taken.take() {
                             let _ = first.send(());
                         }
                     }
                     Some(Change::Revoked { partitions, lost, done }) => {
                         self.give_up(&partitions, lost, &mut shippers, &mut running).await;
+                        self.copies.keep(&shippers);
                         let _ = done.send(());
                     }
                 },
                 Some(ended) = running.join_next() => {
                     let Ok((p, result)) = ended else { continue };
                     shippers.remove(&p);
+                    self.copies.keep(&shippers);
                     match result {
                         // a shipper ends on its own only when handed off or stopped
                         Ok(()) => {}
@@ -199,6 +334,7 @@ impl Keeper {
         let Some(producer) = producer.await.unwrap_or_else(|never| match never {}) else {
             return Ok(None);
         };
+        let copy = self.copies.take(partition).await;
         let caught_up = retried("catching it up", partition, stop, || {
             bootstrap::catch_up(&self.config, &self.hlc, &self.store, partition)
         });
@@ -207,6 +343,9 @@ impl Keeper {
             Ok(None) => return Ok(None),
             Err(source) => return Err(KeeperError::CatchUp { partition, source }),
         };
+        drop(copy);
+        metrics::counter!(m::CATCH_UP_DELTAS, "by" => "take")
+            .increment(caught_up.recovered.deltas as u64);
         let topic = &self.config.kafka.updates_topic;
         // what the previous owner may have applied and acknowledged: up to the end now
         let ends = retried("reading its end", partition, stop, || {
@@ -333,5 +472,40 @@ impl Keeper {
             took_ms = started.elapsed().as_millis() as u64,
             "gave up the partitions"
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn owners(pairs: &[(i32, &str)]) -> BTreeMap<i32, String> {
+        pairs.iter().map(|(p, n)| (*p, n.to_string())).collect()
+    }
+
+    /// Every partition gets exactly `replicas` standbys (as many as there are other nodes
+    /// at most), never its owner.
+    #[test]
+    fn each_partition_has_its_standbys_on_other_nodes() {
+        let owned = owners(&[(0, "a"), (1, "a"), (2, "b"), (3, "c"), (4, "c"), (5, "b")]);
+        for replicas in [0, 1, 2] {
+            let per_node: BTreeMap<&str, BTreeSet<i32>> = ["a", "b", "c"]
+                .into_iter()
+                .map(|n| (n, standbys(&owned, n, replicas)))
+                .collect();
+            for (&p, owner) in &owned {
+                let keeping: Vec<&str> = per_node
+                    .iter()
+                    .filter(|(_, s)| s.contains(&p))
+                    .map(|(n, _)| *n)
+                    .collect();
+                assert_eq!(keeping.len(), replicas, "partition {p}: {keeping:?}");
+                assert!(!keeping.contains(&owner.as_str()));
+            }
+        }
+        // two nodes: each keeps the other's partitions
+        let two = owners(&[(0, "a"), (1, "b"), (2, "a"), (3, "b")]);
+        assert_eq!(standbys(&two, "a", 1), BTreeSet::from([1, 3]));
+        assert_eq!(standbys(&two, "b", 5), BTreeSet::from([0, 2]));
     }
 }

@@ -9,6 +9,14 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
+/// Own deltas merged into a partition's copy, label `by`: `take` (the catch-up before
+/// the node owns it) or `standby` (a warm standby's refresh) (counter).
+pub const CATCH_UP_DELTAS: &str = "geostate_catch_up_deltas_total";
+/// Partitions this node keeps a warm standby copy of (gauge).
+pub const STANDBY_PARTITIONS: &str = "geostate_standby_partitions";
+/// The offset of the region's own deltas topic up to which this node's copy of a
+/// partition holds every delta, label `partition` (gauge).
+pub const COPY_THROUGH: &str = "geostate_copy_through";
 /// Update records applied to state (counter).
 pub const EVENTS_APPLIED: &str = "geostate_events_applied_total";
 /// Records skipped because their idempotency id was already applied (counter).

@@ -28,7 +28,7 @@ use crate::clock::{Clock, Hlc, ShiftedClock, SystemClock};
 use crate::config::Config;
 use crate::crdt::Actor;
 use crate::ingest::ingestor::{IngestShared, Ingestor};
-use crate::keeper::Keeper;
+use crate::keeper::{Copies, Keeper, Standby};
 use crate::lease::leases::Leases;
 use crate::lease::member::{Member, MemberError};
 use crate::log::membership::{Membership, MembershipSpec};
@@ -365,6 +365,7 @@ impl Opened {
             session_timeout: GROUP_SESSION_TIMEOUT,
         })?;
         let (first_taken, taken) = tokio::sync::oneshot::channel();
+        let copies = Arc::new(Copies::new(self.partitions.iter().copied()));
         let keeper = Keeper {
             config: config.clone(),
             store: self.store.clone(),
@@ -373,12 +374,27 @@ impl Opened {
             actor: Actor::new(config.region.clone(), self.incarnation),
             changes,
             first_taken: Some(first_taken),
+            copies: copies.clone(),
         };
         tasks.spawn(
             "the partition keeper",
             OnStop::Finish,
             keeper.run(stop.clone()),
         );
+        if config.replication.standby_replicas > 0 {
+            let standby = Standby {
+                config: config.clone(),
+                store: self.store.clone(),
+                hlc: self.hlc.clone(),
+                copies,
+                address: address.to_string(),
+            };
+            tasks.spawn(
+                "the standby refresher",
+                OnStop::Finish,
+                standby.run(stop.clone()),
+            );
+        }
         tokio::select! {
             _ = taken => {}
             Some(ended) = tasks.next_ended() => return Err(NodeError::TaskEnded(Tasks::failure(ended))),

@@ -292,6 +292,72 @@ async fn a_killed_nodes_partitions_move_and_count_once() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A node's metric `line` (a name with its labels), 0 if absent.
+fn gauge(node: &Node, line: &str) -> anyhow::Result<f64> {
+    Ok(common::metric(&node.metrics, &format!("{line} "))?.unwrap_or(0.0))
+}
+
+/// With `standby-replicas = 1`, each node keeps the other's partitions warm: once its
+/// copies hold every delta the other shipped, the other is killed and the survivor takes
+/// its partitions merging no delta at all (without the standby it merges them all then).
+#[tokio::test]
+async fn a_warm_standby_keeps_a_copy_current_so_a_take_merges_nothing_more() -> anyhow::Result<()> {
+    let mut region = Region::new("standby").await?;
+    let (mut a, mut b) = (region.node()?, region.node()?);
+    for node in [&mut a, &mut b] {
+        node.set("replication.standby-replicas", "1");
+    }
+    let base = region.base.clone();
+    let wait = Duration::from_secs(90);
+    a.start().await?;
+    owns_all(&a, wait).await?;
+    b.start().await?;
+    let owned = shared_out(&[&a, &b], wait).await?;
+    let rounds = 3;
+    for round in 1..=rounds {
+        region.round(round).await?;
+    }
+    exact(&a, &base, rounds, wait).await?;
+    exact(&b, &base, rounds, wait).await?;
+
+    // a shipped everything it applied; b's copies of a's partitions hold it all
+    let until = Instant::now() + wait;
+    loop {
+        let shipped = gauge(&a, "geostate_outbox_keys")? == 0.0;
+        let mut behind = Vec::new();
+        for p in &owned[0] {
+            let line = format!("geostate_copy_through{{partition=\"{p}\"}}");
+            let (at_a, at_b) = (gauge(&a, &line)?, gauge(&b, &line)?);
+            if at_a == 0.0 || at_b < at_a {
+                behind.push((p, at_a, at_b));
+            }
+        }
+        if shipped && behind.is_empty() {
+            break;
+        }
+        if Instant::now() > until {
+            bail!(
+                "b's standby copies not current within {wait:?}: shipped {shipped}, (partition, a, b) {behind:?}"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert!(gauge(&b, "geostate_standby_partitions")? >= 1.0);
+    let taken = "geostate_catch_up_deltas_total{by=\"take\"}";
+    let before = gauge(&b, taken)?;
+    a.kill9();
+    owns_all(&b, wait).await?;
+    assert_eq!(
+        gauge(&b, taken)?,
+        before,
+        "the take merged deltas its standby copy should have held"
+    );
+    exact(&b, &base, rounds, wait).await?;
+    region.round(rounds + 1).await?;
+    exact(&b, &base, rounds + 1, wait).await?;
+    Ok(())
+}
+
 /// A node applies a round it cannot ship (its deltas topic refuses writes) and is killed.
 /// Another node takes every partition and applies the round again from the last resume
 /// point, under its own actor, and ships it. When the first node comes back, its copy of

@@ -87,6 +87,9 @@ pub struct ReplicationConfig {
     /// Ingest waits while the outbox holds this many keys: a shipping round (one Kafka
     /// transaction) never carries more than this plus one batch.
     pub max_outbox_keys: usize,
+    /// How many other nodes of the region keep a copy of each partition current from the
+    /// region's deltas (warm standbys): a move then merges only what was shipped since.
+    pub standby_replicas: usize,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -304,6 +307,8 @@ struct RawReplication {
     remotes: Vec<RawRemote>,
     #[serde(default = "default_max_outbox_keys")]
     max_outbox_keys: usize,
+    #[serde(default)]
+    standby_replicas: usize,
 }
 
 impl Default for RawReplication {
@@ -311,6 +316,7 @@ impl Default for RawReplication {
         Self {
             remotes: Vec::new(),
             max_outbox_keys: default_max_outbox_keys(),
+            standby_replicas: 0,
         }
     }
 }
@@ -579,6 +585,7 @@ impl RawConfig {
             replication: ReplicationConfig {
                 remotes,
                 max_outbox_keys,
+                standby_replicas: self.replication.standby_replicas,
             },
         })
     }

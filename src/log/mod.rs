@@ -28,7 +28,7 @@ mod partitioner;
 mod reader;
 mod transactional;
 
-pub use partitioner::partition_of;
+pub use partitioner::{murmur2, partition_of};
 pub use reader::{Batch, Batching, ConsumerSpec, Reader};
 pub use transactional::{Transactional, TransactionalSpec, TxRecord};
 

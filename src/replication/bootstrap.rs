@@ -240,6 +240,7 @@ async fn merge_own_topic(
 fn note_through(config: &Config, store: &Store, recovered: &Recovered) -> Result<(), StoreError> {
     for (&p, &offset) in &recovered.through {
         store.own_deltas_through(&config.kafka.deltas_topic, p, offset)?;
+        metrics::gauge!(m::COPY_THROUGH, "partition" => p.to_string()).set(offset as f64);
     }
     Ok(())
 }

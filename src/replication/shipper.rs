@@ -152,6 +152,8 @@ impl Shipper {
             })
             .await
             .unwrap_or_else(|e| Err(StoreError::Task(e.to_string())))?;
+            metrics::gauge!(m::COPY_THROUGH, "partition" => partition.to_string())
+                .set(through as f64);
             metrics::gauge!(m::OUTBOX_KEYS).set(self.store.outbox_len() as f64);
             self.shipped.notify_waiters();
         }
