@@ -307,6 +307,9 @@ impl Leases {
     /// One round: the commands `plan::round` decides, all in one log entry. A shard
     /// handed home stops being written here before its transfer is proposed.
     async fn round(&self, running_for: Duration) {
+        // sent from the round's start: a transfer that relinquishes a shard after the
+        // round read the table makes the round's answer for it count for nothing
+        let sent = self.mono_ms();
         let duration_ms = self.config.duration.as_millis() as u64;
         let policy = Policy {
             region: self.region.clone(),
@@ -334,15 +337,14 @@ impl Leases {
             }
         }
         if !commands.is_empty() {
-            self.propose(commands, duration_ms).await;
+            self.propose(commands, sent, duration_ms).await;
         }
     }
 
-    /// Proposes one round's commands as one log entry and records the answers in the
-    /// holdings.
-    async fn propose(&self, commands: Vec<Command>, duration_ms: u64) {
+    /// Proposes one round's commands (planned at `sent`) as one log entry and records the
+    /// answers in the holdings.
+    async fn propose(&self, commands: Vec<Command>, sent: u64, duration_ms: u64) {
         let shards: Vec<ShardId> = commands.iter().map(Command::shard).collect();
-        let sent = self.mono_ms();
         let asked = Instant::now();
         metrics::counter!(m::LEASE_ENTRIES).increment(1);
         match self.proposer.propose(commands).await {
@@ -418,17 +420,17 @@ impl Leases {
         }
         let now = self.mono_ms();
         let epoch = {
+            // marked handed off as it is relinquished: a round planned from here on does
+            // not renew it, one planned before counts as sent before the relinquish
+            let mut handed_off = self.handed_off.lock().unwrap_or_else(|p| p.into_inner());
             let mut holdings = self.holdings();
             let epoch = holdings
                 .valid(shard, now)
                 .ok_or(TransferError::NotHeld(shard))?;
             holdings.relinquish(shard, now);
+            handed_off.insert(shard, now);
             epoch
         };
-        self.handed_off
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(shard, now);
         let outcomes = self
             .proposer
             .propose(vec![Command::Transfer {

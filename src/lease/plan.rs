@@ -32,7 +32,9 @@ pub struct ShardView {
     pub home: Option<RegionId>,
     /// The shard's row in this member's copy of the table.
     pub lease: Option<Lease>,
-    /// This region handed the shard away on purpose and has not held it since.
+    /// This region handed the shard away on purpose and has not held it since: it neither
+    /// asks for it back nor renews it while the table still shows it here (the transfer
+    /// may be in flight; a renewal applied before it would make this region write again).
     pub handed_off: bool,
 }
 
@@ -67,6 +69,7 @@ fn step(policy: &Policy, view: ShardView, now_ms: u64, running_for_ms: u64) -> O
         duration_ms,
     };
     match lease {
+        Some(l) if l.holder == region && handed_off => None,
         Some(l) if l.holder == region => {
             let home_wants_it = policy.take_back
                 && !at_home
@@ -199,6 +202,17 @@ mod tests {
         held.wanted_at_ms = 4_000;
         let step = one(&eu, view("us-east-1", Some(held)), 4_500, 60_000);
         assert!(matches!(step, Some(Command::Renew { .. })));
+    }
+
+    /// A shard the operator transferred away is not renewed while the table still shows
+    /// it here (the transfer in flight): a renewal applied first would let this region
+    /// write again beside the new holder.
+    #[test]
+    fn a_shard_handed_off_is_not_renewed_while_its_transfer_is_in_flight() {
+        let us = policy("us-east-1");
+        let mut handed = view("us-east-1", Some(lease("us-east-1", 4, 5_000)));
+        handed.handed_off = true;
+        assert_eq!(one(&us, handed, 4_500, 60_000), None);
     }
 
     #[test]
