@@ -276,6 +276,8 @@ impl Keeper {
                 () = stopped(&mut stop) => break,
                 change = self.changes.recv() => match change {
                     None => return Err(KeeperError::MemberGone),
+                    // the node stops: it handed every partition off before it left
+                    Some(Change::Left) => break,
                     Some(Change::Assigned(partitions)) => {
                         for p in partitions {
                             if shippers.contains_key(&p) {

@@ -9,7 +9,8 @@
 //!         (`supervise::Tasks`) ─► the API's parts
 //!  serve  (rebuilt node: every remote topic read first) gRPC until shutdown or a task ends
 //!  stop   signal ─► gRPC drains (grace) ─► the node leaves the group (its partitions
-//!         handed off) ─► tasks finish or abort ─► lease member stops
+//!         handed off; first, before the drain, where other nodes share the region)
+//!         ─► tasks finish or abort ─► lease member stops
 //! ```
 
 use std::future::Future;
@@ -399,7 +400,7 @@ impl Opened {
             _ = taken => {}
             Some(ended) = tasks.next_ended() => return Err(NodeError::TaskEnded(Tasks::failure(ended))),
         }
-        tracing::info!(owned = ?shared.owned.borrow(), "joined the region's group");
+        tracing::info!(owned = ?*shared.owned.borrow(), "joined the region's group");
         Ok(group)
     }
 
@@ -567,13 +568,14 @@ impl Running {
             );
             tokio::select! {
                 () = all_caught_up(&api.remotes) => tracing::info!("bootstrap done: serving"),
-                () = &mut shutdown => return stop_in_order(stop, tasks, member, group, None, None).await,
+                () = &mut shutdown => return stop_in_order(stop, tasks, member, group, None, None, false).await,
                 Some(ended) = tasks.next_ended() => {
                     let failed = Some(Tasks::failure(ended));
-                    return stop_in_order(stop, tasks, member, group, None, failed).await;
+                    return stop_in_order(stop, tasks, member, group, None, failed, false).await;
                 }
             }
         }
+        let (shared, partitions) = (api.shared.clone(), api.partitions.len());
         let mut grpc_stop = stop.subscribe();
         let mut grpc_task = tokio::spawn(api::serve(grpc, Arc::new(api), async move {
             stopped(&mut grpc_stop).await;
@@ -588,7 +590,9 @@ impl Running {
             }),
         };
         let grpc = (!grpc_task.is_finished()).then_some(grpc_task);
-        stop_in_order(stop, tasks, member, group, grpc, failed).await
+        // other nodes own part of the region: they take this one's partitions at once
+        let shared_out = shared.owned.borrow().len() < partitions;
+        stop_in_order(stop, tasks, member, group, grpc, failed, shared_out).await
     }
 }
 
@@ -598,6 +602,12 @@ impl Running {
 /// shipper ships the outbox; not after a failure, when a task may be gone); abort what
 /// may be cut short and wait for the rest (the lease manager releases through the
 /// group); stop the lease group member; report the first failure.
+///
+/// With `shared_out` (other nodes own part of the region) the node leaves the group
+/// first, its tasks still running so the keeper hands each partition off, then drains:
+/// the grace runs out whenever another node keeps a channel to this one, and its
+/// partitions would be unserved meanwhile. A call in flight for a partition handed off
+/// answers as a call to a moved partition does.
 async fn stop_in_order(
     stop: watch::Sender<bool>,
     tasks: Tasks,
@@ -605,8 +615,13 @@ async fn stop_in_order(
     group: Membership,
     grpc: Option<JoinHandle<Result<(), tonic::transport::Error>>>,
     failed: Option<String>,
+    shared_out: bool,
 ) -> Result<(), NodeError> {
     tracing::info!("node stopping");
+    let mut group = Some(group);
+    if shared_out && failed.is_none() {
+        leave_group(group.take()).await;
+    }
     let mut grpc_result = Ok(Ok(()));
     if let Some(mut grpc) = grpc {
         let _ = stop.send(true);
@@ -620,12 +635,7 @@ async fn stop_in_order(
         tracing::info!("grpc stopped");
     }
     if failed.is_none() {
-        let leaving = tokio::task::spawn_blocking(move || group.leave());
-        if tokio::time::timeout(LEAVE_WAIT, leaving).await.is_err() {
-            tracing::warn!(wait = ?LEAVE_WAIT, "leaving the region's group took too long; stopping anyway");
-        } else {
-            tracing::info!("left the region's group");
-        }
+        leave_group(group.take()).await;
     }
     let _ = stop.send(true);
     let finished = tasks.finish().await;
@@ -638,6 +648,18 @@ async fn stop_in_order(
     match failed.or(finished.err()) {
         Some(why) => Err(NodeError::TaskEnded(why)),
         None => Ok(()),
+    }
+}
+
+/// Leaves the region's group (if not left yet), off the async threads: the member revokes
+/// its partitions first, which waits for a running keeper to hand them off.
+async fn leave_group(group: Option<Membership>) {
+    let Some(group) = group else { return };
+    let leaving = tokio::task::spawn_blocking(move || group.leave());
+    if tokio::time::timeout(LEAVE_WAIT, leaving).await.is_err() {
+        tracing::warn!(wait = ?LEAVE_WAIT, "leaving the region's group took too long; stopping anyway");
+    } else {
+        tracing::info!("left the region's group");
     }
 }
 

@@ -53,6 +53,8 @@ pub enum Change {
         lost: bool,
         done: std::sync::mpsc::SyncSender<()>,
     },
+    /// The node left the group (it stops); nothing follows.
+    Left,
 }
 
 /// How to join a region's group.
@@ -125,6 +127,7 @@ impl Membership {
                 }
                 // and a moment for the LeaveGroup request to go out
                 consumer.poll(POLL);
+                let _ = consumer.context().changes.send(Change::Left);
                 drop(consumer);
             })
             .map_err(|e| LogError::Thread(e.to_string()))?;
@@ -166,7 +169,9 @@ fn member(
             "session.timeout.ms",
             spec.session_timeout.as_millis().to_string(),
         )
-        .set("heartbeat.interval.ms", "1000")
+        // a member learns of a rebalance from its next heartbeat, and a cooperative one
+        // takes two rounds: each waits up to this long
+        .set("heartbeat.interval.ms", "250")
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")
         .create_with_context(Member {
