@@ -292,6 +292,56 @@ async fn a_killed_nodes_partitions_move_and_count_once() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `Watch` at one node of two streams the changes of every partition (the other node's
+/// through a routed `Watch`), and ends `UNAVAILABLE` once partitions move between them
+/// (the other node stops), rather than miss a moving partition's changes silently.
+#[tokio::test]
+async fn watch_at_one_node_sees_every_partition_and_ends_when_partitions_move() -> anyhow::Result<()>
+{
+    let mut region = Region::new("watch").await?;
+    let (mut a, mut b) = (region.node()?, region.node()?);
+    let base = region.base.clone();
+    let wait = Duration::from_secs(90);
+    a.start().await?;
+    owns_all(&a, wait).await?;
+    b.start().await?;
+    let owned = shared_out(&[&a, &b], wait).await?;
+    let mut stream = a
+        .state()
+        .await?
+        .watch(pb::WatchRequest {
+            prefix: format!("requests/{base}-"),
+        })
+        .await?
+        .into_inner();
+    region.round(1).await?;
+    let until = tokio::time::Instant::now() + wait;
+    let mut seen = BTreeSet::new();
+    while seen.len() < KEYS {
+        let Some(value) = tokio::time::timeout_at(until, stream.message()).await?? else {
+            bail!("the Watch ended after {} keys", seen.len());
+        };
+        seen.insert(value.key);
+    }
+    let at_b = seen
+        .iter()
+        .filter(|k| owned[1].contains(&geostate::log::partition_of(k.as_bytes(), PARTITIONS)))
+        .count();
+    assert!(at_b > 0, "no key of the other node's partitions: {owned:?}");
+
+    b.terminate(Duration::from_secs(60)).await?;
+    let ended = loop {
+        match tokio::time::timeout_at(until, stream.message()).await? {
+            Ok(Some(_)) => {}
+            Ok(None) => bail!("the Watch ended without a reason"),
+            Err(status) => break status,
+        }
+    };
+    assert_eq!(ended.code(), tonic::Code::Unavailable, "{ended}");
+    assert!(ended.message().contains("moved"), "{ended}");
+    Ok(())
+}
+
 /// A node's metric `line` (a name with its labels), 0 if absent.
 fn gauge(node: &Node, line: &str) -> anyhow::Result<f64> {
     Ok(common::metric(&node.metrics, &format!("{line} "))?.unwrap_or(0.0))

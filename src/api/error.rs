@@ -65,6 +65,12 @@ pub enum ApiError {
     /// A `Watch` fell so far behind the changes that some are gone for it.
     #[error("watcher fell {batches} batches behind; scan and watch again")]
     WatcherBehind { batches: u64 },
+    /// Partitions moved between the region's nodes while a `Watch` was open: a moving
+    /// partition's changes may have been missed.
+    #[error(
+        "the region's partitions moved between its nodes while this Watch was open (a moving partition's changes may be missed); scan and watch again"
+    )]
+    WatchMoved,
     /// So many records were refused since this one that its own outcome is forgotten.
     #[error(
         "appended at {partition}/{offset} and passed by ingest, but so many records were refused since that this node no longer knows whether it was applied: outcome unknown"
@@ -123,6 +129,7 @@ impl ApiError {
             | ApiError::Settling { .. }
             | ApiError::LeaseEnded { .. }
             | ApiError::NotOwner { .. }
+            | ApiError::WatchMoved
             | ApiError::OutcomeForgotten { .. } => Code::Unavailable,
             ApiError::NotApplied { .. } => Code::DeadlineExceeded,
             ApiError::WatcherBehind { .. } => Code::DataLoss,

@@ -167,6 +167,8 @@ struct Handler(Arc<Api>);
 
 /// Values a `Watch` stream may have queued unread before the watcher is cut off.
 const WATCH_QUEUE: usize = 256;
+/// How often a `Watch` checks that no partition moved between the region's nodes.
+const WATCH_OWNERS_EVERY: Duration = Duration::from_secs(1);
 
 /// Records a method's latency and error code.
 fn observe<T>(
@@ -959,10 +961,16 @@ impl State for Handler {
 
     type WatchStream = ReceiverStream<Result<pb::Value, Status>>;
 
+    /// This node's changes under the prefix and, unless the request was routed here, every
+    /// other owner's (a routed `Watch` to each, merged). Partitions moving between the
+    /// region's nodes end the stream with `UNAVAILABLE` (this node's owned set or the other
+    /// owners changed, or another owner's stream ended): a moving partition's changes may
+    /// be missed, so the client scans and watches again rather than miss them silently.
     async fn watch(
         &self,
         req: Request<pb::WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
+        let routed = req.metadata().contains_key(ROUTED);
         let prefix = req.into_inner().prefix;
         let max = self.0.config.api.max_watchers;
         // the count includes this node's own internal receivers: none today
@@ -974,13 +982,78 @@ impl State for Handler {
         }
         let mut changes = self.0.shared.changes.subscribe();
         let mut stop = self.0.stop.clone();
+        let owned = self.0.shared.owned.borrow().clone();
+        let others = if routed {
+            BTreeSet::new()
+        } else {
+            self.other_owners(&prefix).await?
+        };
+        // every other owner's values, and an error when its stream ends
+        let (theirs, mut from_others) = mpsc::channel(WATCH_QUEUE);
+        let mut upstreams = tokio::task::JoinSet::new();
+        for node in &others {
+            let (mut client, request) = self
+                .node_client(
+                    node,
+                    pb::WatchRequest {
+                        prefix: prefix.clone(),
+                    },
+                )
+                .map_err(Status::from)?;
+            let mut stream = client
+                .watch(request)
+                .await
+                .map_err(|status| {
+                    Status::from(ApiError::Routed {
+                        node: node.clone(),
+                        status,
+                    })
+                })?
+                .into_inner();
+            let theirs = theirs.clone();
+            upstreams.spawn(async move {
+                while let Ok(Some(value)) = stream.message().await {
+                    if theirs.send(Ok(value)).await.is_err() {
+                        return;
+                    }
+                }
+                let _ = theirs
+                    .send(Err(failed("Watch", ApiError::WatchMoved)))
+                    .await;
+            });
+        }
+        drop(theirs);
+        let handler = self.clone();
+        let mut check = tokio::time::interval(WATCH_OWNERS_EVERY);
         // one slot more than the queue: the reason a watcher is cut off always fits
         let (tx, rx) = mpsc::channel(WATCH_QUEUE + 1);
         tokio::spawn(async move {
+            let _upstreams = upstreams;
             loop {
                 let next = tokio::select! {
                     () = stopped(&mut stop) => return,
                     next = changes.recv() => next,
+                    Some(value) = from_others.recv() => {
+                        let ended = value.is_err();
+                        if !watched(&tx, value) || ended {
+                            return;
+                        }
+                        continue;
+                    }
+                    _ = check.tick() => {
+                        let now_others = if routed {
+                            Ok(BTreeSet::new())
+                        } else {
+                            handler.other_owners(&prefix).await
+                        };
+                        let moved = *handler.0.shared.owned.borrow() != owned
+                            || now_others.is_ok_and(|now| now != others);
+                        if moved {
+                            let _ = tx.try_send(Err(failed("Watch", ApiError::WatchMoved)));
+                            return;
+                        }
+                        continue;
+                    }
                 };
                 let batch = match next {
                     Ok(batch) => batch,
@@ -994,23 +1067,28 @@ impl State for Handler {
                 for (key, state) in batch.iter().filter(|(k, _)| k.starts_with(&prefix)) {
                     let value = convert::value(key, state.crdt_type(), Some(state))
                         .map_err(|e| failed("Watch", e));
-                    // a watcher that does not read is cut off, never buffered for
-                    if tx.capacity() <= 1 {
-                        metrics::counter!(m::WATCHERS_DROPPED).increment(1);
-                        let unread = ApiError::TooMuch(format!(
-                            "this watcher left {WATCH_QUEUE} values unread; scan and watch again"
-                        ));
-                        let _ = tx.try_send(Err(failed("Watch", unread)));
+                    if !watched(&tx, value) {
                         return;
-                    }
-                    if tx.try_send(value).is_err() {
-                        return; // the client went away
                     }
                 }
             }
         });
         Ok(Response::new(ReceiverStream::new(rx)))
     }
+}
+
+/// Queues `value` for a watcher; false once the stream is over: the client went away, or
+/// it left the queue full and is cut off (never buffered for), told why.
+fn watched(tx: &mpsc::Sender<Result<pb::Value, Status>>, value: Result<pb::Value, Status>) -> bool {
+    if tx.capacity() <= 1 {
+        metrics::counter!(m::WATCHERS_DROPPED).increment(1);
+        let unread = ApiError::TooMuch(format!(
+            "this watcher left {WATCH_QUEUE} values unread; scan and watch again"
+        ));
+        let _ = tx.try_send(Err(failed("Watch", unread)));
+        return false;
+    }
+    tx.try_send(value).is_ok()
 }
 
 #[tonic::async_trait]
