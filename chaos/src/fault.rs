@@ -1,15 +1,17 @@
 //! The faults: each drill's one fault, injected and healed through `cluster.py` and
 //! signals (`geostate_jepsen::control`).
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use anyhow::Context;
 use geostate_jepsen::control::{
-    ClusterFile, broker_outage, clock_offset, heal, holder, isolate, mirror_outage, pause, signal,
-    wipe_node,
+    ClusterFile, add_node, broker_outage, clock_offset, cluster_script, grpc, heal, holder,
+    isolate, mirror_outage, pause, signal, wipe_node,
 };
+use geostate_proto::pb;
 
-use crate::{Args, Drill, LEASE_FAILOVER_BUDGET, UNAFFECTED_BUDGET};
+use crate::{Args, Drill, LEASE_FAILOVER_BUDGET, MOVE_BUDGET, UNAFFECTED_BUDGET};
 
 /// What the fault did: which region it hit and when it was healed.
 pub(crate) struct Fault {
@@ -18,6 +20,27 @@ pub(crate) struct Fault {
     pub(crate) affected: Vec<String>,
     /// How long owned-key writes may stop (per key, in whichever region holds it).
     pub(crate) owned_budget: Option<Duration>,
+    /// Counter key → its partition, where the drill judges each partition's writes alone
+    /// (partitions move); empty otherwise.
+    pub(crate) partitions: BTreeMap<String, i32>,
+}
+
+/// Each key's partition, as the region's node answers `Admin/Route`.
+async fn partitions_of(
+    cluster: &ClusterFile,
+    region: &str,
+    keys: &[String],
+) -> anyhow::Result<BTreeMap<String, i32>> {
+    let mut admin = pb::admin_client::AdminClient::connect(grpc(&cluster.regions[region])?).await?;
+    let mut out = BTreeMap::new();
+    for key in keys {
+        let route = admin
+            .route(pb::RouteRequest { key: key.clone() })
+            .await?
+            .into_inner();
+        out.insert(key.clone(), route.partition);
+    }
+    Ok(out)
 }
 
 pub(crate) async fn inject(
@@ -25,8 +48,10 @@ pub(crate) async fn inject(
     cluster: &ClusterFile,
     region: &str,
     owned_key: &str,
+    counters: &[String],
 ) -> anyhow::Result<Fault> {
     let path = &args.cluster;
+    let partitions = BTreeMap::new();
     let fault = match args.drill {
         Drill::KillRegion => {
             let node_pid = cluster.regions[region].pid.context("node pid")?;
@@ -37,6 +62,7 @@ pub(crate) async fn inject(
                 target: format!("node and Kafka broker of {region}"),
                 affected: vec![region.to_string()],
                 owned_budget: Some(LEASE_FAILOVER_BUDGET),
+                partitions,
             }
         }
         Drill::PauseHolder => {
@@ -46,6 +72,7 @@ pub(crate) async fn inject(
                 target: format!("node of {holder}, holding {owned_key}"),
                 affected: vec![holder],
                 owned_budget: Some(LEASE_FAILOVER_BUDGET),
+                partitions,
             }
         }
         Drill::BrokerLoss => {
@@ -56,6 +83,7 @@ pub(crate) async fn inject(
                 // the node keeps its leases (the lease group does not use Kafka), so its
                 // owned keys wait for the broker: the fault's whole length
                 owned_budget: None,
+                partitions,
             }
         }
         Drill::MirrorBacklog => {
@@ -64,6 +92,7 @@ pub(crate) async fn inject(
                 target: "MirrorMaker 2".into(),
                 affected: vec![],
                 owned_budget: Some(UNAFFECTED_BUDGET),
+                partitions,
             }
         }
         Drill::RegionWipe => {
@@ -72,6 +101,7 @@ pub(crate) async fn inject(
                 target: format!("node of {region}, data dir wiped"),
                 affected: vec![region.to_string()],
                 owned_budget: Some(LEASE_FAILOVER_BUDGET),
+                partitions,
             }
         }
         Drill::IsolateRegion => {
@@ -83,6 +113,7 @@ pub(crate) async fn inject(
                 affected: vec![],
                 // the cut-off region's leases run out; the majority side takes its shards
                 owned_budget: Some(LEASE_FAILOVER_BUDGET),
+                partitions,
             }
         }
         Drill::ClockSkew => {
@@ -92,6 +123,24 @@ pub(crate) async fn inject(
                 // two restarts of the node
                 affected: vec![region.to_string()],
                 owned_budget: Some(LEASE_FAILOVER_BUDGET),
+                partitions,
+            }
+        }
+        Drill::ScaleOutUnderLoad => {
+            let partitions = partitions_of(cluster, region, counters).await?;
+            let second = add_node(path, region).await?;
+            tokio::time::sleep(Duration::from_secs(8)).await;
+            let third = add_node(path, region).await?;
+            tokio::time::sleep(Duration::from_secs(8)).await;
+            cluster_script(path, &["node", "remove", &third]).await?;
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            cluster_script(path, &["node", "remove", &second]).await?;
+            Fault {
+                target: format!("{region} scaled out to three nodes and back, one node at a time"),
+                // every partition moves, each alone: no scope goes down as a whole
+                affected: vec![],
+                owned_budget: Some(MOVE_BUDGET),
+                partitions,
             }
         }
     };

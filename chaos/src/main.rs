@@ -57,6 +57,11 @@ enum Drill {
     /// The region's node restarted with its wall clock 2 s ahead (beyond
     /// `max-clock-offset`) for 15 s, then restarted with the clock right (`clock-offset`).
     ClockSkew,
+    /// The region scaled out under load from one node to three (`cluster.py node add`, 8 s
+    /// apart) and back (`node remove`): partitions move live each time; writes are judged
+    /// per partition (RTO within a move's budget) and no acknowledged increment may be
+    /// lost or applied twice.
+    ScaleOutUnderLoad,
 }
 
 #[derive(Parser)]
@@ -89,6 +94,9 @@ pub(crate) const RECOVERY_BUDGET: Duration = Duration::from_secs(30);
 /// Owned keys of a holder that died or froze must be writable elsewhere within this: the
 /// lease (2 s in the local cluster) runs out and another region takes the shard.
 pub(crate) const LEASE_FAILOVER_BUDGET: Duration = Duration::from_secs(10);
+/// A partition's writes may stop no longer than this while it moves between a region's
+/// nodes (the old owner ships its last round, the new one catches up from the deltas).
+pub(crate) const MOVE_BUDGET: Duration = Duration::from_secs(5);
 /// Longest wait for every region to agree once the load stops.
 pub(crate) const SETTLE: Duration = Duration::from_secs(120);
 
@@ -154,7 +162,7 @@ async fn drill(args: Args) -> anyhow::Result<bool> {
     tokio::time::sleep(Duration::from_secs(args.before)).await;
     let fault_ns = load.now_ns();
     println!("{:?}: fault on {region}", args.drill);
-    let fault = fault::inject(&args, &cluster, &region, &owned[0]).await?;
+    let fault = fault::inject(&args, &cluster, &region, &owned[0], &counters).await?;
     let heal_ns = load.now_ns();
     println!(
         "{:?}: healed after {:.1} s",

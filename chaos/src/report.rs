@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use crate::fault::Fault;
 use crate::load::{Kind, Op, Outcome};
-use crate::{Args, Drill, RECOVERY_BUDGET, SETTLE, UNAFFECTED_BUDGET};
+use crate::{Args, Drill, MOVE_BUDGET, RECOVERY_BUDGET, SETTLE, UNAFFECTED_BUDGET};
 
 /// One scope's longest stretch without a success, from the fault to the end of the load.
 #[derive(Serialize)]
@@ -133,6 +133,20 @@ impl DrillRun<'_> {
                 };
                 let gap = longest_gap(&times, self.fault_ns, self.end_ns);
                 rto.push(judge(format!("{label} in {region}"), gap, budget));
+            }
+            let partitions: BTreeSet<i32> = self.fault.partitions.values().copied().collect();
+            for p in partitions {
+                let times = self.successes(|o| {
+                    o.kind == Kind::Write
+                        && o.region == *region
+                        && self.fault.partitions.get(&o.key) == Some(&p)
+                });
+                let gap = longest_gap(&times, self.fault_ns, self.end_ns);
+                rto.push(judge(
+                    format!("writes in {region}, partition {p}"),
+                    gap,
+                    MOVE_BUDGET,
+                ));
             }
         }
         let owned_keys: BTreeSet<&str> = self
@@ -410,6 +424,7 @@ mod tests {
             target: "us-east-1".into(),
             affected: vec!["us-east-1".into()],
             owned_budget: None,
+            partitions: BTreeMap::new(),
         };
         let s = 1_000_000_000;
         let run = DrillRun {
@@ -423,6 +438,62 @@ mod tests {
             end_ns: 30 * s,
         };
         Report::new(&args, &run)
+    }
+
+    /// Where partitions move, each partition's writes are judged alone: one stopped for
+    /// longer than a move's budget fails the drill while the region's writes as a whole
+    /// never stopped.
+    #[test]
+    fn a_partition_that_stops_longer_than_a_move_fails_the_drill() {
+        let mut ops = Vec::new();
+        for t in 0..30 {
+            for key in ["requests/a", "requests/b"] {
+                let stopped = key == "requests/b" && (11..18).contains(&t);
+                if !stopped {
+                    ops.push(op(Kind::Write, "us-east-1", key, t, Outcome::Ok));
+                }
+            }
+            ops.push(op(Kind::OwnedWrite, "us-east-1", "surge/k", t, Outcome::Ok));
+            ops.push(op(Kind::Read, "us-east-1", "requests/a", t, Outcome::Ok));
+        }
+        let acked = |key: &str| {
+            let writes = ops.iter().filter(|o| o.kind == Kind::Write && o.key == key);
+            writes.count() as i64
+        };
+        let finals = ["requests/a", "requests/b"]
+            .map(|k| {
+                (
+                    k.to_string(),
+                    BTreeMap::from([("us-east-1".to_string(), acked(k))]),
+                )
+            })
+            .into_iter()
+            .collect();
+        let args = Args::parse_from(["chaos", "scale-out-under-load"]);
+        let fault = Fault {
+            target: "us-east-1".into(),
+            affected: vec![],
+            owned_budget: None,
+            partitions: BTreeMap::from([("requests/a".into(), 0), ("requests/b".into(), 1)]),
+        };
+        let s = 1_000_000_000;
+        let regions = ["us-east-1".to_string()];
+        let run = DrillRun {
+            regions: &regions,
+            fault: &fault,
+            ops: &ops,
+            finals: &finals,
+            convergence: Some(Duration::from_millis(300)),
+            fault_ns: 10 * s,
+            heal_ns: 25 * s,
+            end_ns: 30 * s,
+        };
+        let report = Report::new(&args, &run);
+        assert_eq!(
+            report.failures,
+            // its last write before the stop at 10 s, the next at 18 s
+            vec!["RTO of writes in us-east-1, partition 1: 8000 ms, budget 5000 ms".to_string()]
+        );
     }
 
     #[test]
