@@ -49,6 +49,8 @@ started=$(date +%s)
   echo
   cargo bench --locked --bench failover "$@"
   echo
+  cargo bench --locked --bench scale "$@"
+  echo
   echo "Chart: [latest.png](latest.png); figures: [latest.json](latest.json). The benchmarks took $(( $(date +%s) - started )) s."
 } | tee "$report"
 

@@ -25,23 +25,7 @@ impl Rate {
     }
 }
 
-/// CPU seconds (user + system) a process has used, from /proc.
-pub(crate) fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let fields: Vec<&str> = stat
-        .rsplit(')')
-        .next()
-        .unwrap_or("")
-        .split_whitespace()
-        .collect();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|f| f.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    (ticks(11) + ticks(12)) / 100.0 // utime, stime; USER_HZ is 100 on Linux
-}
+pub(crate) use crate::common::cpu_seconds;
 
 /// The machine's online cores (not this process's affinity: `scripts/bench.sh` starts the
 /// benchmark on core 0 alone).

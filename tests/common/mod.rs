@@ -163,6 +163,24 @@ pub fn counter(v: &pb::Value) -> i64 {
     }
 }
 
+/// CPU seconds (user + system) a process has used, from /proc (benchmarks).
+pub fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let fields: Vec<&str> = stat
+        .rsplit(')')
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (ticks(11) + ticks(12)) / 100.0 // utime, stime; USER_HZ is 100 on Linux
+}
+
 /// Runs a benchmark's body on a two-thread runtime (benchmarks have no test harness).
 pub fn block_on(body: impl std::future::Future<Output = anyhow::Result<()>>) -> anyhow::Result<()> {
     tokio::runtime::Builder::new_multi_thread()

@@ -1,0 +1,193 @@
+//! Scale-out benchmark (`make bench`): prints figures, asserts nothing.
+//!
+//! - **Scale-out tax**: one region's private topics (8 partitions) holding EVENTS increments
+//!   over KEYS keys, ingested by 1, 2 and 3 nodes of this build sharing the region's group:
+//!   CPU-seconds of the node processes from their start until every partition is owned and
+//!   applied to its end, events per CPU-second, and the tax against one node.
+//! - **Partition move**: a node holding MOVE_KEYS keys on 4 partitions; a second node joins
+//!   with an empty data dir and takes half the partitions (a cold take: its catch-up merges
+//!   the region's deltas of those partitions), MOVE_KEYS / 4 more increments go to the
+//!   moved partitions, then the second node stops and the first takes them back: with
+//!   `standby-replicas = 0` its copy is as old as the join (it merges what was shipped
+//!   since), with `standby-replicas = 1` its warm standby already holds it. Each take is
+//!   timed by the node itself (`took the partition ... took_ms`, the longest of the
+//!   partitions; a request for a moving partition is answered UNAVAILABLE meanwhile).
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use common::{Node, Topics, cluster, cpu_seconds, metric, produce_all, producer, unique};
+
+const EVENTS: usize = 400_000;
+const KEYS: usize = 10_000;
+const MOVE_KEYS: usize = 1_000_000;
+const WAIT: Duration = Duration::from_secs(900);
+
+fn main() -> anyhow::Result<()> {
+    common::block_on(run())
+}
+
+/// Waits until the nodes own every one of `partitions` between them, each once, and each
+/// applied its own to the end.
+async fn settled(nodes: &[Node], partitions: usize) -> anyhow::Result<()> {
+    let until = Instant::now() + WAIT;
+    loop {
+        let mut owned = BTreeSet::new();
+        let mut count = 0;
+        let mut applied = true;
+        for node in nodes {
+            let status = node.status().await?;
+            count += status.owned_partitions.len();
+            owned.extend(status.owned_partitions);
+            applied &= status
+                .partitions
+                .iter()
+                .all(|p| p.end_offset >= 0 && p.applied_offset + 1 >= p.end_offset);
+        }
+        if owned.len() == partitions && count == partitions && applied {
+            return Ok(());
+        }
+        anyhow::ensure!(Instant::now() < until, "not settled within {WAIT:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The longest `took_ms` of the node's log lines containing `what`, after line `from`.
+fn longest_took_ms(node: &Node, what: &str, from: usize) -> (u64, usize) {
+    let log = std::fs::read_to_string(&node.log).unwrap_or_default();
+    let lines: Vec<&str> = log.lines().collect();
+    let took = lines[from.min(lines.len())..]
+        .iter()
+        .filter(|l| l.contains(what))
+        .filter_map(|l| {
+            l.split("took_ms=")
+                .nth(1)?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
+        .max()
+        .unwrap_or(0);
+    (took, lines.len())
+}
+
+fn increments(base: &str, events: usize, keys: usize) -> Vec<(String, Vec<u8>)> {
+    (0..events)
+        .map(|i| {
+            let key = format!("requests/{base}-{}", i % keys);
+            let payload = format!(r#"{{"key":"{key}","add":1}}"#).into_bytes();
+            (key, payload)
+        })
+        .collect()
+}
+
+async fn run() -> anyhow::Result<()> {
+    let cluster = cluster()?;
+    let kafka = cluster.regions["us-east-1"].kafka.clone();
+    let producer = producer(&kafka)?;
+    println!("# geostate scale-out benchmark");
+    println!();
+    println!(
+        "Nodes of this build in one region, on the local cluster's Kafka, {} cores shared by everything.",
+        std::thread::available_parallelism()?.get()
+    );
+    println!();
+    println!("## Scale-out tax: {EVENTS} increments over {KEYS} keys, 8 partitions");
+    println!();
+    println!("| nodes | CPU-s of the nodes | wall s | events per CPU-s | tax vs one node |");
+    println!("|---:|---:|---:|---:|---:|");
+    let mut one = None;
+    for n in 1..=3 {
+        let topics = Topics::create(&kafka, &format!("scale-bench-{n}"), 8).await?;
+        let base = unique("scale-bench");
+        for chunk in increments(&base, EVENTS, KEYS).chunks(100_000) {
+            produce_all(&producer, &topics.updates, chunk).await?;
+        }
+        let dirs: Vec<tempfile::TempDir> = (0..n)
+            .map(|_| tempfile::tempdir())
+            .collect::<Result<_, _>>()?;
+        let mut nodes = Vec::new();
+        let mut pids = Vec::new();
+        let started = Instant::now();
+        for dir in &dirs {
+            let mut node = Node::configure(dir.path(), &kafka, &topics)?;
+            pids.push(node.start().await?);
+            nodes.push(node);
+        }
+        settled(&nodes, 8).await?;
+        let wall = started.elapsed().as_secs_f64();
+        let cpu: f64 = pids.iter().map(|&p| cpu_seconds(p)).sum();
+        let rate = EVENTS as f64 / cpu;
+        let tax = one.map_or("—".to_string(), |r: f64| {
+            format!("{:.0} %", (1.0 - rate / r) * 100.0)
+        });
+        one.get_or_insert(rate);
+        println!("| {n} | {cpu:.1} | {wall:.1} | {rate:.0} | {tax} |");
+    }
+    println!();
+
+    println!("## Partition move: {MOVE_KEYS} keys on 4 partitions, half of them moving");
+    println!();
+    println!(
+        "| standby-replicas | cold take by a new node (longest partition) | more increments | take back by the first node (longest partition) | deltas it merged |"
+    );
+    println!("|---:|---:|---:|---:|---:|");
+    for standby in [0, 1] {
+        let topics = Topics::create(&kafka, &format!("move-bench-{standby}"), 4).await?;
+        let base = unique("move-bench");
+        for chunk in increments(&base, MOVE_KEYS, MOVE_KEYS).chunks(100_000) {
+            produce_all(&producer, &topics.updates, chunk).await?;
+        }
+        let (da, db) = (tempfile::tempdir()?, tempfile::tempdir()?);
+        let mut a = Node::configure(da.path(), &kafka, &topics)?;
+        let mut b = Node::configure(db.path(), &kafka, &topics)?;
+        for node in [&mut a, &mut b] {
+            node.set("replication.standby-replicas", &standby.to_string());
+        }
+        a.start().await?;
+        settled(std::slice::from_ref(&a), 4).await?;
+        b.start().await?;
+        let mut both = vec![a, b];
+        settled(&both, 4).await?;
+        let (cold, _) = longest_took_ms(&both[1], "took the partition", 0);
+        // more increments to the moved partitions' keys (every key: half of them move)
+        let more = MOVE_KEYS / 4;
+        for chunk in increments(&base, more, MOVE_KEYS).chunks(100_000) {
+            produce_all(&producer, &topics.updates, chunk).await?;
+        }
+        settled(&both, 4).await?;
+        // the first node's standby copies current (or not kept), then the second stops
+        let moved: Vec<i32> = both[1].status().await?.owned_partitions;
+        if standby > 0 {
+            let until = Instant::now() + WAIT;
+            loop {
+                let mut behind = false;
+                for p in &moved {
+                    let line = format!("geostate_copy_through{{partition=\"{p}\"}} ");
+                    let at = |n: &Node| metric(&n.metrics, &line).map(|v| v.unwrap_or(0.0));
+                    behind |= at(&both[0])? < at(&both[1])?;
+                }
+                if !behind {
+                    break;
+                }
+                anyhow::ensure!(Instant::now() < until, "standby copies not current");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+        let (_, a_lines) = longest_took_ms(&both[0], "took the partition", 0);
+        let taken = "geostate_catch_up_deltas_total{by=\"take\"} ";
+        let merged_before = metric(&both[0].metrics, taken)?.unwrap_or(0.0);
+        let mut b = both.pop().expect("two nodes");
+        b.terminate(Duration::from_secs(60)).await?;
+        settled(&both, 4).await?;
+        let (back, _) = longest_took_ms(&both[0], "took the partition", a_lines);
+        let merged = metric(&both[0].metrics, taken)?.unwrap_or(0.0) - merged_before;
+        println!("| {standby} | {cold} ms | {more} | {back} ms | {merged:.0} |");
+    }
+    println!();
+    Ok(())
+}
