@@ -99,6 +99,19 @@ async fn shared_out(nodes: &[&Node], within: Duration) -> anyhow::Result<Vec<Vec
     }
 }
 
+/// Starts `a`, waits until it owns every partition, then starts `b` and waits until the
+/// two share them out; answers who owns what and `b`'s process id.
+async fn start_pair(
+    a: &mut Node,
+    b: &mut Node,
+    within: Duration,
+) -> anyhow::Result<(Vec<Vec<i32>>, u32)> {
+    a.start().await?;
+    owns_all(a, within).await?;
+    let pid = b.start().await?;
+    Ok((shared_out(&[a, b], within).await?, pid))
+}
+
 /// Waits until `node` owns every partition.
 async fn owns_all(node: &Node, within: Duration) -> anyhow::Result<()> {
     let until = Instant::now() + within;
@@ -255,10 +268,7 @@ async fn a_killed_nodes_partitions_move_and_count_once() -> anyhow::Result<()> {
     let (mut a, mut b) = (region.node()?, region.node()?);
     let base = region.base.clone();
     let wait = Duration::from_secs(90);
-    a.start().await?;
-    owns_all(&a, wait).await?;
-    b.start().await?;
-    shared_out(&[&a, &b], wait).await?;
+    start_pair(&mut a, &mut b, wait).await?;
 
     // b is killed while a large round is being ingested
     let rounds = 8;
@@ -302,10 +312,7 @@ async fn watch_at_one_node_sees_every_partition_and_ends_when_partitions_move() 
     let (mut a, mut b) = (region.node()?, region.node()?);
     let base = region.base.clone();
     let wait = Duration::from_secs(90);
-    a.start().await?;
-    owns_all(&a, wait).await?;
-    b.start().await?;
-    let owned = shared_out(&[&a, &b], wait).await?;
+    let (owned, _) = start_pair(&mut a, &mut b, wait).await?;
     let mut stream = a
         .state()
         .await?
@@ -359,10 +366,7 @@ async fn a_warm_standby_keeps_a_copy_current_so_a_take_merges_nothing_more() -> 
     }
     let base = region.base.clone();
     let wait = Duration::from_secs(90);
-    a.start().await?;
-    owns_all(&a, wait).await?;
-    b.start().await?;
-    let owned = shared_out(&[&a, &b], wait).await?;
+    let (owned, _) = start_pair(&mut a, &mut b, wait).await?;
     let rounds = 3;
     for round in 1..=rounds {
         region.round(round).await?;
@@ -460,10 +464,7 @@ async fn a_node_frozen_past_its_session_is_fenced_and_counts_stay_exact() -> any
     let (mut a, mut b) = (region.node()?, region.node()?);
     let base = region.base.clone();
     let wait = Duration::from_secs(90);
-    a.start().await?;
-    owns_all(&a, wait).await?;
-    let pid = b.start().await?;
-    shared_out(&[&a, &b], wait).await?;
+    let (_, pid) = start_pair(&mut a, &mut b, wait).await?;
     region.round(1).await?;
     exact(&b, &base, 1, wait).await?;
 
