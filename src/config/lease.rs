@@ -252,6 +252,15 @@ impl RawLease {
                 "only a region's further node is a learner",
             ));
         }
+        let listen = parse_addr("lease.listen", &self.listen)?;
+        if self.learner > 0 && listen.ip().is_unspecified() {
+            return Err(invalid(
+                "lease.listen",
+                format!(
+                    "{listen}: a learner tells the members this address, so it must be one they reach"
+                ),
+            ));
+        }
         if let Some(big) = members
             .keys()
             .find(|&&id| id == 0 || id > u64::from(u32::MAX))
@@ -299,7 +308,7 @@ impl RawLease {
         let config = LeaseConfig {
             member_id: self.member_id,
             learner: self.learner,
-            listen: parse_addr("lease.listen", &self.listen)?,
+            listen,
             members,
             shards: self.shards,
             homes,

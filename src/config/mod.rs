@@ -709,6 +709,12 @@ mod tests {
         let witness = crate::repo_file("regions/witness.toml");
         let e = WitnessConfig::load(&witness, &set("lease.learner=1")).unwrap_err();
         assert!(e.to_string().contains("lease.learner"), "{e}");
+        let anywhere = [
+            "lease.learner=1".parse::<Setting>().unwrap(),
+            "lease.listen=\"0.0.0.0:7400\"".parse().unwrap(),
+        ];
+        let e = Config::load_with(&us, &anywhere).unwrap_err();
+        assert!(e.to_string().contains("lease.listen"), "{e}");
     }
 
     const MINIMAL: &str = r#"
