@@ -647,8 +647,9 @@ impl Handler {
         let after = (!req.page_token.is_empty()).then_some(req.page_token.clone());
         // never from a copy of a partition this node does not own
         let owned = self.0.shared.owned.borrow().clone();
+        let read = owned.clone();
         let page = tokio::task::spawn_blocking(move || {
-            store.scan_in(&owned, &prefix, after.as_deref(), limit)
+            store.scan_in(&read, &prefix, after.as_deref(), limit)
         })
         .await
         .map_err(|e| ApiError::Internal(e.to_string()))??;
@@ -656,6 +657,7 @@ impl Handler {
             .iter()
             .map(|(k, v)| convert::value(k, v.crdt_type(), Some(v)))
             .collect::<Result<_, _>>()?;
+        let mut covered = owned;
         for node in others {
             let (mut client, request) = self.node_client(&node, req.clone())?;
             let theirs = client
@@ -664,6 +666,17 @@ impl Handler {
                 .map_err(|status| ApiError::Routed { node, status })?
                 .into_inner();
             values.extend(theirs.values);
+            covered.extend(theirs.partitions);
+        }
+        // routes a moment old may miss a partition that just moved: a page without its
+        // keys would look complete
+        if !routed && let Some(&partition) = self.0.partitions.iter().find(|p| !covered.contains(p))
+        {
+            return Err(ApiError::NotOwner {
+                key: req.prefix,
+                partition,
+                owner: None,
+            });
         }
         values.sort_by(|a, b| a.key.cmp(&b.key));
         values.truncate(limit);
@@ -675,6 +688,7 @@ impl Handler {
         Ok(pb::ScanResponse {
             values,
             next_page_token,
+            partitions: covered.into_iter().collect(),
         })
     }
 
