@@ -3,7 +3,7 @@
 //! initialized from the configured members the first time any of them starts (every
 //! member proposes the same first membership entry, so it does not matter which wins).
 //!
-//! A region's further node (`learner = true`) runs a learner instead: it asks the members
+//! A region's further node (`lease.learner = n`) runs learner n instead: it asks the members
 //! to add it (again until the leader does), then receives the table like a member and
 //! proposes through the leader, but votes in nothing, so nodes come and go without
 //! changing the group's majority; it asks to be removed when it stops.
