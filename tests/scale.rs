@@ -494,3 +494,157 @@ async fn a_node_frozen_past_its_session_is_fenced_and_counts_stay_exact() -> any
     println!("the thawed node: {}", fenced.join("\n"));
     Ok(())
 }
+
+/// Produces rounds `rounds` of [`events`], one every 100 ms, in the background (so that
+/// what the caller does next falls in the middle of ingest).
+fn produce_while(region: &Region, rounds: std::ops::RangeInclusive<usize>) -> Background {
+    let (producer, topic, base) = (
+        region.producer.clone(),
+        region.topics.updates.clone(),
+        region.base.clone(),
+    );
+    tokio::spawn(async move {
+        for round in rounds {
+            produce_all(&producer, &topic, &events(&base, round)).await?;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Ok(())
+    })
+}
+
+type Background = tokio::task::JoinHandle<anyhow::Result<()>>;
+
+/// What a reader saw at one node while partitions moved: per phase, the reads answered,
+/// and the refusals by code and reason.
+#[derive(Default)]
+struct Reads {
+    answered: BTreeMap<&'static str, usize>,
+    refused: BTreeMap<&'static str, BTreeMap<(String, String), usize>>,
+}
+
+/// Reads every key at `node` in a loop until `stop`, counting under the phase `phase`
+/// names at the time; a count above `rounds_at_most × (i + 1)` for key `i` fails it.
+fn read_while(
+    node: &Node,
+    base: &str,
+    rounds_at_most: usize,
+    phase: tokio::sync::watch::Receiver<&'static str>,
+) -> tokio::task::JoinHandle<anyhow::Result<Reads>> {
+    let (grpc, base) = (node.grpc.clone(), base.to_owned());
+    tokio::spawn(async move {
+        let mut state = pb::state_client::StateClient::connect(grpc).await?;
+        let mut reads = Reads::default();
+        loop {
+            for i in 0..KEYS {
+                let now = *phase.borrow();
+                if now == "done" {
+                    return Ok(reads);
+                }
+                let key = format!("requests/{base}-{i}");
+                match state.get(replica(&key)).await {
+                    Ok(v) => {
+                        let count = counter(v.get_ref());
+                        anyhow::ensure!(
+                            count <= (rounds_at_most * (i + 1)) as i64,
+                            "{key} read {count}, more than was ever produced"
+                        );
+                        *reads.answered.entry(now).or_default() += 1;
+                    }
+                    Err(s) => {
+                        // the reason without the key
+                        let why = if s.message().contains("is moving") {
+                            "partition moving"
+                        } else if s.message().contains("ask it") {
+                            "owned by another node than the one routed to"
+                        } else {
+                            s.message().rsplit(": ").next().unwrap_or_default()
+                        };
+                        *reads
+                            .refused
+                            .entry(now)
+                            .or_default()
+                            .entry((format!("{:?}", s.code()), why.to_owned()))
+                            .or_default() += 1;
+                    }
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+}
+
+/// Three nodes of a region: a third joins, one is killed (SIGKILL) and one stops while
+/// rounds are being ingested. After each step every key reads exactly what was produced
+/// at every running node, and a reader at the node that stays sees reads answered in the
+/// middle of every move, never a count above what was produced; a read is refused only
+/// `UNAVAILABLE` (a partition on its way between nodes).
+#[tokio::test]
+async fn three_nodes_count_exact_through_a_join_a_kill_and_a_stop() -> anyhow::Result<()> {
+    let mut region = Region::new("three").await?;
+    let (mut a, mut b, mut c) = (region.node()?, region.node()?, region.node()?);
+    let base = region.base.clone();
+    let wait = Duration::from_secs(90);
+    start_pair(&mut a, &mut b, wait).await?;
+    region.round(1).await?;
+    exact(&a, &base, 1, wait).await?;
+    let last_round = 13;
+    let (phase, watched) = tokio::sync::watch::channel("join");
+    let reader = read_while(&a, &base, last_round, watched);
+
+    // c joins while rounds 2..=4 are ingested
+    let producing = produce_while(&region, 2..=4);
+    c.start().await?;
+    let owned = shared_out(&[&a, &b, &c], wait).await?;
+    println!("three nodes share the partitions: {owned:?}");
+    producing.await??;
+    for node in [&a, &b, &c] {
+        exact(node, &base, 4, wait).await?;
+    }
+
+    // c is killed while rounds 5..=9 are ingested
+    phase.send_replace("kill");
+    let producing = produce_while(&region, 5..=9);
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    c.kill9();
+    let killed = Instant::now();
+    shared_out(&[&a, &b], wait).await?;
+    println!(
+        "a and b own every partition {} ms after the kill",
+        killed.elapsed().as_millis()
+    );
+    producing.await??;
+    for node in [&a, &b] {
+        exact(node, &base, 9, wait).await?;
+    }
+
+    // b stops while rounds 10..=13 are ingested
+    phase.send_replace("stop");
+    let producing = produce_while(&region, 10..=last_round);
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    b.terminate(Duration::from_secs(30)).await?;
+    owns_all(&a, wait).await?;
+    producing.await??;
+    exact(&a, &base, last_round, wait).await?;
+
+    phase.send_replace("done");
+    let reads = reader.await??;
+    println!("reads answered per phase {:?}", reads.answered);
+    println!("reads refused per phase {:?}", reads.refused);
+    for moving in ["join", "kill", "stop"] {
+        assert!(
+            reads.answered.get(moving).copied().unwrap_or(0) > 0,
+            "no read was answered while partitions moved ({moving})"
+        );
+    }
+    let wrong: Vec<_> = reads
+        .refused
+        .values()
+        .flat_map(BTreeMap::keys)
+        .filter(|(code, _)| code != "Unavailable")
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "reads refused other than UNAVAILABLE: {wrong:?}"
+    );
+    Ok(())
+}
