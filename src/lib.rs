@@ -48,6 +48,7 @@ pub mod lease;
 pub mod log;
 pub mod metrics;
 pub mod node;
+pub mod peers;
 pub use geostate_proto::pb;
 pub mod replication;
 pub mod shutdown;

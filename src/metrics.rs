@@ -12,6 +12,9 @@ use tokio::net::TcpListener;
 /// Own deltas merged into a partition's copy, label `by`: `take` (the catch-up before
 /// the node owns it) or `standby` (a warm standby's refresh) (counter).
 pub const CATCH_UP_DELTAS: &str = "geostate_catch_up_deltas_total";
+/// Nodes of the region this node removed from the group because their port refused
+/// connections ([`crate::peers`]) (counter).
+pub const NODES_EVICTED: &str = "geostate_nodes_evicted_total";
 /// Partitions this node keeps a warm standby copy of (gauge).
 pub const STANDBY_PARTITIONS: &str = "geostate_standby_partitions";
 /// The offset of the region's own deltas topic up to which this node's copy of a

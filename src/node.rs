@@ -358,13 +358,19 @@ impl Opened {
         stop: &watch::Receiver<bool>,
     ) -> Result<Membership, NodeError> {
         let config = &self.config;
-        let (group, changes) = Membership::join(&MembershipSpec {
+        let spec = MembershipSpec {
             kafka: config.kafka.clone(),
             group: group_id(config),
             topic: config.kafka.updates_topic.clone(),
             address: address.to_string(),
             session_timeout: GROUP_SESSION_TIMEOUT,
-        })?;
+        };
+        let (group, changes) = Membership::join(&spec)?;
+        tasks.spawn(
+            "the peer prober",
+            OnStop::Finish,
+            crate::peers::Peers { spec }.run(stop.clone()),
+        );
         let (first_taken, taken) = tokio::sync::oneshot::channel();
         let copies = Arc::new(Copies::new(self.partitions.iter().copied()));
         let keeper = Keeper {

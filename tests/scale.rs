@@ -257,8 +257,8 @@ async fn counts_stay_exact_as_nodes_join_and_leave() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A node killed (SIGKILL) in the middle of ingest: after the group's session timeout its
-/// partitions move to the other node, which catches them up from what the killed node
+/// A node killed (SIGKILL) in the middle of ingest: once the other node finds its port
+/// refusing connections and evicts it from the group, its partitions move to the other node, which catches them up from what the killed node
 /// shipped and replays the rest, once. The killed node comes back and takes its share
 /// again with exact counts (whether its copy had anything unshipped depends on where the
 /// kill fell; the next test makes sure it has).
@@ -281,7 +281,7 @@ async fn a_killed_nodes_partitions_move_and_count_once() -> anyhow::Result<()> {
     let killed = Instant::now();
     owns_all(&a, wait).await?;
     println!(
-        "the survivor owned every partition {} ms after the kill (the group's session timeout)",
+        "the survivor owned every partition {} ms after the kill (it evicted the killed node from the group)",
         killed.elapsed().as_millis()
     );
     exact(&a, &base, rounds, wait).await?;
@@ -612,6 +612,10 @@ async fn three_nodes_count_exact_through_a_join_a_kill_and_a_stop() -> anyhow::R
         "a and b own every partition {} ms after the kill",
         killed.elapsed().as_millis()
     );
+    // not the session timeout: one of them found c's port refusing and evicted it
+    let evicted =
+        gauge(&a, "geostate_nodes_evicted_total")? + gauge(&b, "geostate_nodes_evicted_total")?;
+    assert!(evicted >= 1.0, "c was not evicted from the group");
     producing.await??;
     for node in [&a, &b] {
         exact(node, &base, 9, wait).await?;

@@ -238,6 +238,67 @@ impl ConsumerContext for Member {
     }
 }
 
+/// Longest an eviction waits for its stand-in to join, and then to leave.
+const EVICT_WAIT: Duration = Duration::from_secs(5);
+
+/// Removes the member `address` from the group at once, for a node that is known to be
+/// gone (its session would hold its partitions until it expires): a stand-in client
+/// joins with the same static identity, which fences the old member and takes its
+/// assignment without a rebalance (KIP-345), then leaves, which hands the partitions to
+/// the members that are left. Blocking. Answers whether the stand-in joined before it
+/// left (if not, the old member's session decides as before).
+///
+/// A node that is still alive loses its membership too (its next heartbeat is refused as
+/// fenced; it revokes its partitions as lost and joins again with a new client), so call
+/// it only for a node that refuses connections.
+pub fn evict(spec: &MembershipSpec, address: &str) -> Result<bool, LogError> {
+    let joined = Arc::new(AtomicBool::new(false));
+    let stand_in: BaseConsumer<StandIn> = client_config(&spec.kafka)
+        .set("group.id", &spec.group)
+        .set("client.id", address)
+        .set("group.instance.id", address)
+        .set("partition.assignment.strategy", "cooperative-sticky")
+        .set(
+            "session.timeout.ms",
+            spec.session_timeout.as_millis().to_string(),
+        )
+        .set("heartbeat.interval.ms", "250")
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .create_with_context(StandIn {
+            joined: joined.clone(),
+        })?;
+    stand_in.subscribe(&[&spec.topic])?;
+    let until = Instant::now() + EVICT_WAIT;
+    while !joined.load(Ordering::Relaxed) && Instant::now() < until {
+        stand_in.poll(POLL);
+    }
+    // as a leaving member does (see `Membership::join`): revoke, then LeaveGroup
+    stand_in.unsubscribe();
+    let until = Instant::now() + EVICT_WAIT;
+    while Instant::now() < until && stand_in.assignment().is_ok_and(|a| a.count() > 0) {
+        stand_in.poll(POLL);
+    }
+    stand_in.poll(POLL);
+    Ok(joined.load(Ordering::Relaxed))
+}
+
+/// The context of an eviction's stand-in: it reads nothing, and notes when it joined.
+struct StandIn {
+    joined: Arc<AtomicBool>,
+}
+
+impl ClientContext for StandIn {}
+
+impl ConsumerContext for StandIn {
+    fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if let Rebalance::Assign(tpl) = rebalance {
+            let _ = consumer.pause(tpl);
+            self.joined.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
 /// Who owns which partition of `topic` in `group`: each member's `client.id` (its node's
 /// gRPC address) for each partition it was assigned; `None` while the group rebalances
 /// (its members' assignments are not known then).

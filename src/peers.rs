@@ -1,0 +1,117 @@
+//! Crash detection among a region's nodes. The region's group learns that a node died only
+//! when the node's session expires (10 s); until then the dead node's partitions stay
+//! assigned to it and unavailable. So every node probes the gRPC port of each other node
+//! that owns partitions: a port that refuses connections [`REFUSALS`] times in a row means
+//! the node's process is gone (a frozen or slow node still accepts connections, and is
+//! left to its session), and the live node with the lowest address removes it from the
+//! group ([`membership::evict`]): its partitions move within about a second. A node
+//! restarted on the same address binds its port before it joins the group, so it is
+//! never taken for dead once it is back.
+//!
+//! ```text
+//!  every PROBE_EVERY: connect to each other node owning partitions (the group's owners,
+//!    read every OWNERS_EVERY, kept while the group rebalances)
+//!    ─► refused REFUSALS times in a row: dead
+//!    ─► this node the lowest live address? evict each dead node (once per EVICT_AGAIN)
+//! ```
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+
+use crate::log::membership::{self, MembershipSpec};
+use crate::metrics as m;
+use crate::shutdown::stopped;
+
+/// How often each other node's port is probed.
+const PROBE_EVERY: Duration = Duration::from_millis(200);
+/// Longest a probe waits for a connection (one that times out is no refusal).
+const PROBE_TIMEOUT: Duration = Duration::from_millis(200);
+/// Refusals in a row that make a node dead.
+pub const REFUSALS: u32 = 3;
+/// How often the group's owners are read.
+const OWNERS_EVERY: Duration = Duration::from_secs(1);
+/// How long after evicting a node it is not evicted again (the group needs a moment to
+/// hand its partitions on, and the owners read meanwhile may still name it).
+const EVICT_AGAIN: Duration = Duration::from_secs(10);
+
+/// Probes the region's other nodes and evicts the dead ones from the group.
+pub struct Peers {
+    /// The group as this node joined it; `address` is this node's.
+    pub spec: MembershipSpec,
+}
+
+impl Peers {
+    pub async fn run(
+        self,
+        mut stop: watch::Receiver<bool>,
+    ) -> Result<(), std::convert::Infallible> {
+        let own = self.spec.address.clone();
+        let mut others = BTreeSet::new();
+        let mut owners_read: Option<Instant> = None;
+        let mut refused: BTreeMap<String, u32> = BTreeMap::new();
+        let mut evicted: BTreeMap<String, Instant> = BTreeMap::new();
+        loop {
+            tokio::select! {
+                () = stopped(&mut stop) => return Ok(()),
+                () = tokio::time::sleep(PROBE_EVERY) => {}
+            }
+            if owners_read.is_none_or(|at| at.elapsed() >= OWNERS_EVERY) {
+                owners_read = Some(Instant::now());
+                let spec = &self.spec;
+                if let Ok(Some(owners)) =
+                    membership::owners(&spec.kafka, &spec.group, &spec.topic).await
+                {
+                    others = owners.into_values().filter(|a| *a != own).collect();
+                    refused.retain(|a, _| others.contains(a));
+                }
+            }
+            for address in &others {
+                let refusals = refused.entry(address.clone()).or_default();
+                match tokio::time::timeout(PROBE_TIMEOUT, TcpStream::connect(address)).await {
+                    Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                        *refusals += 1;
+                    }
+                    _ => *refusals = 0,
+                }
+            }
+            let dead: BTreeSet<&String> = refused
+                .iter()
+                .filter(|(_, n)| **n >= REFUSALS)
+                .map(|(a, _)| a)
+                .collect();
+            let lowest_live = others
+                .iter()
+                .filter(|a| !dead.contains(a))
+                .chain([&own])
+                .min();
+            if dead.is_empty() || lowest_live != Some(&own) {
+                continue;
+            }
+            for address in dead {
+                if evicted
+                    .get(address)
+                    .is_some_and(|at| at.elapsed() < EVICT_AGAIN)
+                {
+                    continue;
+                }
+                evicted.insert(address.clone(), Instant::now());
+                let (spec, gone) = (self.spec.clone(), address.clone());
+                match tokio::task::spawn_blocking(move || membership::evict(&spec, &gone)).await {
+                    Ok(Ok(joined)) => {
+                        metrics::counter!(m::NODES_EVICTED).increment(1);
+                        tracing::warn!(node = %address, refusals = REFUSALS, joined, "a node of the region refuses connections: removed it from the group, its partitions move now");
+                    }
+                    Ok(Err(error)) => {
+                        tracing::warn!(node = %address, %error, "evicting a node that refuses connections failed; its session decides");
+                    }
+                    Err(error) => {
+                        tracing::warn!(node = %address, %error, "evicting a node that refuses connections failed; its session decides");
+                    }
+                }
+            }
+        }
+    }
+}
