@@ -112,7 +112,8 @@ enum Nemesis {
     Scale,
     /// Kill one node of several: add a node to a region, after 4 s SIGKILL it or (every
     /// other time per region) the region's first node, its lease group member, mid-ingest
-    /// (the partitions move after the group's session timeout, 10 s), start it again
+    /// (the other node evicts it from the group: its partitions move within about a
+    /// second), 12 s later start it again
     /// (`up`: it takes its partitions back), then remove the added node. The regions in
     /// turn.
     KillNode,

@@ -116,7 +116,8 @@ pub(crate) async fn nemesis(
                     &region
                 };
                 cluster_script(&args.cluster, &["node", "kill", victim]).await?;
-                // past the session timeout: its partitions move to the other node
+                // its partitions move to the other node (which evicts it from the group
+                // within about a second), and stay there past the session timeout
                 tokio::time::sleep(Duration::from_secs(12)).await;
                 cluster_script(&args.cluster, &["up", "--no-build"]).await?;
                 tokio::time::sleep(Duration::from_secs(3)).await;
