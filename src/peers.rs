@@ -90,10 +90,22 @@ impl Peers {
             if dead.is_empty() || lowest_live != Some(&own) {
                 continue;
             }
+            // owners read just now: a node that left the group on its own (stopped) while the
+            // owners read before still named it is not evicted, for a stand-in joining in
+            // the place of a member the group no longer has would join as a new member and
+            // take partitions for a moment
+            let spec = &self.spec;
+            let Ok(Some(now)) = membership::owners(&spec.kafka, &spec.group, &spec.topic).await
+            else {
+                continue;
+            };
+            owners_read = Some(Instant::now());
+            others = now.into_values().filter(|a| *a != own).collect();
             for address in dead {
-                if evicted
-                    .get(address)
-                    .is_some_and(|at| at.elapsed() < EVICT_AGAIN)
+                if !others.contains(address)
+                    || evicted
+                        .get(address)
+                        .is_some_and(|at| at.elapsed() < EVICT_AGAIN)
                 {
                     continue;
                 }
