@@ -82,9 +82,11 @@ pub struct Leases {
     /// The origin of this process's monotonic milliseconds.
     started: Instant,
     /// Home shards this region handed away on purpose (`transfer`), with the monotonic
-    /// time of the handoff: not asked back until a grant asked for after it returns one
-    /// (a renewal in flight during the handoff may be applied before the transfer).
-    handed_off: Mutex<BTreeMap<ShardId, u64>>,
+    /// time of the handoff and the epoch handed off: not renewed or asked back until a
+    /// grant asked for after it returns one (a renewal in flight during the handoff may be
+    /// applied before the transfer), or until the table gives it back to this region at a
+    /// later epoch (transferred back, or renewed by another node of this region).
+    handed_off: Mutex<BTreeMap<ShardId, (u64, u64)>>,
     /// Per shard held here: the epoch, and this region's wall-clock milliseconds when it
     /// learnt it holds that epoch (after the grant, so after every earlier holder's lease
     /// had ended).
@@ -318,11 +320,19 @@ impl Leases {
         };
         let commands = {
             let handed_off = self.handed_off.lock().unwrap_or_else(|p| p.into_inner());
-            let shards = self.config.all_shards().map(|shard| ShardView {
-                shard,
-                home: self.config.home_of(shard),
-                lease: self.view.lease(shard),
-                handed_off: handed_off.contains_key(&shard),
+            let shards = self.config.all_shards().map(|shard| {
+                let lease = self.view.lease(shard);
+                let back = |epoch| {
+                    lease
+                        .as_ref()
+                        .is_some_and(|l| l.holder == self.region && l.epoch > epoch)
+                };
+                ShardView {
+                    shard,
+                    home: self.config.home_of(shard),
+                    handed_off: handed_off.get(&shard).is_some_and(|&(_, e)| !back(e)),
+                    lease,
+                }
             });
             let running_for_ms = running_for.as_millis() as u64;
             plan::round(&policy, shards, self.wall_ms(), running_for_ms)
@@ -383,7 +393,7 @@ impl Leases {
         };
         if lease.holder == self.region {
             let mut handed_off = self.handed_off.lock().unwrap_or_else(|p| p.into_inner());
-            if handed_off.get(&shard).is_some_and(|&at| sent > at) {
+            if handed_off.get(&shard).is_some_and(|&(at, _)| sent > at) {
                 handed_off.remove(&shard);
             }
         }
@@ -405,7 +415,8 @@ impl Leases {
 
     /// Planned handoff: stops writing `shard` here, then transfers it to `to`, which
     /// renews it (and starts writing) on its next round. A home region does not ask for a
-    /// shard it handed off back until it has held it again (or restarted).
+    /// shard it handed off back until it has held it again (or restarted). A refused
+    /// transfer moved nothing: the shard is renewed here again from the next round.
     pub async fn transfer(
         &self,
         shard: ShardId,
@@ -428,7 +439,7 @@ impl Leases {
                 .valid(shard, now)
                 .ok_or(TransferError::NotHeld(shard))?;
             holdings.relinquish(shard, now);
-            handed_off.insert(shard, now);
+            handed_off.insert(shard, (now, epoch));
             epoch
         };
         let outcomes = self
@@ -448,7 +459,16 @@ impl Leases {
         {
             // the leader's outcome: this member's own table may apply it a moment later
             Outcome::Granted(lease) => Ok(self.shard_status(shard, Some(lease), None)),
-            Outcome::Refused { reason, .. } => Err(TransferError::Refused(reason)),
+            Outcome::Refused { reason, .. } => {
+                // nothing moved: the shard is renewed again from the next round (left
+                // handed off, it would never be renewed here while another node of this
+                // region keeps the region's lease alive)
+                let mut handed_off = self.handed_off.lock().unwrap_or_else(|p| p.into_inner());
+                if handed_off.get(&shard) == Some(&(now, epoch)) {
+                    handed_off.remove(&shard);
+                }
+                Err(TransferError::Refused(reason))
+            }
             Outcome::Current(_) => Err(TransferError::NoOutcome),
         }
     }
