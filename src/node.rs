@@ -295,6 +295,14 @@ impl Opened {
         // The lease group member and this region's leases run from here on, bootstrap or
         // not.
         let (member, leases) = self.start_leases(&mut tasks, &stop_rx).await?;
+        // a learner takes partitions once it may hold the region's leases, so that its
+        // owned keys are not refused for the first rounds
+        if let (Some(member), Some(lease)) = (&member, &config.lease)
+            && lease.learner > 0
+            && !member.listed(lease.duration).await
+        {
+            tracing::warn!(within = ?lease.duration, "the lease group has not listed this node as a learner yet; it joins the region's group anyway, and refuses owned keys until it is listed");
+        }
         let group = self
             .join_group(&mut tasks, &shared, &address, &stop_rx)
             .await?;
@@ -434,7 +442,18 @@ impl Opened {
             member.proposer.clone(),
             self.clock.clone(),
         ));
+        let (mut joined, mut stopping) = (member.joined.clone(), stop.clone());
         let run = leases.clone().run(stop.clone());
+        let run = async move {
+            // a learner holds no lease before the group lists it (`Member::joined`)
+            let listed = tokio::select! {
+                listed = joined.wait_for(|joined| *joined) => listed.is_ok(),
+                () = stopped(&mut stopping) => false,
+            };
+            if listed {
+                run.await;
+            }
+        };
         // it finishes by releasing what it holds, through the member (stopped after it)
         tasks.spawn("the lease manager", OnStop::Finish, returns(run));
         tracing::info!(member = lease.member_id, learner = lease.learner, listen = %lease.listen, shards = lease.all_shards().end, "lease group member started");

@@ -243,13 +243,17 @@ async fn an_added_node_writes_owned_keys_and_keeps_the_leases_when_the_first_nod
             .into_inner()
             .node;
         if shard.holder == "us-east-1" {
-            keys.push((key, node));
+            keys.push((key, node, shard.shard));
         }
     }
     assert!(
-        keys.iter().any(|(_, n)| *n == second) && keys.iter().any(|(_, n)| *n == first),
+        keys.iter().any(|(_, n, _)| *n == second) && keys.iter().any(|(_, n, _)| *n == first),
         "no held key on one of the nodes: {keys:?}"
     );
+    // the added node holds the leases itself once the lease group lists it as a learner
+    for shard in keys.iter().map(|(_, _, s)| *s).collect::<BTreeSet<_>>() {
+        holds(&second, shard, wait).await?;
+    }
     let set = |key: &str, v: &str| pb::UpdateRequest {
         key: key.to_string(),
         op: Some(pb::update_request::Op::Set(v.as_bytes().to_vec())),
@@ -258,7 +262,7 @@ async fn an_added_node_writes_owned_keys_and_keeps_the_leases_when_the_first_nod
     // written at the node owning each key's partition (asked of the first, routed)
     let mut state = StateClient::connect(format!("http://{first}")).await?;
     let mut epochs = Vec::new();
-    for (key, _) in &keys {
+    for (key, _, _) in &keys {
         epochs.push(epoch_of(state.update(set(key, "before")).await?.get_ref()));
     }
 
@@ -267,7 +271,7 @@ async fn an_added_node_writes_owned_keys_and_keeps_the_leases_when_the_first_nod
     let until = Instant::now() + wait;
     let started = Instant::now();
     let mut after = Vec::new();
-    for (key, _) in &keys {
+    for (key, _, _) in &keys {
         let written = loop {
             match state.update(set(key, "after")).await {
                 Ok(r) => break r.into_inner(),
@@ -299,7 +303,7 @@ async fn an_added_node_writes_owned_keys_and_keeps_the_leases_when_the_first_nod
     ] {
         let until = Instant::now() + wait;
         let mut state = StateClient::connect(format!("http://{addr}")).await?;
-        for (key, _) in &keys {
+        for (key, _, _) in &keys {
             loop {
                 let read = state.get(replica(key)).await;
                 match read.as_ref().map(|v| register(v.get_ref())) {
@@ -312,6 +316,131 @@ async fn an_added_node_writes_owned_keys_and_keeps_the_leases_when_the_first_nod
             }
         }
     }
+    drop(added);
+    owners_settled(false, wait).await?;
+    Ok(())
+}
+
+/// Waits until the node at `addr` holds `shard` (may write its keys).
+async fn holds(addr: &str, shard: u32, within: Duration) -> anyhow::Result<()> {
+    let mut admin = AdminClient::connect(format!("http://{addr}")).await?;
+    let until = Instant::now() + within;
+    loop {
+        let status = admin
+            .leases(pb::LeasesRequest::default())
+            .await?
+            .into_inner();
+        if status
+            .shards
+            .iter()
+            .any(|s| s.shard == shard && s.held_here)
+        {
+            return Ok(());
+        }
+        if Instant::now() > until {
+            bail!("{addr} does not hold shard {shard} within {within:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// A killed added node never asks to leave the lease group; the group's leader finds its
+/// lease port refusing connections and removes it, so its region may transfer leases
+/// again (refused `SeveralNodes` while a learner of the region is listed). When it starts
+/// again it joins again.
+#[tokio::test]
+async fn a_killed_added_node_leaves_the_lease_group_so_its_region_transfers_leases_again()
+-> anyhow::Result<()> {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let wait = Duration::from_secs(90);
+    let mut added = Added(Vec::new());
+    cluster_script(&["node", "add", "us-east-1"])?;
+    added.0.push("us-east-1/1".into());
+    owners_settled(true, wait).await?;
+    let cluster = cluster()?;
+    let grpc = |region: &str| -> anyhow::Result<String> {
+        let addr = cluster.regions[region]
+            .grpc
+            .clone()
+            .context("no first node")?;
+        Ok(format!("http://{addr}"))
+    };
+    let (mut east, mut west) = (
+        AdminClient::connect(grpc("us-east-1")?).await?,
+        AdminClient::connect(grpc("eu-west-1")?).await?,
+    );
+    // a shard us-east-1 holds
+    let mut shard = None;
+    for i in 0..64 {
+        let leases = east
+            .leases(pb::LeasesRequest {
+                key: format!("surge/{}-{i}", unique("learner")),
+            })
+            .await?
+            .into_inner();
+        if let Some(s) = leases.shards.into_iter().find(|s| s.held_here) {
+            shard = Some(s.shard);
+            break;
+        }
+    }
+    let shard = shard.context("no shard held by us-east-1")?;
+    let added_node = nodes()?
+        .into_iter()
+        .find(|(r, _)| r == "us-east-1")
+        .and_then(|(_, addrs)| addrs.get(1).cloned())
+        .context("no added node")?;
+    // the added node is listed as a learner once it holds the region's leases itself
+    holds(&added_node, shard, wait).await?;
+    let transfer = |to: &str| pb::TransferLeaseRequest {
+        shard,
+        to_region: to.into(),
+    };
+    let refused = east
+        .transfer_lease(transfer("eu-west-1"))
+        .await
+        .expect_err("a region with a learner transfers nothing");
+    assert!(
+        refused.message().contains("SeveralNodes"),
+        "refused for another reason: {refused}"
+    );
+
+    cluster_script(&["node", "kill", "us-east-1/1"])?;
+    let killed = Instant::now();
+    let moved = loop {
+        match east.transfer_lease(transfer("eu-west-1")).await {
+            Ok(r) => break r.into_inner().lease.context("the transferred lease")?,
+            Err(e) if killed.elapsed() < wait => {
+                eprintln!("{} ({:?} after the kill)", e.message(), killed.elapsed());
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(e) => bail!("no transfer within {wait:?} of the learner's kill: {e}"),
+        }
+    };
+    eprintln!(
+        "transferred {:?} after the learner was killed",
+        killed.elapsed()
+    );
+    assert_eq!(moved.holder, "eu-west-1");
+    // back home, for the tests after this one
+    let until = Instant::now() + wait;
+    while let Err(e) = west.transfer_lease(transfer("us-east-1")).await {
+        anyhow::ensure!(Instant::now() < until, "no transfer back: {e}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+
+    // started again, it joins again (and only then holds leases): transfers are refused
+    // once more
+    cluster_script(&["up", "--no-build"])?;
+    owners_settled(true, wait).await?;
+    holds(&added_node, shard, wait).await?;
+    let refused = east
+        .transfer_lease(transfer("eu-west-1"))
+        .await
+        .expect_err("the restarted learner joined again");
+    assert!(
+        refused.message().contains("SeveralNodes"),
+        "refused for another reason: {refused}"
+    );
     drop(added);
     owners_settled(false, wait).await?;
     Ok(())

@@ -6,16 +6,19 @@
 //! A region's further node (`lease.learner = n`) runs learner n instead: it asks the members
 //! to add it (again until the leader does), then receives the table like a member and
 //! proposes through the leader, but votes in nothing, so nodes come and go without
-//! changing the group's majority; it asks to be removed when it stops.
+//! changing the group's majority; it asks to be removed when it stops. A learner killed
+//! never asks: the leader probes every learner's port, and removes one whose port refuses
+//! connections [`LEARNER_REFUSALS`] times in a row (its process is gone; it is added again
+//! when it starts, which binds the port before it asks to join).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use openraft::{BasicNode, Raft};
-use tokio::net::TcpListener;
-use tokio::sync::oneshot;
+use openraft::{BasicNode, ChangeMembers, Raft};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{oneshot, watch};
 use tokio_stream::wrappers::TcpListenerStream;
 
 use super::network::{self, Channels, LearnerChange, Network, Proposer, Service};
@@ -43,17 +46,27 @@ pub struct Member {
     pub raft: Raft<LeaseRaft>,
     pub view: TableView,
     pub proposer: Proposer,
+    /// True once this node is in the group: at once for a member, once the leader added
+    /// it for a learner. Until then it proposes nothing: a region's release or transfer is
+    /// refused only while its learners are listed, so a learner not listed yet must not
+    /// hold a lease.
+    pub joined: watch::Receiver<bool>,
     stop: Option<oneshot::Sender<()>>,
     server: tokio::task::JoinHandle<()>,
     /// A learner's way back out: its id and the members to ask.
     learner: Option<(u64, Vec<String>)>,
     joining: Option<tokio::task::JoinHandle<()>>,
+    pruning: tokio::task::JoinHandle<()>,
 }
 
 /// How long one ask of a member to change the learners may take.
 const LEARNER_ASK: Duration = Duration::from_secs(2);
 /// Between rounds of asking the members to add this learner.
 const JOIN_RETRY: Duration = Duration::from_millis(500);
+/// How often the leader probes each learner's port.
+const LEARNER_PROBE: Duration = Duration::from_millis(500);
+/// Refusals in a row after which the leader removes a learner.
+pub const LEARNER_REFUSALS: u32 = 3;
 
 impl Member {
     /// Opens the storage in `dir`, serves Raft on `config.listen`, and joins (or forms)
@@ -107,6 +120,7 @@ impl Member {
             .await
             .map_err(|e| MemberError::Raft(e.to_string()))?;
         let members: Vec<String> = config.members.values().map(|m| m.addr.clone()).collect();
+        let (joined_tx, joined) = watch::channel(config.learner == 0);
         let (learner, joining) = if config.learner > 0 {
             let join = LearnerChange::Join {
                 id: config.raft_id(),
@@ -117,7 +131,10 @@ impl Member {
                 let channels = Channels::default();
                 loop {
                     match network::change_learner(&channels, &asked, &join, LEARNER_ASK).await {
-                        Ok(()) => break tracing::info!("joined the lease group as a learner"),
+                        Ok(()) => {
+                            joined_tx.send_replace(true);
+                            break tracing::info!("joined the lease group as a learner");
+                        }
                         Err(e) => tracing::debug!(error = %e, "joining the lease group"),
                     }
                     tokio::time::sleep(JOIN_RETRY).await;
@@ -140,6 +157,8 @@ impl Member {
             }
         }
         Ok(Self {
+            pruning: tokio::spawn(prune_learners(raft.clone())),
+            joined,
             proposer: Proposer::new(raft.clone(), config.renew_every.max(config.heartbeat * 5)),
             raft,
             view,
@@ -150,8 +169,17 @@ impl Member {
         })
     }
 
+    /// Waits, at most `within`, until the group lists this node; answers whether it does.
+    pub async fn listed(&self, within: Duration) -> bool {
+        let mut joined = self.joined.clone();
+        tokio::time::timeout(within, joined.wait_for(|joined| *joined))
+            .await
+            .is_ok_and(|listed| listed.is_ok())
+    }
+
     /// Leaves the group's traffic (a learner asks to be removed first) and stops serving.
     pub async fn stop(mut self) {
+        self.pruning.abort();
         if let Some(joining) = self.joining.take() {
             joining.abort();
         }
@@ -168,6 +196,49 @@ impl Member {
             let _ = stop.send(());
         }
         let _ = self.server.await;
+    }
+}
+
+/// While this member leads: removes every learner whose port refused connections
+/// [`LEARNER_REFUSALS`] probes in a row. A learner left listed would keep its region from
+/// releasing or transferring leases (`SeveralNodes`) for good.
+async fn prune_learners(raft: Raft<LeaseRaft>) {
+    let mut refused: BTreeMap<u64, u32> = BTreeMap::new();
+    loop {
+        tokio::time::sleep(LEARNER_PROBE).await;
+        let metrics = raft.metrics().borrow().clone();
+        if metrics.current_leader != Some(metrics.id) {
+            refused.clear();
+            continue;
+        }
+        let membership = metrics.membership_config.membership().clone();
+        let learners: BTreeMap<u64, String> = membership
+            .learner_ids()
+            .filter_map(|id| Some((id, membership.get_node(&id)?.addr.clone())))
+            .collect();
+        refused.retain(|id, _| learners.contains_key(id));
+        for (id, addr) in learners {
+            let refusals = refused.entry(id).or_default();
+            match tokio::time::timeout(LEARNER_PROBE, TcpStream::connect(&addr)).await {
+                Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                    *refusals += 1;
+                }
+                _ => *refusals = 0,
+            }
+            if *refusals < LEARNER_REFUSALS {
+                continue;
+            }
+            refused.remove(&id);
+            let gone = ChangeMembers::RemoveNodes(BTreeSet::from([id]));
+            match raft.change_membership(gone, true).await {
+                Ok(_) => {
+                    tracing::warn!(learner = id, %addr, "a learner's port refuses connections: removed it from the lease group (it is added again when it starts)")
+                }
+                Err(e) => {
+                    tracing::debug!(learner = id, error = %e, "removing a learner that refuses connections")
+                }
+            }
+        }
     }
 }
 
