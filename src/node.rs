@@ -15,7 +15,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
@@ -44,6 +44,9 @@ use crate::supervise::{OnStop, Tasks};
 
 /// How long shutdown waits for gRPC clients to finish and disconnect.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
+/// Longest a learner waits for its lease table to be current before it joins the
+/// region's group.
+const LEARNER_CATCH_UP: Duration = Duration::from_secs(30);
 /// How long the region's group waits for a silent node before it moves its partitions.
 const GROUP_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
 /// Longest shutdown waits for the node to leave the group (its partitions handed off).
@@ -295,13 +298,20 @@ impl Opened {
         // The lease group member and this region's leases run from here on, bootstrap or
         // not.
         let (member, leases) = self.start_leases(&mut tasks, &stop_rx).await?;
-        // a learner takes partitions once it may hold the region's leases, so that its
-        // owned keys are not refused for the first rounds
+        // a learner takes partitions once its table is current, so that it renews the
+        // region's leases, and writes the partitions' owned keys, from its first rounds
         if let (Some(member), Some(lease)) = (&member, &config.lease)
             && lease.learner > 0
-            && !member.listed(lease.duration).await
         {
-            tracing::warn!(within = ?lease.duration, "the lease group has not listed this node as a learner yet; it joins the region's group anyway, and refuses owned keys until it is listed");
+            let waiting = Instant::now();
+            if member.caught_up(LEARNER_CATCH_UP).await {
+                tracing::info!(
+                    took_ms = waiting.elapsed().as_millis() as u64,
+                    "this learner's lease table is current"
+                );
+            } else {
+                tracing::warn!(within = ?LEARNER_CATCH_UP, "this learner's lease table is not current yet; it joins the region's group anyway, and refuses owned keys until it holds their leases");
+            }
         }
         let group = self
             .join_group(&mut tasks, &shared, &address, &stop_rx)

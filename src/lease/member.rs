@@ -169,12 +169,20 @@ impl Member {
         })
     }
 
-    /// Waits, at most `within`, until the group lists this node; answers whether it does.
-    pub async fn listed(&self, within: Duration) -> bool {
-        let mut joined = self.joined.clone();
-        tokio::time::timeout(within, joined.wait_for(|joined| *joined))
+    /// Waits, at most `within`, until this node's table is current as of the group listing
+    /// it: the membership that lists it is applied here, and with it every lease command
+    /// before (a learner added to a long log receives it first); answers whether it is.
+    /// Until then its view of the table is behind, and its renewals are refused.
+    pub async fn caught_up(&self, within: Duration) -> bool {
+        let mut metrics = self.raft.metrics();
+        let current = metrics.wait_for(|m| {
+            let listed_at = m.membership_config.log_id();
+            m.membership_config.membership().get_node(&m.id).is_some()
+                && listed_at.is_some_and(|at| m.last_applied.is_some_and(|a| a.index >= at.index))
+        });
+        tokio::time::timeout(within, current)
             .await
-            .is_ok_and(|listed| listed.is_ok())
+            .is_ok_and(|current| current.is_ok())
     }
 
     /// Leaves the group's traffic (a learner asks to be removed first) and stops serving.
