@@ -457,7 +457,7 @@ impl Opened {
         let run = async move {
             // a learner holds no lease before the group lists it (`Member::joined`)
             let listed = tokio::select! {
-                listed = joined.wait_for(|joined| *joined) => listed.is_ok(),
+                listed = joined.wait_for(Option::is_some) => listed.is_ok(),
                 () = stopped(&mut stopping) => false,
             };
             if listed {

@@ -46,11 +46,11 @@ pub struct Member {
     pub raft: Raft<LeaseRaft>,
     pub view: TableView,
     pub proposer: Proposer,
-    /// True once this node is in the group: at once for a member, once the leader added
-    /// it for a learner. Until then it proposes nothing: a region's release or transfer is
-    /// refused only while its learners are listed, so a learner not listed yet must not
-    /// hold a lease.
-    pub joined: watch::Receiver<bool>,
+    /// Set once this node is in the group: at once for a member (0), for a learner once
+    /// the leader added it, to the leader's last log index then. Until then it proposes
+    /// nothing: a region's release or transfer is refused only while its learners are
+    /// listed, so a learner not listed yet must not hold a lease.
+    pub joined: watch::Receiver<Option<u64>>,
     stop: Option<oneshot::Sender<()>>,
     server: tokio::task::JoinHandle<()>,
     /// A learner's way back out: its id and the members to ask.
@@ -120,7 +120,7 @@ impl Member {
             .await
             .map_err(|e| MemberError::Raft(e.to_string()))?;
         let members: Vec<String> = config.members.values().map(|m| m.addr.clone()).collect();
-        let (joined_tx, joined) = watch::channel(config.learner == 0);
+        let (joined_tx, joined) = watch::channel((config.learner == 0).then_some(0));
         let (learner, joining) = if config.learner > 0 {
             let join = LearnerChange::Join {
                 id: config.raft_id(),
@@ -131,8 +131,8 @@ impl Member {
                 let channels = Channels::default();
                 loop {
                     match network::change_learner(&channels, &asked, &join, LEARNER_ASK).await {
-                        Ok(()) => {
-                            joined_tx.send_replace(true);
+                        Ok(index) => {
+                            joined_tx.send_replace(Some(index));
                             break tracing::info!("joined the lease group as a learner");
                         }
                         Err(e) => tracing::debug!(error = %e, "joining the lease group"),
@@ -169,20 +169,21 @@ impl Member {
         })
     }
 
-    /// Waits, at most `within`, until this node's table is current as of the group listing
-    /// it: the membership that lists it is applied here, and with it every lease command
-    /// before (a learner added to a long log receives it first); answers whether it is.
-    /// Until then its view of the table is behind, and its renewals are refused.
+    /// Waits, at most `within`, until this node's table is current as of its joining the
+    /// group: it applied the log as far as the leader had it when the leader listed it (a
+    /// learner added to a long log, or restarted with an old copy of it, receives the rest
+    /// first); answers whether it is. Until then its view of the table is behind, and
+    /// renewals planned from it are refused.
     pub async fn caught_up(&self, within: Duration) -> bool {
-        let mut metrics = self.raft.metrics();
-        let current = metrics.wait_for(|m| {
-            let listed_at = m.membership_config.log_id();
-            m.membership_config.membership().get_node(&m.id).is_some()
-                && listed_at.is_some_and(|at| m.last_applied.is_some_and(|a| a.index >= at.index))
-        });
-        tokio::time::timeout(within, current)
-            .await
-            .is_ok_and(|current| current.is_ok())
+        let (mut joined, mut metrics) = (self.joined.clone(), self.raft.metrics());
+        let current = async move {
+            let index = (*joined.wait_for(Option::is_some).await.ok()?)?;
+            let applied = metrics
+                .wait_for(|m| m.last_applied.is_some_and(|a| a.index >= index))
+                .await;
+            applied.ok().map(drop)
+        };
+        matches!(tokio::time::timeout(within, current).await, Ok(Some(_)))
     }
 
     /// Leaves the group's traffic (a learner asks to be removed first) and stops serving.
@@ -195,7 +196,7 @@ impl Member {
             let leave = LearnerChange::Leave { id };
             match network::change_learner(&Channels::default(), &members, &leave, LEARNER_ASK).await
             {
-                Ok(()) => tracing::info!("left the lease group"),
+                Ok(_) => tracing::info!("left the lease group"),
                 Err(e) => tracing::warn!(error = %e, "leaving the lease group as a learner"),
             }
         }

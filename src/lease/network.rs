@@ -162,7 +162,9 @@ impl Service {
 }
 
 /// A change of the group's learners (a region's further nodes), asked of any member: the
-/// leader applies it, another member refuses.
+/// leader applies it, another member refuses (unless there is nothing to change). The
+/// answer is the answering member's last log index after the change: a learner's table
+/// is current as of its join once it applied that far.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum LearnerChange {
     /// Add (or re-address) learner `id`, served at `addr`.
@@ -172,7 +174,12 @@ pub enum LearnerChange {
 }
 
 impl Service {
-    async fn change_learner(&self, change: LearnerChange) -> Result<(), String> {
+    async fn change_learner(&self, change: LearnerChange) -> Result<u64, String> {
+        self.apply_learner_change(change).await?;
+        Ok(self.raft.metrics().borrow().last_log_index.unwrap_or(0))
+    }
+
+    async fn apply_learner_change(&self, change: LearnerChange) -> Result<(), String> {
         let membership = self.raft.metrics().borrow().membership_config.clone();
         let membership = membership.membership();
         let (LearnerChange::Join { id, .. } | LearnerChange::Leave { id }) = &change;
@@ -205,14 +212,14 @@ impl Service {
     }
 }
 
-/// Asks the members at `members` in turn to apply `change` until one (the leader) does;
-/// else the last refusal.
+/// Asks the members at `members` in turn to apply `change` until one (the leader) does,
+/// and answers its last log index then; else the last refusal.
 pub async fn change_learner(
     channels: &Channels,
     members: &[String],
     change: &LearnerChange,
     timeout: Duration,
-) -> Result<(), String> {
+) -> Result<u64, String> {
     let json = serde_json::to_vec(change).map_err(|e| e.to_string())?;
     let mut last = "no member to ask".to_string();
     for addr in members {
@@ -228,12 +235,12 @@ pub async fn change_learner(
         let result = answer
             .map_err(|s| s.message().to_owned())
             .and_then(|reply| {
-                serde_json::from_slice::<Result<(), String>>(&reply.into_inner().json)
+                serde_json::from_slice::<Result<u64, String>>(&reply.into_inner().json)
                     .map_err(|e| e.to_string())
             })
             .and_then(|r| r);
         match result {
-            Ok(()) => return Ok(()),
+            Ok(index) => return Ok(index),
             Err(e) => last = format!("{addr}: {e}"),
         }
     }
