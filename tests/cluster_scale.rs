@@ -209,20 +209,13 @@ async fn an_added_node_writes_owned_keys_and_keeps_the_leases_when_the_first_nod
 -> anyhow::Result<()> {
     let _alone = ONE_AT_A_TIME.lock().await;
     let wait = Duration::from_secs(90);
-    let mut added = Added(Vec::new());
-    cluster_script(&["node", "add", "us-east-1"])?;
-    added.0.push("us-east-1/1".into());
-    owners_settled(true, wait).await?;
+    let added = add_to_us_east_1(wait).await?;
     let cluster = cluster()?;
     let first = cluster.regions["us-east-1"]
         .grpc
         .clone()
         .context("no first node")?;
-    let second = nodes()?
-        .into_iter()
-        .find(|(r, _)| r == "us-east-1")
-        .and_then(|(_, addrs)| addrs.get(1).cloned())
-        .context("no added node")?;
+    let second = added_node()?;
     let mut admin = AdminClient::connect(format!("http://{first}")).await?;
 
     // owned keys whose lease us-east-1 holds, some on each node
@@ -321,6 +314,24 @@ async fn an_added_node_writes_owned_keys_and_keeps_the_leases_when_the_first_nod
     Ok(())
 }
 
+/// Adds a node to us-east-1 (removed when the guard drops) and waits until the group
+/// shares the partitions out.
+async fn add_to_us_east_1(within: Duration) -> anyhow::Result<Added> {
+    cluster_script(&["node", "add", "us-east-1"])?;
+    let added = Added(vec!["us-east-1/1".into()]);
+    owners_settled(true, within).await?;
+    Ok(added)
+}
+
+/// The gRPC address of the node `add_to_us_east_1` added.
+fn added_node() -> anyhow::Result<String> {
+    nodes()?
+        .into_iter()
+        .find(|(r, _)| r == "us-east-1")
+        .and_then(|(_, addrs)| addrs.get(1).cloned())
+        .context("no added node")
+}
+
 /// Waits until the node at `addr` holds `shard` (may write its keys).
 async fn holds(addr: &str, shard: u32, within: Duration) -> anyhow::Result<()> {
     let mut admin = AdminClient::connect(format!("http://{addr}")).await?;
@@ -353,10 +364,7 @@ async fn a_killed_added_node_leaves_the_lease_group_so_its_region_transfers_leas
 -> anyhow::Result<()> {
     let _alone = ONE_AT_A_TIME.lock().await;
     let wait = Duration::from_secs(90);
-    let mut added = Added(Vec::new());
-    cluster_script(&["node", "add", "us-east-1"])?;
-    added.0.push("us-east-1/1".into());
-    owners_settled(true, wait).await?;
+    let added = add_to_us_east_1(wait).await?;
     let cluster = cluster()?;
     let grpc = |region: &str| -> anyhow::Result<String> {
         let addr = cluster.regions[region]
@@ -384,11 +392,7 @@ async fn a_killed_added_node_leaves_the_lease_group_so_its_region_transfers_leas
         }
     }
     let shard = shard.context("no shard held by us-east-1")?;
-    let added_node = nodes()?
-        .into_iter()
-        .find(|(r, _)| r == "us-east-1")
-        .and_then(|(_, addrs)| addrs.get(1).cloned())
-        .context("no added node")?;
+    let added_node = added_node()?;
     // the added node is listed as a learner once it holds the region's leases itself
     holds(&added_node, shard, wait).await?;
     let transfer = |to: &str| pb::TransferLeaseRequest {

@@ -160,10 +160,22 @@ fn member(
     spec: &MembershipSpec,
     changes: &mpsc::UnboundedSender<Change>,
 ) -> Result<BaseConsumer<Member>, LogError> {
-    let consumer: BaseConsumer<Member> = client_config(&spec.kafka)
+    let consumer: BaseConsumer<Member> =
+        member_config(spec, &spec.address).create_with_context(Member {
+            topic: spec.topic.clone(),
+            changes: changes.clone(),
+        })?;
+    consumer.subscribe(&[&spec.topic])?;
+    Ok(consumer)
+}
+
+/// A member of the group under the static identity `address` (its node's gRPC address).
+fn member_config(spec: &MembershipSpec, address: &str) -> rdkafka::ClientConfig {
+    let mut config = client_config(&spec.kafka);
+    config
         .set("group.id", &spec.group)
-        .set("client.id", &spec.address)
-        .set("group.instance.id", &spec.address)
+        .set("client.id", address)
+        .set("group.instance.id", address)
         .set("partition.assignment.strategy", "cooperative-sticky")
         .set(
             "session.timeout.ms",
@@ -173,13 +185,8 @@ fn member(
         // takes two rounds: each waits up to this long
         .set("heartbeat.interval.ms", "250")
         .set("enable.auto.commit", "false")
-        .set("enable.auto.offset.store", "false")
-        .create_with_context(Member {
-            topic: spec.topic.clone(),
-            changes: changes.clone(),
-        })?;
-    consumer.subscribe(&[&spec.topic])?;
-    Ok(consumer)
+        .set("enable.auto.offset.store", "false");
+    config
 }
 
 struct Member {
@@ -253,19 +260,8 @@ const EVICT_WAIT: Duration = Duration::from_secs(5);
 /// it only for a node that refuses connections.
 pub fn evict(spec: &MembershipSpec, address: &str) -> Result<bool, LogError> {
     let joined = Arc::new(AtomicBool::new(false));
-    let stand_in: BaseConsumer<StandIn> = client_config(&spec.kafka)
-        .set("group.id", &spec.group)
-        .set("client.id", address)
-        .set("group.instance.id", address)
-        .set("partition.assignment.strategy", "cooperative-sticky")
-        .set(
-            "session.timeout.ms",
-            spec.session_timeout.as_millis().to_string(),
-        )
-        .set("heartbeat.interval.ms", "250")
-        .set("enable.auto.commit", "false")
-        .set("enable.auto.offset.store", "false")
-        .create_with_context(StandIn {
+    let stand_in: BaseConsumer<StandIn> =
+        member_config(spec, address).create_with_context(StandIn {
             joined: joined.clone(),
         })?;
     stand_in.subscribe(&[&spec.topic])?;
