@@ -95,6 +95,11 @@ impl Membership {
                         tracing::warn!(error = %e, "the region's group member");
                         failing_since.get_or_insert_with(Instant::now);
                     }
+                    // a session that expired (its assignment lost) is not an error polled,
+                    // and librdkafka may stay without a coordinator for good after it
+                    if consumer.context().lost.swap(false, Ordering::Relaxed) {
+                        failing_since.get_or_insert_with(Instant::now);
+                    }
                     if consumer.assignment().is_ok_and(|a| a.count() > 0) {
                         failing_since = None;
                     }
@@ -164,6 +169,7 @@ fn member(
         member_config(spec, &spec.address).create_with_context(Member {
             topic: spec.topic.clone(),
             changes: changes.clone(),
+            lost: AtomicBool::new(false),
         })?;
     consumer.subscribe(&[&spec.topic])?;
     Ok(consumer)
@@ -192,6 +198,8 @@ fn member_config(spec: &MembershipSpec, address: &str) -> rdkafka::ClientConfig 
 struct Member {
     topic: String,
     changes: mpsc::UnboundedSender<Change>,
+    /// Set when the group took this member's partitions as lost (its session expired).
+    lost: AtomicBool,
 }
 
 impl ClientContext for Member {}
@@ -220,6 +228,9 @@ impl ConsumerContext for Member {
         }
         let (done, finished) = std::sync::mpsc::sync_channel(1);
         let lost = consumer.assignment_lost();
+        if lost {
+            self.lost.store(true, Ordering::Relaxed);
+        }
         let revoked = Change::Revoked {
             partitions: partitions.clone(),
             lost,
