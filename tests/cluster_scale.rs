@@ -201,9 +201,9 @@ async fn two_nodes_per_region_count_every_write_across_regions_through_a_kill() 
 
 /// A region's added node is a learner of the lease group: owned keys of the partitions it
 /// owns are written there (not refused for want of a lease group member), and when the
-/// first node, the region's member, is killed, the added node owns every partition and
-/// goes on writing the region's owned keys under the epochs it kept renewing; each key
-/// reads its last acknowledged value in both regions.
+/// first node, the region's member (a follower of the group, made so first), is killed,
+/// the added node owns every partition and goes on writing the region's owned keys under
+/// the epochs it kept renewing; each key reads its last acknowledged value in both regions.
 #[tokio::test]
 async fn an_added_node_writes_owned_keys_and_keeps_the_leases_when_the_first_node_dies()
 -> anyhow::Result<()> {
@@ -217,6 +217,14 @@ async fn an_added_node_writes_owned_keys_and_keeps_the_leases_when_the_first_nod
         .context("no first node")?;
     let second = added_node()?;
     let mut admin = AdminClient::connect(format!("http://{first}")).await?;
+    // the first node must not lead the lease group: a leader's death takes an election,
+    // which may outlast the leases (that case is the drills' holder-leads failover)
+    let first_pid = cluster.regions["us-east-1"]
+        .pid
+        .context("no first node pid")?;
+    let west = cluster.regions["eu-west-1"].grpc.clone().context("eu")?;
+    lead_elsewhere(&west, US_EAST_1_MEMBER, first_pid, wait).await?;
+    home_shards_held(&second, wait).await?;
 
     // owned keys whose lease us-east-1 holds, some on each node
     let base = unique("owned-scale");
@@ -312,6 +320,66 @@ async fn an_added_node_writes_owned_keys_and_keeps_the_leases_when_the_first_nod
     drop(added);
     owners_settled(false, wait).await?;
     Ok(())
+}
+
+/// us-east-1's member id in the lease group (members are numbered by sorted region name).
+const US_EAST_1_MEMBER: u64 = 2;
+
+/// Makes another member lead the lease group if `member` (the process `pid`) does, as
+/// the region at `observer` sees it: `pid` is frozen until the others elect a leader.
+async fn lead_elsewhere(
+    observer: &str,
+    member: u64,
+    pid: u32,
+    within: Duration,
+) -> anyhow::Result<()> {
+    let mut admin = AdminClient::connect(format!("http://{observer}")).await?;
+    let until = Instant::now() + within;
+    let mut frozen = None;
+    loop {
+        let leader = admin
+            .leases(pb::LeasesRequest::default())
+            .await?
+            .into_inner()
+            .leader;
+        if leader != 0 && leader != member {
+            drop(frozen);
+            return Ok(());
+        }
+        if leader == member && frozen.is_none() {
+            eprintln!("member {member} leads the lease group: frozen until another one does");
+            frozen = Some(common::failover::Frozen::new(pid)?);
+        }
+        if Instant::now() > until {
+            bail!("member {member} still leads the lease group after {within:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits until the node at `addr` holds every shard whose home is its region.
+async fn home_shards_held(addr: &str, within: Duration) -> anyhow::Result<()> {
+    let mut admin = AdminClient::connect(format!("http://{addr}")).await?;
+    let until = Instant::now() + within;
+    loop {
+        let leases = admin
+            .leases(pb::LeasesRequest::default())
+            .await?
+            .into_inner();
+        let missing: Vec<u32> = leases
+            .shards
+            .iter()
+            .filter(|s| s.home == leases.region && !s.held_here)
+            .map(|s| s.shard)
+            .collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        if Instant::now() > until {
+            bail!("{addr} does not hold its home shards {missing:?} within {within:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 /// Adds a node to us-east-1 (removed when the guard drops) and waits until the group

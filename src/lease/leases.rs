@@ -228,6 +228,10 @@ impl Leases {
         let first_round = Instant::now();
         let mut off = false;
         loop {
+            // the leader known when a round's proposal failed: the next round goes as soon
+            // as another one is known, not a whole renew-every later (a leader that died
+            // takes an election; the lease must not lapse waiting on the timer too)
+            let mut failed_under = None;
             match self.clock.verdict() {
                 Verdict::Within => {
                     if off {
@@ -237,7 +241,9 @@ impl Leases {
                         metrics::gauge!(m::CLOCK_OFF).set(0.0);
                         off = false;
                     }
-                    self.round(first_round.elapsed()).await;
+                    if self.round(first_round.elapsed()).await.is_err() {
+                        failed_under = Some(self.leader());
+                    }
                 }
                 // no other member's clock read yet (or none reachable): not known safe
                 Verdict::Unknown => {}
@@ -269,6 +275,7 @@ impl Leases {
             tokio::select! {
                 () = stopped(&mut stop) => break,
                 () = tokio::time::sleep(self.config.renew_every) => {}
+                () = self.another_leader(failed_under.flatten()), if failed_under.is_some() => {}
             }
         }
         probing.abort();
@@ -306,9 +313,20 @@ impl Leases {
         }
     }
 
+    /// Returns once the lease group has a leader other than `stale`.
+    async fn another_leader(&self, stale: Option<u64>) {
+        let mut metrics = self.proposer.raft().metrics();
+        let another = metrics.wait_for(|m| m.current_leader.is_some() && m.current_leader != stale);
+        if another.await.is_err() {
+            // the member stopped: only the timer or the stop signal ends the wait
+            std::future::pending::<()>().await;
+        }
+    }
+
     /// One round: the commands `plan::round` decides, all in one log entry. A shard
-    /// handed home stops being written here before its transfer is proposed.
-    async fn round(&self, running_for: Duration) {
+    /// handed home stops being written here before its transfer is proposed. An error
+    /// when the round's proposal got no answer.
+    async fn round(&self, running_for: Duration) -> Result<(), ProposeError> {
         // sent from the round's start: a transfer that relinquishes a shard after the
         // round read the table makes the round's answer for it count for nothing
         let sent = self.mono_ms();
@@ -346,14 +364,20 @@ impl Leases {
                 tracing::info!(shard, to = %to, epoch, "handing a shard back to its home region");
             }
         }
-        if !commands.is_empty() {
-            self.propose(commands, sent, duration_ms).await;
+        if commands.is_empty() {
+            return Ok(());
         }
+        self.propose(commands, sent, duration_ms).await
     }
 
     /// Proposes one round's commands (planned at `sent`) as one log entry and records the
     /// answers in the holdings.
-    async fn propose(&self, commands: Vec<Command>, sent: u64, duration_ms: u64) {
+    async fn propose(
+        &self,
+        commands: Vec<Command>,
+        sent: u64,
+        duration_ms: u64,
+    ) -> Result<(), ProposeError> {
         let shards: Vec<ShardId> = commands.iter().map(Command::shard).collect();
         let asked = Instant::now();
         metrics::counter!(m::LEASE_ENTRIES).increment(1);
@@ -363,11 +387,13 @@ impl Leases {
                 for (shard, outcome) in shards.into_iter().zip(&outcomes) {
                     self.record(shard, outcome, sent, duration_ms);
                 }
+                Ok(())
             }
             Err(e) => {
                 metrics::counter!(m::LEASE_PROPOSALS, "outcome" => "failed")
                     .increment(shards.len() as u64);
                 tracing::debug!(error = %e, "lease proposal failed");
+                Err(e)
             }
         }
     }
