@@ -136,6 +136,13 @@ impl ApiError {
             ApiError::Store(_)
             | ApiError::Internal(_)
             | ApiError::Transfer(TransferError::NoOutcome) => Code::Internal,
+            // the connection to the other node failed or broke on the way (tonic made the
+            // status here, from its cause): the request may or may not have arrived
+            ApiError::Forwarded(s) | ApiError::Routed { status: s, .. }
+                if std::error::Error::source(s).is_some() =>
+            {
+                Code::Unavailable
+            }
             ApiError::Forwarded(s) | ApiError::Routed { status: s, .. } => s.code(),
         }
     }
@@ -234,5 +241,29 @@ mod tests {
             let status = Status::from(error);
             assert_eq!((status.code(), status.message()), (code, message));
         }
+    }
+
+    /// A routed request whose connection broke on the way is UNAVAILABLE (to retry), not
+    /// the UNKNOWN tonic gives it; the other node's own answer keeps its code.
+    #[test]
+    fn a_broken_connection_to_the_routed_node_is_unavailable() {
+        let routed = |status| ApiError::Routed {
+            node: "127.0.0.1:7001".into(),
+            status,
+        };
+        let broken = Status::from_error(Box::new(std::io::Error::other("connection reset")));
+        assert_eq!(broken.code(), Code::Unknown);
+        let status = Status::from(routed(broken));
+        assert_eq!(status.code(), Code::Unavailable);
+        assert_eq!(
+            status.message(),
+            "routed to 127.0.0.1:7001: connection reset"
+        );
+        let answered = Status::from(routed(Status::unknown("the node's own answer")));
+        assert_eq!(answered.code(), Code::Unknown);
+        let forwarded = ApiError::Forwarded(Status::from_error(Box::new(std::io::Error::other(
+            "broken pipe",
+        ))));
+        assert_eq!(Status::from(forwarded).code(), Code::Unavailable);
     }
 }
