@@ -2,7 +2,8 @@
 //! decides ([`crate::log::membership`]), so several nodes share a region.
 //!
 //! ```text
-//!  Assigned(p…) ─► p's shipping producer (fences p's previous owner, aborts its round)
+//!  Assigned(p…) ─► for every new p at once: p's shipping producer (fences p's previous
+//!                  owner, aborts its round)
 //!               ─► catch up p from the region's own deltas (bootstrap::catch_up)
 //!               ─► p's shipper ─► owned += p (ingest, the mergers and the API follow)
 //!  Revoked(p…)  ─► owned −= p ─► ingest commits its batch and reads p no more
@@ -247,6 +248,18 @@ where
     }
 }
 
+/// A partition caught up and fenced, its shipper not started yet.
+struct Ready {
+    partition: i32,
+    producer: log::Transactional,
+    caught_up: bootstrap::CaughtUp,
+    /// How far the store applied its updates.
+    applied: Option<i64>,
+    /// Its updates' end when it was readied.
+    end: i64,
+    started: std::time::Instant,
+}
+
 /// One running shipper.
 struct Shipping {
     hand_off: watch::Sender<bool>,
@@ -279,14 +292,17 @@ impl Keeper {
                     // the node stops: it handed every partition off before it left
                     Some(Change::Left) => break,
                     Some(Change::Assigned(partitions)) => {
-                        for p in partitions {
-                            if shippers.contains_key(&p) {
+                        let new: Vec<i32> = partitions
+                            .into_iter()
+                            .filter(|p| !shippers.contains_key(p))
+                            .collect();
+                        // all at once: each partition has its own instance and producer
+                        let ready = new.iter().map(|&p| self.ready(p, stop.clone()));
+                        for ready in futures_util::future::join_all(ready).await {
+                            let Some(ready) = ready.inspect_err(|_| self.copies.keep(&shippers))? else {
                                 continue;
-                            }
-                            let taken = self.take(p, &mut running, &mut stop).await;
-                            let Some(shipping) = taken.inspect_err(|_| self.copies.keep(&shippers))? else {
-                                break;
                             };
+                            let (p, shipping) = self.start(ready, &mut running, &stop);
                             shippers.insert(p, shipping);
                         }
                         self.copies.keep(&shippers);
@@ -321,14 +337,14 @@ impl Keeper {
         Ok(())
     }
 
-    /// Takes `partition`: fences its previous owner, catches its copy up, starts its
-    /// shipper, then owns it. `None` if asked to stop meanwhile.
-    async fn take(
+    /// Readies `partition` to be taken: fences its previous owner and catches its copy
+    /// up. `None` if asked to stop meanwhile.
+    async fn ready(
         &self,
         partition: i32,
-        running: &mut JoinSet<(i32, Result<(), ShipError>)>,
-        stop: &mut watch::Receiver<bool>,
-    ) -> Result<Option<Shipping>, KeeperError> {
+        mut stop: watch::Receiver<bool>,
+    ) -> Result<Option<Ready>, KeeperError> {
+        let stop = &mut stop;
         let started = std::time::Instant::now();
         let producer = retried("starting its shipping producer", partition, stop, || {
             ship_producer(&self.config, partition)
@@ -363,17 +379,43 @@ impl Keeper {
             .map_err(|e| KeeperError::CatchUp {
                 partition,
                 source: e.into(),
-            })?;
-        self.shared
-            .applied
-            .send_modify(|at| match applied.get(&partition) {
-                Some(&o) => {
-                    at.insert(partition, o);
-                }
-                None => {
-                    at.remove(&partition);
-                }
-            });
+            })?
+            .get(&partition)
+            .copied();
+        Ok(Some(Ready {
+            partition,
+            producer,
+            caught_up,
+            applied,
+            end,
+            started,
+        }))
+    }
+
+    /// Takes a readied partition: starts its shipper, then owns it.
+    fn start(
+        &self,
+        ready: Ready,
+        running: &mut JoinSet<(i32, Result<(), ShipError>)>,
+        stop: &watch::Receiver<bool>,
+    ) -> (i32, Shipping) {
+        let Ready {
+            partition,
+            producer,
+            caught_up,
+            applied,
+            end,
+            started,
+        } = ready;
+        let topic = &self.config.kafka.updates_topic;
+        self.shared.applied.send_modify(|at| match applied {
+            Some(o) => {
+                at.insert(partition, o);
+            }
+            None => {
+                at.remove(&partition);
+            }
+        });
         let (hand_off, handing_off) = watch::channel(false);
         let shipper = Shipper {
             store: self.store.clone(),
@@ -398,12 +440,12 @@ impl Keeper {
             keys = recovered.keys,
             discarded = caught_up.discarded,
             resume = ?recovered.resume.as_ref().map(|r| &r.updates_offsets),
-            applied = ?applied.get(&partition),
+            applied = ?applied,
             end,
             took_ms = started.elapsed().as_millis() as u64,
             "took the partition"
         );
-        Ok(Some(Shipping { hand_off, task }))
+        (partition, Shipping { hand_off, task })
     }
 
     /// Gives up `partitions`: ingest stops reading them (its batch committed), then each
