@@ -14,7 +14,8 @@
 //!   back: with `standby-replicas = 0` its copy is as old as the join (it merges what was
 //!   shipped since), with `standby-replicas = 1` its warm standby already holds it. Each
 //!   take is timed by the node itself (`took the partition ... took_ms`, the longest of
-//!   the partitions); what a client sees is timed too: from the stop (or the kill) until
+//!   the partitions, and of that the longest fencing, `fenced_ms`: the new shipping
+//!   producer's `init_transactions`); what a client sees is timed too: from the stop (or the kill) until
 //!   a read of a key of each moved partition at the first node is answered (a request for
 //!   a moving partition is answered UNAVAILABLE meanwhile).
 
@@ -67,13 +68,19 @@ async fn settled(nodes: &[Node], partitions: usize) -> anyhow::Result<()> {
 
 /// The longest `took_ms` of the node's log lines containing `what`, after line `from`.
 fn longest_took_ms(node: &Node, what: &str, from: usize) -> (u64, usize) {
+    longest_ms(node, what, "took_ms=", from)
+}
+
+/// The longest value of `field` (`name=`) in the node's log lines containing `what`,
+/// after line `from`; and the number of lines.
+fn longest_ms(node: &Node, what: &str, field: &str, from: usize) -> (u64, usize) {
     let log = std::fs::read_to_string(&node.log).unwrap_or_default();
     let lines: Vec<&str> = log.lines().collect();
     let took = lines[from.min(lines.len())..]
         .iter()
         .filter(|l| l.contains(what))
         .filter_map(|l| {
-            l.split("took_ms=")
+            l.split(field)
                 .nth(1)?
                 .split_whitespace()
                 .next()?
@@ -168,7 +175,7 @@ async fn run() -> anyhow::Result<()> {
     println!("## Partition move: {MOVE_KEYS} keys on 4 partitions, half of them moving");
     println!();
     println!(
-        "| standby-replicas | the second node | cold take by it (longest partition) | more increments | take back by the first node (longest partition) | deltas it merged | moved partitions unavailable at the first node |"
+        "| standby-replicas | the second node | cold take by it (longest partition) | more increments | take back by the first node (longest partition; longest fencing) | deltas it merged | moved partitions unavailable at the first node |"
     );
     println!("|---:|---|---:|---:|---:|---:|---:|");
     for (standby, killed) in [(0, false), (1, false), (1, true)] {
@@ -242,10 +249,11 @@ async fn run() -> anyhow::Result<()> {
         let unavailable = going.elapsed().as_millis();
         settled(&both, 4).await?;
         let (back, _) = longest_took_ms(&both[0], "took the partition", a_lines);
+        let (fenced, _) = longest_ms(&both[0], "took the partition", "fenced_ms=", a_lines);
         let merged = metric(&both[0].metrics, taken)?.unwrap_or(0.0) - merged_before;
         let how = if killed { "killed (SIGKILL)" } else { "stops" };
         println!(
-            "| {standby} | {how} | {cold} ms | {more} | {back} ms | {merged:.0} | {unavailable} ms |"
+            "| {standby} | {how} | {cold} ms | {more} | {back} ms ({fenced} ms) | {merged:.0} | {unavailable} ms |"
         );
     }
     println!();

@@ -258,6 +258,8 @@ struct Ready {
     /// Its updates' end when it was readied.
     end: i64,
     started: std::time::Instant,
+    /// How long its producer's `init_transactions` (the fencing) took.
+    fenced: Duration,
 }
 
 /// One running shipper.
@@ -352,6 +354,7 @@ impl Keeper {
         let Some(producer) = producer.await.unwrap_or_else(|never| match never {}) else {
             return Ok(None);
         };
+        let fenced = started.elapsed();
         let copy = self.copies.take(partition).await;
         let caught_up = retried("catching it up", partition, stop, || {
             bootstrap::catch_up(&self.config, &self.hlc, &self.store, partition)
@@ -389,6 +392,7 @@ impl Keeper {
             applied,
             end,
             started,
+            fenced,
         }))
     }
 
@@ -406,6 +410,7 @@ impl Keeper {
             applied,
             end,
             started,
+            fenced,
         } = ready;
         let topic = &self.config.kafka.updates_topic;
         self.shared.applied.send_modify(|at| match applied {
@@ -442,6 +447,7 @@ impl Keeper {
             resume = ?recovered.resume.as_ref().map(|r| &r.updates_offsets),
             applied = ?applied,
             end,
+            fenced_ms = fenced.as_millis() as u64,
             took_ms = started.elapsed().as_millis() as u64,
             "took the partition"
         );
