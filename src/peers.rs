@@ -60,22 +60,18 @@ impl Peers {
             }
             if owners_read.is_none_or(|at| at.elapsed() >= OWNERS_EVERY) {
                 owners_read = Some(Instant::now());
-                let spec = &self.spec;
-                if let Ok(Some(owners)) =
-                    membership::owners(&spec.kafka, &spec.group, &spec.topic).await
-                {
-                    others = owners.into_values().filter(|a| *a != own).collect();
+                if let Some(now) = self.other_owners().await {
+                    others = now;
                     refused.retain(|a, _| others.contains(a));
                 }
             }
             for address in &others {
                 let refusals = refused.entry(address.clone()).or_default();
-                match tokio::time::timeout(PROBE_TIMEOUT, TcpStream::connect(address)).await {
-                    Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
-                        *refusals += 1;
-                    }
-                    _ => *refusals = 0,
-                }
+                *refusals = if refuses(address, PROBE_TIMEOUT).await {
+                    *refusals + 1
+                } else {
+                    0
+                };
             }
             let dead: BTreeSet<&String> = refused
                 .iter()
@@ -94,13 +90,11 @@ impl Peers {
             // owners read before still named it is not evicted, for a stand-in joining in
             // the place of a member the group no longer has would join as a new member and
             // take partitions for a moment
-            let spec = &self.spec;
-            let Ok(Some(now)) = membership::owners(&spec.kafka, &spec.group, &spec.topic).await
-            else {
+            let Some(now) = self.other_owners().await else {
                 continue;
             };
             owners_read = Some(Instant::now());
-            others = now.into_values().filter(|a| *a != own).collect();
+            others = now;
             for address in dead {
                 if !others.contains(address)
                     || evicted
@@ -126,4 +120,27 @@ impl Peers {
             }
         }
     }
+
+    /// The other nodes owning partitions, as the group names them now (`None`: not read).
+    async fn other_owners(&self) -> Option<BTreeSet<String>> {
+        let spec = &self.spec;
+        let owners = membership::owners(&spec.kafka, &spec.group, &spec.topic)
+            .await
+            .ok()??;
+        Some(
+            owners
+                .into_values()
+                .filter(|a| *a != spec.address)
+                .collect(),
+        )
+    }
+}
+
+/// Whether a connection to `address` is refused (its process is gone); a connection
+/// made, or one that does not answer `within`, is no refusal.
+pub async fn refuses(address: &str, within: Duration) -> bool {
+    matches!(
+        tokio::time::timeout(within, TcpStream::connect(address)).await,
+        Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused
+    )
 }

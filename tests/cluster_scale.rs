@@ -359,6 +359,21 @@ async fn lead_elsewhere(
 
 /// Waits until the node at `addr` holds every shard whose home is its region.
 async fn home_shards_held(addr: &str, within: Duration) -> anyhow::Result<()> {
+    holds_all(addr, within, |s, region| s.home == region).await
+}
+
+/// Waits until the node at `addr` holds `shard` (may write its keys).
+async fn holds(addr: &str, shard: u32, within: Duration) -> anyhow::Result<()> {
+    holds_all(addr, within, |s, _| s.shard == shard).await
+}
+
+/// Waits until the node at `addr` holds every shard `wanted` picks (given the node's
+/// region).
+async fn holds_all(
+    addr: &str,
+    within: Duration,
+    wanted: impl Fn(&pb::ShardLease, &str) -> bool,
+) -> anyhow::Result<()> {
     let mut admin = AdminClient::connect(format!("http://{addr}")).await?;
     let until = Instant::now() + within;
     loop {
@@ -369,14 +384,14 @@ async fn home_shards_held(addr: &str, within: Duration) -> anyhow::Result<()> {
         let missing: Vec<u32> = leases
             .shards
             .iter()
-            .filter(|s| s.home == leases.region && !s.held_here)
+            .filter(|s| wanted(s, &leases.region) && !s.held_here)
             .map(|s| s.shard)
             .collect();
         if missing.is_empty() {
             return Ok(());
         }
         if Instant::now() > until {
-            bail!("{addr} does not hold its home shards {missing:?} within {within:?}");
+            bail!("{addr} does not hold shards {missing:?} within {within:?}");
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -398,29 +413,6 @@ fn added_node() -> anyhow::Result<String> {
         .find(|(r, _)| r == "us-east-1")
         .and_then(|(_, addrs)| addrs.get(1).cloned())
         .context("no added node")
-}
-
-/// Waits until the node at `addr` holds `shard` (may write its keys).
-async fn holds(addr: &str, shard: u32, within: Duration) -> anyhow::Result<()> {
-    let mut admin = AdminClient::connect(format!("http://{addr}")).await?;
-    let until = Instant::now() + within;
-    loop {
-        let status = admin
-            .leases(pb::LeasesRequest::default())
-            .await?
-            .into_inner();
-        if status
-            .shards
-            .iter()
-            .any(|s| s.shard == shard && s.held_here)
-        {
-            return Ok(());
-        }
-        if Instant::now() > until {
-            bail!("{addr} does not hold shard {shard} within {within:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
 }
 
 /// A killed added node never asks to leave the lease group; the group's leader finds its

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use openraft::{BasicNode, ChangeMembers, Raft};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::{oneshot, watch};
 use tokio_stream::wrappers::TcpListenerStream;
 
@@ -25,6 +25,7 @@ use super::network::{self, Channels, LearnerChange, Network, Proposer, Service};
 use super::raft_store::{self, LeaseRaft, TableView};
 use crate::clock::Clock;
 use crate::config::LeaseConfig;
+use crate::peers::refuses;
 
 #[derive(Debug, thiserror::Error)]
 pub enum MemberError {
@@ -228,12 +229,11 @@ async fn prune_learners(raft: Raft<LeaseRaft>) {
         refused.retain(|id, _| learners.contains_key(id));
         for (id, addr) in learners {
             let refusals = refused.entry(id).or_default();
-            match tokio::time::timeout(LEARNER_PROBE, TcpStream::connect(&addr)).await {
-                Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
-                    *refusals += 1;
-                }
-                _ => *refusals = 0,
-            }
+            *refusals = if refuses(&addr, LEARNER_PROBE).await {
+                *refusals + 1
+            } else {
+                0
+            };
             if *refusals < LEARNER_REFUSALS {
                 continue;
             }
