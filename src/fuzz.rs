@@ -320,6 +320,7 @@ fn write_corpus() {
             origin_time: HlcTimestamp::new(1_799_999_999_000_000_000, 0),
             epoch: state.epoch(),
             state: state.clone(),
+            recent_ids: Vec::new(),
         };
         write("delta", &format!("{i}.pb"), &delta.encode());
         write(

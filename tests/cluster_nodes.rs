@@ -148,6 +148,7 @@ async fn aborted_deltas_are_never_mirrored() -> anyhow::Result<()> {
                 0,
             ),
             epoch: 0,
+            recent_ids: Vec::new(),
         }
         .encode())
     };

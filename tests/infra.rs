@@ -40,6 +40,7 @@ async fn mirror_one(cluster: &Cluster, from: &str, to: &str) -> anyhow::Result<D
         state: CrdtValue::GCounter(counter),
         origin_time: HlcTimestamp::new(1, 0),
         epoch: 0,
+        recent_ids: Vec::new(),
     };
     let payload = delta.encode();
 

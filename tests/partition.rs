@@ -139,6 +139,7 @@ async fn a_cut_off_holder_loses_its_shard_and_epochs_never_overlap() -> anyhow::
         state: CrdtValue::LwwRegister(LwwRegister::new(b"stale".to_vec(), stamp.clone())),
         origin_time: stamp.hlc,
         epoch: old_epoch,
+        recent_ids: Vec::new(),
     };
     let producer = common::producer(&cluster.regions[&holder.name].kafka)?;
     producer

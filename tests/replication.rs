@@ -308,6 +308,7 @@ async fn replayed_reordered_deltas_change_nothing_and_a_clock_ahead_delta_is_hel
         state: CrdtValue::GCounter(ahead),
         origin_time: geostate::clock::HlcTimestamp::new(now.as_nanos() as u64 + 5_000_000_000, 0),
         epoch: 0,
+        recent_ids: Vec::new(),
     };
     produce_all(
         &producer,

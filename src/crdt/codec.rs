@@ -18,6 +18,9 @@ pub struct Delta {
     pub origin_time: HlcTimestamp,
     /// The origin's lease epoch for an owned key; 0 for a shared key.
     pub epoch: u64,
+    /// The key's idempotency window at the origin after the batch, oldest first (kept by
+    /// a copy of the origin's own partition only).
+    pub recent_ids: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -41,6 +44,7 @@ impl Delta {
             state: Some(encode_state(&self.state)),
             origin_time: Some(hlc_to_pb(self.origin_time)),
             epoch: self.epoch,
+            recent_ids: self.recent_ids.clone(),
         }
         .encode_to_vec()
     }
@@ -58,6 +62,7 @@ impl Delta {
             })?),
             epoch: raw.epoch,
             key: raw.key,
+            recent_ids: raw.recent_ids,
         })
     }
 }
@@ -297,6 +302,7 @@ mod tests {
             state: None,
             origin_time: None,
             epoch: 0,
+            recent_ids: Vec::new(),
         }
         .encode_to_vec();
         assert_eq!(
@@ -309,6 +315,7 @@ mod tests {
             state: None,
             origin_time: None,
             epoch: 0,
+            recent_ids: Vec::new(),
         }
         .encode_to_vec();
         assert!(matches!(

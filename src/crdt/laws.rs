@@ -203,10 +203,11 @@ proptest! {
     fn delta_encoding_round_trips(
         state in arb_value(), key in "[a-z/0-9]{0,20}", origin in 0..REGIONS.len(),
         wall in any::<u64>(), logical in any::<u32>(), epoch in any::<u64>(),
+        recent_ids in proptest::collection::vec(".{0,8}", 0..4),
     ) {
         let delta = Delta {
             key, origin: region(origin), state,
-            origin_time: HlcTimestamp::new(wall, logical), epoch,
+            origin_time: HlcTimestamp::new(wall, logical), epoch, recent_ids,
         };
         prop_assert_eq!(Delta::decode(&delta.encode()).unwrap(), delta);
     }

@@ -385,7 +385,7 @@ pub fn apply_batch<S: StateSource>(
             Err(why) => out.rejected.push((record, why)),
         }
     }
-    finish(work, ctx, &mut out);
+    finish(work, source, ctx, &mut out)?;
     Ok(out)
 }
 
@@ -454,28 +454,47 @@ fn apply_one(
     Ok(())
 }
 
-/// Every changed key's new state and own-part delta, and every changed id window.
-fn finish(work: BTreeMap<String, Working>, ctx: &BatchContext<'_>, out: &mut Applied) {
+/// Every changed key's new state and own-part delta, and every changed id window. The
+/// delta carries the key's whole window (read for a key no record of the batch had an id
+/// for), so a copy of the partition rebuilt from the deltas topic skips the same retries.
+fn finish<S: StateSource>(
+    work: BTreeMap<String, Working>,
+    source: &S,
+    ctx: &BatchContext<'_>,
+    out: &mut Applied,
+) -> Result<(), S::Error> {
     let region = &ctx.actor.region;
     for (key, entry) in work {
+        let (true, Some(state)) = (entry.state_changed, entry.state) else {
+            if entry.ids_changed
+                && let Some(ids) = entry.recent_ids
+            {
+                out.recent_ids.insert(key, ids);
+            }
+            continue;
+        };
+        if let Some(own) = state.own_part(region) {
+            let recent_ids = match &entry.recent_ids {
+                Some(ids) => ids.iter().cloned().collect(),
+                None => source.recent_ids(&key)?.into(),
+            };
+            out.outbox.push(Delta {
+                key: key.clone(),
+                origin: region.clone(),
+                origin_time: ctx.origin_time,
+                epoch: own.epoch(),
+                state: own,
+                recent_ids,
+            });
+        }
         if entry.ids_changed
             && let Some(ids) = entry.recent_ids
         {
             out.recent_ids.insert(key.clone(), ids);
         }
-        if let (true, Some(state)) = (entry.state_changed, entry.state) {
-            if let Some(own) = state.own_part(region) {
-                out.outbox.push(Delta {
-                    key: key.clone(),
-                    origin: region.clone(),
-                    origin_time: ctx.origin_time,
-                    epoch: own.epoch(),
-                    state: own,
-                });
-            }
-            out.states.insert(key, state);
-        }
+        out.states.insert(key, state);
     }
+    Ok(())
 }
 
 /// A counter's value domain: every region keeps its own part (the sum of its writes)
@@ -904,6 +923,45 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert_eq!(out.recent_ids["requests/a"], ["x", "y"]);
+    }
+
+    /// A source whose keys all had ids "x" and "y" applied.
+    struct Windowed;
+    impl StateSource for Windowed {
+        type Error = std::convert::Infallible;
+        fn state(&self, _key: &str) -> Result<Option<CrdtValue>, Self::Error> {
+            Ok(None)
+        }
+        fn recent_ids(&self, _key: &str) -> Result<VecDeque<String>, Self::Error> {
+            Ok(VecDeque::from(["x".to_string(), "y".to_string()]))
+        }
+    }
+
+    #[test]
+    fn every_delta_carries_its_keys_whole_id_window() {
+        let out = run(
+            vec![
+                record(0, 1, r#"{"key":"requests/a","add":1,"id":"z"}"#),
+                record(0, 2, r#"{"key":"requests/b","add":1}"#),
+                record(0, 3, r#"{"key":"requests/c","add":1,"id":"x"}"#),
+            ],
+            &Windowed,
+        );
+        let windows: BTreeMap<&str, &[String]> = out
+            .outbox
+            .iter()
+            .map(|d| (d.key.as_str(), d.recent_ids.as_slice()))
+            .collect();
+        assert_eq!(
+            windows,
+            BTreeMap::from([
+                ("requests/a", &["x", "y", "z"].map(String::from)[..]),
+                // no id in this batch: the stored window all the same
+                ("requests/b", &["x", "y"].map(String::from)[..]),
+            ]),
+            "requests/c's record is a duplicate: nothing changed, nothing ships"
+        );
+        assert_eq!(out.duplicates, 1);
     }
 
     #[test]

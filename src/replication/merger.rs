@@ -121,6 +121,10 @@ pub struct Merged {
     /// Per partition, the delta it is held at and why: neither it nor anything after it
     /// in its partition is merged, and `offsets` stops just before it.
     pub held: BTreeMap<i32, (i64, Refusal)>,
+    /// Per key, the id window of the last delta merged that carried one (at most
+    /// `ingest.dedup-window` ids, the newest): kept only by a copy of the node's own
+    /// region (`merge_and_commit`).
+    pub recent_ids: BTreeMap<String, VecDeque<String>>,
 }
 
 impl Merged {
@@ -155,7 +159,7 @@ pub fn merge_batch<S: StateSource>(
         if control_record(record, remote, &mut out) {
             continue;
         }
-        let (delta, ownership) = match check(record, remote, namespaces, limits, hlc) {
+        let (mut delta, ownership) = match check(record, remote, namespaces, limits, hlc) {
             Ok(checked) => checked,
             Err(why) if why.holds().is_some() => {
                 // read again from here: everything before it in the partition is done
@@ -181,6 +185,11 @@ pub fn merge_batch<S: StateSource>(
                 *slot = Some(state);
                 out.newest = out.newest.max(Some(delta.origin_time));
                 out.merged += 1;
+                if !delta.recent_ids.is_empty() {
+                    let skip = delta.recent_ids.len().saturating_sub(limits.dedup_window);
+                    let ids = delta.recent_ids.drain(skip..).collect();
+                    out.recent_ids.insert(delta.key, ids);
+                }
             }
             // the key stays as it was
             Err(why) => out.refused.push((record.partition, record.offset, why)),
@@ -295,6 +304,13 @@ fn check(
     {
         return Err(too_large("value", r.value().len(), limits.max_value_bytes));
     }
+    if let Some(id) = delta
+        .recent_ids
+        .iter()
+        .find(|id| id.len() > limits.max_id_bytes)
+    {
+        return Err(too_large("idempotency id", id.len(), limits.max_id_bytes));
+    }
     if !delta.state.is_all_from(remote) {
         return Err(Refusal::NotOwnPart {
             key: delta.key.clone(),
@@ -345,6 +361,7 @@ pub async fn merge_and_commit(
             &hlc,
         )?;
         let no_offsets = BTreeMap::new();
+        let no_ids = BTreeMap::new();
         store.commit(&Commit {
             topic: positions.as_deref().unwrap_or_default(),
             states: &merged.states,
@@ -354,7 +371,12 @@ pub async fn merge_and_commit(
                 &no_offsets
             },
             outbox: &[],
-            recent_ids: &BTreeMap::<String, VecDeque<String>>::new(),
+            // the origin's windows are this region's only for a copy of its own deltas
+            recent_ids: if origin == config.region {
+                &merged.recent_ids
+            } else {
+                &no_ids
+            },
             hlc_high_water: hlc.now(),
             remote_applied: positions
                 .is_some()
@@ -656,6 +678,7 @@ mod tests {
             state: CrdtValue::GCounter(c),
             origin_time: HlcTimestamp::new(at, 0),
             epoch: 0,
+            recent_ids: Vec::new(),
         };
         record(&d, at)
     }
@@ -710,6 +733,42 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert_eq!(a.newest, Some(HlcTimestamp::new(2, 0)));
+    }
+
+    /// The id window a delta carries: the last merged one per key wins, cut to the newest
+    /// `dedup-window` ids; a delta with an id over `max-id-bytes` is refused whole.
+    #[test]
+    fn the_last_merged_window_of_a_key_is_kept_cut_to_the_dedup_window() {
+        let hlc = Hlc::new(
+            Arc::new(ManualClock::new(100 * SEC)),
+            Duration::from_millis(500),
+        );
+        let origin = RegionId::new("us-east-1").unwrap();
+        let with_ids = |count, at, ids: Vec<String>| {
+            let mut d = Delta::decode(
+                delta("us-east-1", "requests/a", count, at)
+                    .payload
+                    .as_deref()
+                    .unwrap(),
+            )
+            .unwrap();
+            d.recent_ids = ids;
+            record(&d, at)
+        };
+        let path = crate::repo_file("regions/us-east-1.toml");
+        let config = Config::load(&path).unwrap();
+        let window = config.ingest.dedup_window;
+        let many: Vec<String> = (0..window + 3).map(|i| i.to_string()).collect();
+        let records = [
+            with_ids(1, 1, vec!["a".into()]),
+            with_ids(2, 2, many.clone()),
+            with_ids(3, 3, vec!["x".repeat(config.ingest.max_id_bytes + 1)]),
+        ];
+        let out = merge(&records, &BTreeMap::new(), &origin, &hlc).unwrap();
+        assert_eq!(out.merged, 2);
+        assert_eq!(out.recent_ids["requests/a"], &many[3..]);
+        let refused: Vec<_> = out.refused.iter().map(|r| (r.1, r.2.code())).collect();
+        assert_eq!(refused, [(3, "too_large")]);
     }
 
     /// A delta the key's stored state cannot take (its namespace changed type) is refused
@@ -798,6 +857,7 @@ mod tests {
             state: CrdtValue::LwwRegister(reg),
             origin_time: HlcTimestamp::new(at, 0),
             epoch,
+            recent_ids: Vec::new(),
         };
         record(&d, at)
     }
@@ -862,6 +922,7 @@ mod tests {
                 state: CrdtValue::GCounter(c),
                 origin_time: HlcTimestamp::new(5, 0),
                 epoch: 0,
+                recent_ids: Vec::new(),
             },
             5,
         );

@@ -618,6 +618,7 @@ mod tests {
             state: counter(n),
             origin_time: HlcTimestamp::new(1, 0),
             epoch: 0,
+            recent_ids: Vec::new(),
         }
     }
 
