@@ -33,6 +33,7 @@ use crate::ingest::ingestor::IngestShared;
 use crate::log::membership::{self, Change, REVOKE_WAIT};
 use crate::log::{self, LogError};
 use crate::metrics as m;
+use crate::replication::Freshness;
 use crate::replication::bootstrap::{self, BootstrapError};
 use crate::replication::shipper::{ShipError, Shipper};
 use crate::shutdown::stopped;
@@ -278,6 +279,8 @@ pub struct Keeper {
     /// Told once the first assignment was taken (empty or not).
     pub first_taken: Option<tokio::sync::oneshot::Sender<()>>,
     pub copies: Arc<Copies>,
+    /// What each partition's copy holds of the remote regions: loaded at each take.
+    pub freshness: Arc<Freshness>,
 }
 
 impl Keeper {
@@ -367,6 +370,13 @@ impl Keeper {
         drop(copy);
         metrics::counter!(m::CATCH_UP_DELTAS, "by" => "take")
             .increment(caught_up.recovered.deltas as u64);
+        let held = self.store.remote_applied(partition);
+        let held = held.map_err(|e| KeeperError::CatchUp {
+            partition,
+            source: e.into(),
+        })?;
+        let now = self.hlc.physical().now_nanos();
+        self.freshness.taken(partition, held, now);
         let topic = &self.config.kafka.updates_topic;
         // what the previous owner may have applied and acknowledged: up to the end now
         let ends = retried("reading its end", partition, stop, || {

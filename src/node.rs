@@ -313,11 +313,12 @@ impl Opened {
                 tracing::warn!(within = ?LEARNER_CATCH_UP, "this learner's lease table is not current yet; it joins the region's group anyway, and refuses owned keys until it holds their leases");
             }
         }
+        let freshness = Arc::new(Freshness::default());
         let group = self
-            .join_group(&mut tasks, &shared, &address, &stop_rx)
+            .join_group(&mut tasks, &shared, &freshness, &address, &stop_rx)
             .await?;
-        let (freshness, remotes) =
-            self.spawn_mergers(&mut tasks, &shared, partitions.len(), &stop_rx)?;
+        let remotes =
+            self.spawn_mergers(&mut tasks, &shared, &freshness, partitions.len(), &stop_rx)?;
         self.spawn_ingest(&mut tasks, &shared, &remotes, &leases, &stop_rx)?;
         let (checkpoints, checkpoint_status) =
             self.spawn_checkpointer(&mut tasks, &shared, &stop_rx)?;
@@ -372,6 +373,7 @@ impl Opened {
         &self,
         tasks: &mut Tasks,
         shared: &Arc<IngestShared>,
+        freshness: &Arc<Freshness>,
         address: &str,
         stop: &watch::Receiver<bool>,
     ) -> Result<Membership, NodeError> {
@@ -400,6 +402,7 @@ impl Opened {
             changes,
             first_taken: Some(first_taken),
             copies: copies.clone(),
+            freshness: freshness.clone(),
         };
         tasks.spawn(
             "the partition keeper",
@@ -470,15 +473,15 @@ impl Opened {
         Ok((Some(member), Some(leases)))
     }
 
-    /// One merger per remote region, and the freshness they feed.
+    /// One merger per remote region, feeding `freshness`.
     fn spawn_mergers(
         &self,
         tasks: &mut Tasks,
         shared: &Arc<IngestShared>,
+        freshness: &Arc<Freshness>,
         partitions: usize,
         stop: &watch::Receiver<bool>,
-    ) -> Result<(Arc<Freshness>, Vec<Arc<RemoteProgress>>), NodeError> {
-        let freshness = Arc::new(Freshness::new(self.store.remote_applied()?));
+    ) -> Result<Vec<Arc<RemoteProgress>>, NodeError> {
         let mut remotes = Vec::new();
         for remote in &self.config.replication.remotes {
             let progress = Arc::new(RemoteProgress::new(
@@ -498,7 +501,7 @@ impl Opened {
             let name = format!("merging {}'s deltas", remote.region);
             tasks.spawn(name, OnStop::Finish, merger.run(stop.clone()));
         }
-        Ok((freshness, remotes))
+        Ok(remotes)
     }
 
     fn spawn_ingest(

@@ -385,6 +385,125 @@ async fn a_retry_applied_before_its_partition_moved_is_skipped_by_the_new_owner(
     Ok(())
 }
 
+/// `key`'s count at `node` and the newest eu-west-1 time its freshness says it holds.
+async fn eu_applied(node: &Node, key: &str) -> anyhow::Result<(i64, (u64, u32))> {
+    let value = node
+        .state()
+        .await?
+        .get(pb::GetRequest {
+            key: key.into(),
+            leaseholder: false,
+        })
+        .await?
+        .into_inner();
+    let remotes = value
+        .freshness
+        .clone()
+        .map(|f| f.remotes)
+        .unwrap_or_default();
+    let Some(applied) = remotes
+        .iter()
+        .find(|r| r.region == "eu-west-1")
+        .and_then(|r| r.applied.as_ref())
+    else {
+        return Ok((counter(&value), (0, 0)));
+    };
+    Ok((counter(&value), (applied.wall_nanos, applied.logical)))
+}
+
+/// Waits until `key` reads `(count, applied)` at `node`; fails with what it read last.
+async fn reads(
+    node: &Node,
+    key: &str,
+    want: (i64, (u64, u32)),
+    within: Duration,
+) -> anyhow::Result<()> {
+    let until = Instant::now() + within;
+    loop {
+        let read = eu_applied(node, key).await?;
+        if read == want {
+            return Ok(());
+        }
+        if Instant::now() > until {
+            bail!("{key} reads (count, eu-west-1 applied) {read:?}, not {want:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// A read's freshness is its key's partition's: two us-east-1 nodes merge an eu-west-1
+/// node's deltas; eu-west-1 writes every key, then only one key. Another key of the same
+/// node still reports the older time, and so it does at the other node once both keys'
+/// partitions moved there (the region-wide newest would claim deltas the other key's
+/// partition never received).
+#[tokio::test]
+async fn a_reads_freshness_is_its_partitions_also_after_a_move() -> anyhow::Result<()> {
+    let mut region = Region::new("fresh").await?;
+    let eu_topics = Topics::create(&region.kafka, "fresh-eu", PARTITIONS).await?;
+    let eu_dir = tempfile::tempdir()?;
+    let mut eu =
+        Node::configure_region(eu_dir.path(), "eu-west-1", &region.kafka, &eu_topics, &[])?;
+    eu.start().await?;
+    let remote = [("eu-west-1", eu_topics.deltas.as_str())];
+    let mut nodes = Vec::new();
+    for _ in 0..2 {
+        let dir = tempfile::tempdir()?;
+        let node = Node::configure_region(
+            dir.path(),
+            "us-east-1",
+            &region.kafka,
+            &region.topics,
+            &remote,
+        )?;
+        region.dirs.push(dir);
+        nodes.push(node);
+    }
+    let (mut b, mut a) = (nodes.pop().unwrap(), nodes.pop().unwrap());
+    let wait = Duration::from_secs(90);
+    let (owned, _) = start_pair(&mut a, &mut b, wait).await?;
+    // x: a node owning two partitions or more (of four, one of the two does)
+    let (mut x, y, mine) = if owned[0].len() >= 2 {
+        (a, b, owned[0].clone())
+    } else {
+        (b, a, owned[1].clone())
+    };
+    let base = region.base.clone();
+    let key_on = |p: i32| {
+        (0..KEYS)
+            .map(|i| format!("requests/{base}-{i}"))
+            .find(|k| geostate::log::partition_of(k.as_bytes(), PARTITIONS) == p)
+    };
+    let (Some(hot), Some(cold)) = (key_on(mine[0]), key_on(mine[1])) else {
+        bail!("no key on partitions {mine:?}");
+    };
+    produce_all(&region.producer, &eu_topics.updates, &events(&base, 1)).await?;
+    exact(&x, &base, 1, wait).await?;
+    let again: Vec<_> = events(&base, 2)
+        .into_iter()
+        .filter(|(k, _)| k == &hot)
+        .collect();
+    produce_all(&region.producer, &eu_topics.updates, &again).await?;
+    let twice = 2 * again.len() as i64;
+    let until = Instant::now() + wait;
+    while eu_applied(&x, &hot).await?.0 < twice {
+        if Instant::now() > until {
+            bail!("{hot} did not count eu-west-1's second round within {wait:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (at_hot, at_cold) = (eu_applied(&x, &hot).await?, eu_applied(&x, &cold).await?);
+    assert!(
+        at_cold.1 < at_hot.1,
+        "{cold} reports eu-west-1 as of {at_cold:?}, as {hot} does ({at_hot:?}), which alone got the later round"
+    );
+
+    x.terminate(wait).await?;
+    owns_all(&y, wait).await?;
+    reads(&y, &hot, at_hot, wait).await?;
+    reads(&y, &cold, at_cold, wait).await?;
+    Ok(())
+}
+
 /// A node's metric `line` (a name with its labels), 0 if absent.
 fn gauge(node: &Node, line: &str) -> anyhow::Result<f64> {
     Ok(common::metric(&node.metrics, &format!("{line} "))?.unwrap_or(0.0))

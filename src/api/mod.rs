@@ -335,16 +335,17 @@ impl Handler {
     fn read(&self, key: &str) -> Result<pb::Value, ApiError> {
         let crdt = self.crdt_of(key)?;
         let mut value = convert::value(key, crdt, self.0.store.get(key)?.as_ref())?;
-        self.fill_freshness(&mut value);
+        self.fill_freshness(&mut value, self.partition_of(key));
         Ok(value)
     }
 
-    fn fill_freshness(&self, value: &mut pb::Value) {
+    /// What the key's partition holds of each remote region.
+    fn fill_freshness(&self, value: &mut pb::Value, partition: i32) {
         if let Some(f) = value.freshness.as_mut() {
             f.remotes = self
                 .0
                 .freshness
-                .snapshot()
+                .of(partition)
                 .into_iter()
                 .map(|(region, r)| pb::RemoteFreshness {
                     region: region.to_string(),
@@ -704,7 +705,7 @@ impl Handler {
             .await;
         let owned: Vec<i32> = api.shared.owned.borrow().iter().copied().collect();
         let partitions = partition_status(&owned, &applied, ends.as_ref());
-        let freshness = api.freshness.snapshot();
+        let freshness = api.freshness.newest(&owned.iter().copied().collect());
         let mut remotes = Vec::with_capacity(api.remotes.len());
         for progress in &api.remotes {
             let remote = &progress.remote;

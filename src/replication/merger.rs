@@ -108,8 +108,8 @@ pub struct Merged {
     pub states: BTreeMap<String, CrdtValue>,
     pub offsets: BTreeMap<i32, i64>,
     pub refused: Vec<(i32, i64, Refusal)>,
-    /// The newest origin time among the merged deltas.
-    pub newest: Option<HlcTimestamp>,
+    /// Per partition, the newest origin time among the merged deltas.
+    pub newest: BTreeMap<i32, HlcTimestamp>,
     pub merged: usize,
     /// Per partition, the newest heartbeat among the records (not a delta: never merged).
     pub heartbeats: BTreeMap<i32, u64>,
@@ -183,7 +183,8 @@ pub fn merge_batch<S: StateSource>(
             Ok(state) => {
                 out.states.insert(delta.key.clone(), state.clone());
                 *slot = Some(state);
-                out.newest = out.newest.max(Some(delta.origin_time));
+                let newest = out.newest.entry(record.partition).or_default();
+                *newest = (*newest).max(delta.origin_time);
                 out.merged += 1;
                 if !delta.recent_ids.is_empty() {
                     let skip = delta.recent_ids.len().saturating_sub(limits.dedup_window);
@@ -378,11 +379,7 @@ pub async fn merge_and_commit(
                 &no_ids
             },
             hlc_high_water: hlc.now(),
-            remote_applied: positions
-                .is_some()
-                .then_some(merged.newest)
-                .flatten()
-                .map(|newest| (&origin, newest)),
+            remote_applied: positions.is_some().then_some((&origin, &merged.newest)),
             fences: &BTreeMap::new(),
         })?;
         Ok(merged)
@@ -634,13 +631,12 @@ impl Merger {
         let held = merged
             .hold_for()
             .map(|wait| (merged.held.keys().copied().collect(), wait));
-        if let Some(newest) = merged.newest {
-            let lag = self.freshness.record(
-                &self.remote().region,
-                newest,
-                self.hlc.physical().now_nanos(),
-            );
-            metrics::histogram!(m::REPLICATION_LAG_SECONDS, "region" => region)
+        let now = self.hlc.physical().now_nanos();
+        for (&partition, &newest) in &merged.newest {
+            let lag = self
+                .freshness
+                .record(&self.remote().region, partition, newest, now);
+            metrics::histogram!(m::REPLICATION_LAG_SECONDS, "region" => region.clone())
                 .record(lag.as_secs_f64());
         }
         if self.shared.changes.receiver_count() > 0 && !merged.states.is_empty() {
@@ -732,7 +728,7 @@ mod tests {
             CrdtValue::GCounter(c) => assert_eq!(c.value(), 9, "local 4 + remote 5"),
             other => panic!("{other:?}"),
         }
-        assert_eq!(a.newest, Some(HlcTimestamp::new(2, 0)));
+        assert_eq!(a.newest, BTreeMap::from([(0, HlcTimestamp::new(2, 0))]));
     }
 
     /// The id window a delta carries: the last merged one per key wins, cut to the newest

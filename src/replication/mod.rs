@@ -14,7 +14,7 @@ pub mod bootstrap;
 pub mod merger;
 pub mod shipper;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Mutex, RwLock};
 use std::time::Duration;
@@ -118,60 +118,107 @@ pub struct RemoteFreshness {
     pub lag: Duration,
 }
 
-/// Per remote region, the newest delta merged and its lag; shared with the API.
+/// Per partition and remote region, the newest delta merged and its lag; shared with the
+/// API. A partition's entry is loaded from its copy when this node takes it, so a read
+/// reports what the key's own partition holds, also right after a move.
 #[derive(Debug, Default)]
 pub struct Freshness {
-    remotes: RwLock<BTreeMap<RegionId, RemoteFreshness>>,
+    partitions: RwLock<BTreeMap<i32, BTreeMap<RegionId, RemoteFreshness>>>,
 }
 
 impl Freshness {
-    /// Starts from what the store remembers (lag unknown until the next merge).
-    pub fn new(applied: BTreeMap<RegionId, HlcTimestamp>) -> Self {
-        let remotes = applied
+    /// A partition this node takes, whose copy holds each remote's deltas up to `stored`.
+    /// Until the next merge its lag is the age of that newest delta (an upper bound).
+    pub fn taken(&self, partition: i32, stored: BTreeMap<RegionId, HlcTimestamp>, now_nanos: u64) {
+        let remotes = stored
             .into_iter()
             .map(|(r, applied)| {
-                (
-                    r,
-                    RemoteFreshness {
-                        applied,
-                        lag: Duration::ZERO,
-                    },
-                )
+                let lag = Duration::from_nanos(now_nanos.saturating_sub(applied.wall_nanos));
+                (r, RemoteFreshness { applied, lag })
             })
             .collect();
-        Self {
-            remotes: RwLock::new(remotes),
-        }
+        self.write().insert(partition, remotes);
     }
 
-    /// Records a merge of deltas up to `newest` at local time `now_nanos`; returns the lag.
-    pub fn record(&self, remote: &RegionId, newest: HlcTimestamp, now_nanos: u64) -> Duration {
+    /// Records a merge into `partition` of deltas up to `newest` at local time
+    /// `now_nanos` (nothing for a partition this node never took); returns the lag.
+    pub fn record(
+        &self,
+        remote: &RegionId,
+        partition: i32,
+        newest: HlcTimestamp,
+        now_nanos: u64,
+    ) -> Duration {
         let lag = Duration::from_nanos(now_nanos.saturating_sub(newest.wall_nanos));
-        let mut remotes = self.remotes.write().unwrap_or_else(|p| p.into_inner());
-        let entry = remotes.entry(remote.clone()).or_insert(RemoteFreshness {
+        let fresh = RemoteFreshness {
             applied: newest,
             lag,
-        });
-        if newest >= entry.applied {
-            *entry = RemoteFreshness {
-                applied: newest,
-                lag,
-            };
+        };
+        if let Some(remotes) = self.write().get_mut(&partition) {
+            let entry = remotes.entry(remote.clone()).or_insert(fresh);
+            if newest >= entry.applied {
+                *entry = fresh;
+            }
         }
         lag
     }
 
-    pub fn snapshot(&self) -> BTreeMap<RegionId, RemoteFreshness> {
-        self.remotes
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+    /// What `partition`'s copy holds of each remote region.
+    pub fn of(&self, partition: i32) -> BTreeMap<RegionId, RemoteFreshness> {
+        self.read().get(&partition).cloned().unwrap_or_default()
+    }
+
+    /// Per remote region, the newest delta merged into any of `owned`.
+    pub fn newest(&self, owned: &BTreeSet<i32>) -> BTreeMap<RegionId, RemoteFreshness> {
+        let mut out: BTreeMap<RegionId, RemoteFreshness> = BTreeMap::new();
+        let partitions = self.read();
+        let held = partitions.iter().filter(|(p, _)| owned.contains(p));
+        for (region, fresh) in held.flat_map(|(_, remotes)| remotes) {
+            let kept = out.entry(region.clone()).or_insert(*fresh);
+            if fresh.applied > kept.applied {
+                *kept = *fresh;
+            }
+        }
+        out
+    }
+
+    fn read(
+        &self,
+    ) -> std::sync::RwLockReadGuard<'_, BTreeMap<i32, BTreeMap<RegionId, RemoteFreshness>>> {
+        self.partitions.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write(
+        &self,
+    ) -> std::sync::RwLockWriteGuard<'_, BTreeMap<i32, BTreeMap<RegionId, RemoteFreshness>>> {
+        self.partitions.write().unwrap_or_else(|p| p.into_inner())
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A read reports its own partition: one merged into recently does not make another
+    /// look fresh; a partition taken reports its copy, with its age as the lag.
+    #[test]
+    fn freshness_is_per_partition_and_a_taken_partition_reports_its_copy() {
+        let eu = RegionId::new("eu-west-1").unwrap();
+        let at = |s: u64| HlcTimestamp::new(s * 1_000_000_000, 0);
+        let fresh = Freshness::default();
+        fresh.taken(0, BTreeMap::new(), 0);
+        fresh.taken(1, BTreeMap::new(), 0);
+        fresh.record(&eu, 0, at(10), 10_500_000_000);
+        fresh.record(&eu, 1, at(3), 3_100_000_000);
+        fresh.record(&eu, 2, at(11), 11_000_000_000);
+        assert_eq!(fresh.of(1)[&eu].applied, at(3));
+        assert!(fresh.of(2).is_empty(), "not held: nothing recorded");
+        assert_eq!(fresh.newest(&BTreeSet::from([0, 1]))[&eu].applied, at(10));
+        fresh.taken(2, BTreeMap::from([(eu.clone(), at(4))]), 12_000_000_000);
+        let taken = fresh.of(2)[&eu];
+        assert_eq!((taken.applied, taken.lag), (at(4), Duration::from_secs(8)));
+        assert_eq!(fresh.newest(&BTreeSet::from([1, 2]))[&eu].applied, at(4));
+    }
 
     /// Every partition heard from since the oldest of their newest heartbeats; nothing
     /// until each partition has been heard from once.

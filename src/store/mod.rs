@@ -91,9 +91,9 @@ pub struct Commit<'a> {
     pub outbox: &'a [Delta],
     pub recent_ids: &'a BTreeMap<String, VecDeque<String>>,
     pub hlc_high_water: HlcTimestamp,
-    /// For a batch of merged remote deltas: the remote region and the newest origin time
-    /// applied from it.
-    pub remote_applied: Option<(&'a RegionId, HlcTimestamp)>,
+    /// For a batch of merged remote deltas: the remote region and, per partition, the
+    /// newest origin time applied from it there.
+    pub remote_applied: Option<(&'a RegionId, &'a BTreeMap<i32, HlcTimestamp>)>,
     /// Owned shards' fences per updates partition (highest lease epoch applied), written
     /// with the states.
     pub fences: &'a BTreeMap<(u32, i32), u64>,
@@ -405,16 +405,12 @@ impl Store {
         Ok(newest)
     }
 
-    /// Per remote region, the newest origin time merged from it.
-    pub fn remote_applied(&self) -> Result<BTreeMap<RegionId, HlcTimestamp>, StoreError> {
-        let mut out: BTreeMap<RegionId, HlcTimestamp> = BTreeMap::new();
-        for part in &self.parts {
-            for (region, newest) in part.remote_applied()? {
-                let kept = out.entry(region).or_insert(newest);
-                *kept = (*kept).max(newest);
-            }
-        }
-        Ok(out)
+    /// Per remote region, the newest origin time merged from it into `partition`.
+    pub fn remote_applied(
+        &self,
+        partition: i32,
+    ) -> Result<BTreeMap<RegionId, HlcTimestamp>, StoreError> {
+        self.part(partition)?.remote_applied()
     }
 
     pub fn get(&self, key: &str) -> Result<Option<CrdtValue>, StoreError> {
@@ -553,9 +549,9 @@ impl Store {
     }
 
     /// Writes one applied batch, each partition's part atomically (see the module
-    /// guarantee): states, ids and outbox entries by their key's partition, offsets and
-    /// fences by the partition they name; every written partition gets the clock's
-    /// high-water mark and the remote's newest time.
+    /// guarantee): states, ids and outbox entries by their key's partition, offsets,
+    /// fences and the remote's newest time by the partition they name; every written
+    /// partition gets the clock's high-water mark.
     pub fn commit(&self, commit: &Commit<'_>) -> Result<(), StoreError> {
         let mut split: Vec<PartCommit<'_>> = (0..self.parts.len())
             .map(|_| PartCommit::default())
@@ -578,6 +574,12 @@ impl Store {
             split[partition as usize]
                 .fences
                 .insert((shard, partition), epoch);
+        }
+        if let Some((region, newest)) = commit.remote_applied {
+            for (&partition, &at) in newest {
+                self.part(partition)?;
+                split[partition as usize].remote_applied = Some((region, at));
+            }
         }
         for (part, split) in self.parts.iter().zip(&split) {
             if !split.is_empty() {
@@ -638,7 +640,7 @@ mod tests {
                 hlc_high_water: HlcTimestamp::new(99, 2),
                 remote_applied: Some((
                     &RegionId::new("eu-west-1").unwrap(),
-                    HlcTimestamp::new(7, 0),
+                    &BTreeMap::from([(1, HlcTimestamp::new(7, 0))]),
                 )),
                 fences: &BTreeMap::from([((5, 1), 3)]),
             })
@@ -701,9 +703,10 @@ mod tests {
             Some(HlcTimestamp::new(99, 2))
         );
         assert_eq!(
-            store.remote_applied().unwrap(),
+            store.remote_applied(1).unwrap(),
             BTreeMap::from([(RegionId::new("eu-west-1").unwrap(), HlcTimestamp::new(7, 0))])
         );
+        assert!(store.remote_applied(3).unwrap().is_empty(), "per partition");
         let page = store.scan("requests/", None, 1).unwrap();
         assert_eq!(page.len(), 1);
         assert_eq!(page[0].0, a);

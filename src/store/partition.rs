@@ -603,7 +603,7 @@ impl PartitionStore {
                 epoch.to_be_bytes(),
             );
         }
-        if let Some((region, newest)) = commit.remote_applied {
+        if let Some((region, newest)) = part.remote_applied {
             let key = format!("{META_REMOTE}{region}");
             batch.put_cf(self.cf(CF_META), key.as_bytes(), encode_hlc(newest));
         }
@@ -626,6 +626,7 @@ pub(super) struct PartCommit<'a> {
     pub outbox: Vec<&'a Delta>,
     pub recent_ids: Vec<(&'a str, &'a VecDeque<String>)>,
     pub fences: BTreeMap<(u32, i32), u64>,
+    pub remote_applied: Option<(&'a RegionId, HlcTimestamp)>,
 }
 
 impl PartCommit<'_> {
@@ -635,6 +636,7 @@ impl PartCommit<'_> {
             && self.outbox.is_empty()
             && self.recent_ids.is_empty()
             && self.fences.is_empty()
+            && self.remote_applied.is_none()
     }
 }
 
