@@ -9,7 +9,7 @@
 
 mod common;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
@@ -25,7 +25,8 @@ const KEYS: usize = 16;
 /// The tests share the cluster's nodes (they add, kill and remove them): one at a time.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-/// Removes the nodes it added when the test ends, however it ends.
+/// Removes the nodes it added when the test ends, however it ends, and starts again
+/// whatever else of the cluster a failed test left dead (`up` does nothing otherwise).
 struct Added(Vec<String>);
 
 impl Drop for Added {
@@ -34,6 +35,9 @@ impl Drop for Added {
             if let Err(e) = cluster_script(&["node", "remove", node]) {
                 eprintln!("removing {node}: {e}");
             }
+        }
+        if let Err(e) = cluster_script(&["up", "--no-build"]) {
+            eprintln!("starting the cluster again: {e}");
         }
     }
 }
@@ -207,6 +211,20 @@ async fn two_nodes_per_region_count_every_write_across_regions_through_a_kill() 
 #[tokio::test]
 async fn an_added_node_writes_owned_keys_and_keeps_the_leases_when_the_first_node_dies()
 -> anyhow::Result<()> {
+    first_node_dies(false).await
+}
+
+/// As above, with the first node leading the lease group (made so first) when it is
+/// killed: the others elect a leader (Raft's leader lease, then an election timeout:
+/// 0.75–1 s with the default `election-timeout`) before the leases' last renewal runs
+/// out, so the added node renews them under the new leader and the epochs stay.
+#[tokio::test]
+async fn the_region_keeps_its_leases_when_its_first_node_dies_leading_the_lease_group()
+-> anyhow::Result<()> {
+    first_node_dies(true).await
+}
+
+async fn first_node_dies(leading: bool) -> anyhow::Result<()> {
     let _alone = ONE_AT_A_TIME.lock().await;
     let wait = Duration::from_secs(90);
     let added = add_to_us_east_1(wait).await?;
@@ -217,13 +235,29 @@ async fn an_added_node_writes_owned_keys_and_keeps_the_leases_when_the_first_nod
         .context("no first node")?;
     let second = added_node()?;
     let mut admin = AdminClient::connect(format!("http://{first}")).await?;
-    // the first node must not lead the lease group: a leader's death takes an election,
-    // which may outlast the leases (that case is the drills' holder-leads failover)
     let first_pid = cluster.regions["us-east-1"]
         .pid
         .context("no first node pid")?;
-    let west = cluster.regions["eu-west-1"].grpc.clone().context("eu")?;
-    lead_elsewhere(&west, US_EAST_1_MEMBER, first_pid, wait).await?;
+    if leading {
+        let others = BTreeMap::from([
+            (
+                EU_WEST_1_MEMBER,
+                cluster.regions["eu-west-1"].pid.context("eu pid")?,
+            ),
+            (
+                WITNESS_MEMBER,
+                cluster
+                    .witness
+                    .as_ref()
+                    .and_then(|w| w.pid)
+                    .context("witness pid")?,
+            ),
+        ]);
+        lead_here(&first, US_EAST_1_MEMBER, &others, wait).await?;
+    } else {
+        let west = cluster.regions["eu-west-1"].grpc.clone().context("eu")?;
+        lead_elsewhere(&west, US_EAST_1_MEMBER, first_pid, wait).await?;
+    }
     home_shards_held(&second, wait).await?;
 
     // owned keys whose lease us-east-1 holds, some on each node
@@ -243,7 +277,8 @@ async fn an_added_node_writes_owned_keys_and_keeps_the_leases_when_the_first_nod
             .await?
             .into_inner()
             .node;
-        if shard.holder == "us-east-1" {
+        // (a shard of eu-west-1's held here is handed back: not those)
+        if shard.holder == "us-east-1" && shard.home == "us-east-1" {
             keys.push((key, node, shard.shard));
         }
     }
@@ -255,48 +290,20 @@ async fn an_added_node_writes_owned_keys_and_keeps_the_leases_when_the_first_nod
     for shard in keys.iter().map(|(_, _, s)| *s).collect::<BTreeSet<_>>() {
         holds(&second, shard, wait).await?;
     }
-    let set = |key: &str, v: &str| pb::UpdateRequest {
-        key: key.to_string(),
-        op: Some(pb::update_request::Op::Set(v.as_bytes().to_vec())),
-        id: String::new(),
-    };
     // written at the node owning each key's partition (asked of the first, routed)
-    let mut state = StateClient::connect(format!("http://{first}")).await?;
-    let mut epochs = Vec::new();
-    for (key, _, _) in &keys {
-        epochs.push(epoch_of(state.update(set(key, "before")).await?.get_ref()));
-    }
+    let keys_only: Vec<&str> = keys.iter().map(|(k, _, _)| k.as_str()).collect();
+    let epochs = write_all(&first, &keys_only, "before", wait).await?;
 
     cluster_script(&["node", "kill", "us-east-1"])?;
-    let mut state = StateClient::connect(format!("http://{second}")).await?;
-    let until = Instant::now() + wait;
     let started = Instant::now();
-    let mut after = Vec::new();
-    for (key, _, _) in &keys {
-        let written = loop {
-            match state.update(set(key, "after")).await {
-                Ok(r) => break r.into_inner(),
-                Err(e) if Instant::now() < until => {
-                    eprintln!(
-                        "{key}: {} ({:?} after the kill)",
-                        e.message(),
-                        started.elapsed()
-                    );
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-                Err(e) => bail!("{key} not written at the added node within {wait:?}: {e}"),
-            }
-        };
-        after.push(epoch_of(&written));
-    }
+    let after = write_all(&second, &keys_only, "after", wait).await?;
     eprintln!(
         "every owned key written at the added node {:?} after the first node was killed",
         started.elapsed()
     );
+    cluster_script(&["up", "--no-build"])?;
     // the same epochs: the region kept its leases (no new grant was needed)
     assert_eq!(after, epochs);
-
-    cluster_script(&["up", "--no-build"])?;
     for addr in [
         first.as_str(),
         second.as_str(),
@@ -322,8 +329,79 @@ async fn an_added_node_writes_owned_keys_and_keeps_the_leases_when_the_first_nod
     Ok(())
 }
 
-/// us-east-1's member id in the lease group (members are numbered by sorted region name).
+/// Sets every key to `value` at the node at `addr`, each retried until written (printing
+/// why not) within `within`; answers the epochs written under.
+async fn write_all(
+    addr: &str,
+    keys: &[&str],
+    value: &str,
+    within: Duration,
+) -> anyhow::Result<Vec<u64>> {
+    let mut state = StateClient::connect(format!("http://{addr}")).await?;
+    let (started, until) = (Instant::now(), Instant::now() + within);
+    let mut epochs = Vec::new();
+    for key in keys {
+        let set = pb::UpdateRequest {
+            key: key.to_string(),
+            op: Some(pb::update_request::Op::Set(value.as_bytes().to_vec())),
+            id: String::new(),
+        };
+        let written = loop {
+            match state.update(set.clone()).await {
+                Ok(r) => break r.into_inner(),
+                Err(e) if Instant::now() < until => {
+                    eprintln!("{key}: {} ({:?})", e.message(), started.elapsed());
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(e) => bail!("{key} not written at {addr} within {within:?}: {e}"),
+            }
+        };
+        epochs.push(epoch_of(&written));
+    }
+    Ok(epochs)
+}
+
+/// The lease group's member ids (the regions numbered by sorted name, then the witness).
+const EU_WEST_1_MEMBER: u64 = 1;
 const US_EAST_1_MEMBER: u64 = 2;
+const WITNESS_MEMBER: u64 = 3;
+
+/// Makes `member` lead the lease group, as the node at `observer` (`member` itself) sees
+/// it: whichever of `others` (member id → pid) leads is frozen until another one does.
+async fn lead_here(
+    observer: &str,
+    member: u64,
+    others: &BTreeMap<u64, u32>,
+    within: Duration,
+) -> anyhow::Result<()> {
+    let mut admin = AdminClient::connect(format!("http://{observer}")).await?;
+    let until = Instant::now() + within;
+    let mut frozen: Option<(u64, common::failover::Frozen)> = None;
+    loop {
+        let leader = admin
+            .leases(pb::LeasesRequest::default())
+            .await?
+            .into_inner()
+            .leader;
+        if frozen
+            .as_ref()
+            .is_some_and(|(m, _)| leader != 0 && *m != leader)
+        {
+            frozen = None;
+        }
+        if leader == member && frozen.is_none() {
+            return Ok(());
+        }
+        if let (None, Some(&pid)) = (&frozen, others.get(&leader)) {
+            eprintln!("member {leader} leads the lease group: frozen until another one does");
+            frozen = Some((leader, common::failover::Frozen::new(pid)?));
+        }
+        if Instant::now() > until {
+            bail!("member {member} does not lead the lease group after {within:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
 
 /// Makes another member lead the lease group if `member` (the process `pid`) does, as
 /// the region at `observer` sees it: `pid` is frozen until the others elect a leader.

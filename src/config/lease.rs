@@ -177,7 +177,7 @@ fn default_heartbeat() -> String {
     "100ms".into()
 }
 fn default_election_timeout() -> String {
-    "500ms".into()
+    "250ms".into()
 }
 fn default_take_back() -> bool {
     true
