@@ -106,7 +106,8 @@ pub fn standbys(owners: &BTreeMap<i32, String>, me: &str, replicas: usize) -> BT
         .collect()
 }
 
-/// Keeps this node's warm standby copies current (`replication.standby-replicas`).
+/// Keeps this node's warm standby copies current (`replication.standby-replicas`): the
+/// region's own deltas, then every remote region's.
 pub struct Standby {
     pub config: Arc<Config>,
     pub store: Arc<Store>,
@@ -141,11 +142,8 @@ impl Standby {
                 let Some(_refreshing) = self.copies.refresh(p) else {
                     continue;
                 };
-                match bootstrap::catch_up(config, &self.hlc, &self.store, p).await {
-                    Ok(caught_up) => {
-                        metrics::counter!(m::CATCH_UP_DELTAS, "by" => "standby")
-                            .increment(caught_up.recovered.deltas as u64);
-                    }
+                match self.refresh(p).await {
+                    Ok(()) => {}
                     Err(e) => match e.fatal() {
                         Ok(e) => {
                             tracing::warn!(partition = p, error = %e, "refreshing a standby copy failed; retrying")
@@ -160,6 +158,22 @@ impl Standby {
                 }
             }
         }
+    }
+}
+
+impl Standby {
+    /// One refresh of the copy of `p`: the region's own deltas, then each remote's.
+    async fn refresh(&self, p: i32) -> Result<(), BootstrapError> {
+        let (config, hlc, store) = (&self.config, &self.hlc, &self.store);
+        let caught_up = bootstrap::catch_up(config, hlc, store, p).await?;
+        metrics::counter!(m::CATCH_UP_DELTAS, "by" => "standby")
+            .increment(caught_up.recovered.deltas as u64);
+        for remote in &config.replication.remotes {
+            let merged = bootstrap::catch_up_remote(config, hlc, store, remote, p).await?;
+            metrics::counter!(m::CATCH_UP_DELTAS, "by" => "standby", "region" => remote.region.to_string())
+                .increment(merged as u64);
+        }
+        Ok(())
     }
 }
 

@@ -504,6 +504,92 @@ async fn a_reads_freshness_is_its_partitions_also_after_a_move() -> anyhow::Resu
     Ok(())
 }
 
+/// Waits until `node`'s merger of `remote` has read every partition to its end (its last
+/// commit marker aside).
+async fn merged_to_the_end(node: &Node, remote: &str, within: Duration) -> anyhow::Result<()> {
+    let until = Instant::now() + within;
+    loop {
+        let status = node.status().await?;
+        let parts = status
+            .remotes
+            .iter()
+            .find(|r| r.region == remote)
+            .map(|r| r.partitions.clone())
+            .unwrap_or_default();
+        let behind: Vec<_> = parts.iter().filter(|p| p.lag > 1).collect();
+        if parts.len() == PARTITIONS as usize && behind.is_empty() {
+            return Ok(());
+        }
+        if Instant::now() > until {
+            bail!("{remote}'s deltas not merged to their end within {within:?}: {parts:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// With `standby-replicas = 1` and a remote region, a standby copy holds the remote's
+/// deltas too: `a` and `b` of us-east-1 merge an eu-west-1 node's deltas; once `b`'s
+/// standby refreshes merged as many of them as `a` merged for its partitions, `a` is
+/// killed, and `b` serves `a`'s partitions with every eu-west-1 count exact without its
+/// mergers merging one more delta (without the remote part of the refresh they merge
+/// every eu-west-1 delta of those partitions after the take).
+#[tokio::test]
+async fn a_warm_standby_holds_the_remote_regions_deltas_too() -> anyhow::Result<()> {
+    let mut region = Region::new("standby-remote").await?;
+    let eu_topics = Topics::create(&region.kafka, "standby-remote-eu", PARTITIONS).await?;
+    let eu_dir = tempfile::tempdir()?;
+    let mut eu =
+        Node::configure_region(eu_dir.path(), "eu-west-1", &region.kafka, &eu_topics, &[])?;
+    eu.start().await?;
+    let remote = [("eu-west-1", eu_topics.deltas.as_str())];
+    let mut nodes = Vec::new();
+    for _ in 0..2 {
+        let dir = tempfile::tempdir()?;
+        let mut node = Node::configure_region(
+            dir.path(),
+            "us-east-1",
+            &region.kafka,
+            &region.topics,
+            &remote,
+        )?;
+        node.set("replication.standby-replicas", "1");
+        region.dirs.push(dir);
+        nodes.push(node);
+    }
+    let (mut b, mut a) = (nodes.pop().unwrap(), nodes.pop().unwrap());
+    let wait = Duration::from_secs(90);
+    start_pair(&mut a, &mut b, wait).await?;
+    let base = region.base.clone();
+    produce_all(&region.producer, &eu_topics.updates, &events(&base, 1)).await?;
+    exact(&a, &base, 1, wait).await?;
+    exact(&b, &base, 1, wait).await?;
+
+    let merged = "geostate_deltas_merged_total{region=\"eu-west-1\"}";
+    let refreshed = "geostate_catch_up_deltas_total{by=\"standby\",region=\"eu-west-1\"}";
+    let at_a = gauge(&a, merged)?;
+    let until = Instant::now() + wait;
+    while gauge(&b, refreshed)? < at_a {
+        if Instant::now() > until {
+            bail!(
+                "b's standby copies merged {} of the {at_a} eu-west-1 deltas a merged, within {wait:?}",
+                gauge(&b, refreshed)?
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let before = gauge(&b, merged)?;
+    a.kill9();
+    owns_all(&b, wait).await?;
+    exact(&b, &base, 1, wait).await?;
+    merged_to_the_end(&b, "eu-west-1", wait).await?;
+    assert_eq!(
+        gauge(&b, merged)?,
+        before,
+        "b's mergers merged eu-west-1 deltas its standby copies should have held"
+    );
+    Ok(())
+}
+
 /// A node's metric `line` (a name with its labels), 0 if absent.
 fn gauge(node: &Node, line: &str) -> anyhow::Result<f64> {
     Ok(common::metric(&node.metrics, &format!("{line} "))?.unwrap_or(0.0))

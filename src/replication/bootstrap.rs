@@ -19,9 +19,9 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::merger::{Refusal, merge_and_commit};
+use super::merger::{Merger, Refusal, merge_and_commit};
 use crate::clock::Hlc;
-use crate::config::Config;
+use crate::config::{Config, KafkaConfig, RemoteConfig};
 use crate::crdt::ResumePoint;
 use crate::log::{self, LogError};
 use crate::metrics as m;
@@ -152,6 +152,63 @@ pub async fn catch_up(
             recovered,
             discarded,
         });
+    }
+}
+
+/// Brings this node's copy of `partition` up to the end of `remote`'s deltas there, from
+/// the position the copy stored (a warm standby's refresh; the partition's merger goes
+/// on from that position once this node takes it): merged as the merger merges, with
+/// the position, under the merger's offsets id. Stops before a delta held for the
+/// clock (read again at the next refresh). Answers how many deltas it merged.
+pub async fn catch_up_remote(
+    config: &Arc<Config>,
+    hlc: &Arc<Hlc>,
+    store: &Arc<Store>,
+    remote: &RemoteConfig,
+    partition: i32,
+) -> Result<usize, BootstrapError> {
+    let id = Merger::offsets_id(remote);
+    let spec = log::ConsumerSpec {
+        kafka: KafkaConfig {
+            bootstrap: remote.bootstrap.clone(),
+            ..config.kafka.clone()
+        },
+        group: format!("geostate-standby-{}", config.region),
+        report_end: true,
+        topic: remote.topic.clone(),
+        partitions: vec![partition],
+        role: "standby",
+    };
+    let mut reader = log::Reader::start(spec, &store.source_offsets(&id)?)?;
+    let batching = log::Batching {
+        max: BATCH,
+        linger: Duration::ZERO,
+        idle: None,
+    };
+    let (_running, mut never_stopped) = tokio::sync::watch::channel(false);
+    let mut merged = 0;
+    loop {
+        let Some(batch) = reader.next_batch(batching, &mut never_stopped).await else {
+            return Ok(merged);
+        };
+        if let Some(source) = batch.failed {
+            let topic = remote.topic.clone();
+            return Err(BootstrapError::Read { topic, source });
+        }
+        if !batch.records.is_empty() {
+            let (store, config, hlc) = (store.clone(), config.clone(), hlc.clone());
+            let origin = remote.region.clone();
+            let batch_merged =
+                merge_and_commit(store, config, hlc, batch.records, origin, Some(id.clone()))
+                    .await?;
+            merged += batch_merged.merged;
+            if !batch_merged.held.is_empty() {
+                return Ok(merged);
+            }
+        }
+        if !batch.at_end.is_empty() {
+            return Ok(merged);
+        }
     }
 }
 
