@@ -253,10 +253,11 @@ async fn first_node_dies(leading: bool) -> anyhow::Result<()> {
                     .context("witness pid")?,
             ),
         ]);
-        lead_here(&first, US_EAST_1_MEMBER, &others, wait).await?;
+        lead(&first, |l| l == US_EAST_1_MEMBER, &others, wait).await?;
     } else {
         let west = cluster.regions["eu-west-1"].grpc.clone().context("eu")?;
-        lead_elsewhere(&west, US_EAST_1_MEMBER, first_pid, wait).await?;
+        let first = BTreeMap::from([(US_EAST_1_MEMBER, first_pid)]);
+        lead(&west, |l| l != US_EAST_1_MEMBER, &first, wait).await?;
     }
     home_shards_held(&second, wait).await?;
 
@@ -366,12 +367,13 @@ const EU_WEST_1_MEMBER: u64 = 1;
 const US_EAST_1_MEMBER: u64 = 2;
 const WITNESS_MEMBER: u64 = 3;
 
-/// Makes `member` lead the lease group, as the node at `observer` (`member` itself) sees
-/// it: whichever of `others` (member id → pid) leads is frozen until another one does.
-async fn lead_here(
+/// Waits until the lease group's leader, as the node at `observer` sees it, is one
+/// `wanted` accepts: whichever member of `freezable` (member id → pid) leads otherwise is
+/// frozen until another one does.
+async fn lead(
     observer: &str,
-    member: u64,
-    others: &BTreeMap<u64, u32>,
+    wanted: impl Fn(u64) -> bool,
+    freezable: &BTreeMap<u64, u32>,
     within: Duration,
 ) -> anyhow::Result<()> {
     let mut admin = AdminClient::connect(format!("http://{observer}")).await?;
@@ -389,47 +391,15 @@ async fn lead_here(
         {
             frozen = None;
         }
-        if leader == member && frozen.is_none() {
+        if leader != 0 && wanted(leader) && frozen.is_none() {
             return Ok(());
         }
-        if let (None, Some(&pid)) = (&frozen, others.get(&leader)) {
+        if let (None, Some(&pid)) = (&frozen, freezable.get(&leader)) {
             eprintln!("member {leader} leads the lease group: frozen until another one does");
             frozen = Some((leader, common::failover::Frozen::new(pid)?));
         }
         if Instant::now() > until {
-            bail!("member {member} does not lead the lease group after {within:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-/// Makes another member lead the lease group if `member` (the process `pid`) does, as
-/// the region at `observer` sees it: `pid` is frozen until the others elect a leader.
-async fn lead_elsewhere(
-    observer: &str,
-    member: u64,
-    pid: u32,
-    within: Duration,
-) -> anyhow::Result<()> {
-    let mut admin = AdminClient::connect(format!("http://{observer}")).await?;
-    let until = Instant::now() + within;
-    let mut frozen = None;
-    loop {
-        let leader = admin
-            .leases(pb::LeasesRequest::default())
-            .await?
-            .into_inner()
-            .leader;
-        if leader != 0 && leader != member {
-            drop(frozen);
-            return Ok(());
-        }
-        if leader == member && frozen.is_none() {
-            eprintln!("member {member} leads the lease group: frozen until another one does");
-            frozen = Some(common::failover::Frozen::new(pid)?);
-        }
-        if Instant::now() > until {
-            bail!("member {member} still leads the lease group after {within:?}");
+            bail!("member {leader} still leads the lease group after {within:?}");
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

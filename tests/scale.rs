@@ -48,6 +48,29 @@ impl Region {
         Ok(node)
     }
 
+    /// An eu-west-1 node with topics of its own on the same Kafka, started.
+    async fn remote(&self) -> anyhow::Result<Remote> {
+        let topics = Topics::create(&self.kafka, "eu", PARTITIONS).await?;
+        let dir = tempfile::tempdir()?;
+        let mut node = Node::configure_region(dir.path(), "eu-west-1", &self.kafka, &topics, &[])?;
+        node.start().await?;
+        Ok(Remote {
+            _node: node,
+            topics,
+            _dir: dir,
+        })
+    }
+
+    /// A node of the region merging `remote`'s deltas, not started.
+    fn node_merging(&mut self, remote: &Remote) -> anyhow::Result<Node> {
+        let dir = tempfile::tempdir()?;
+        let deltas = [("eu-west-1", remote.topics.deltas.as_str())];
+        let node =
+            Node::configure_region(dir.path(), "us-east-1", &self.kafka, &self.topics, &deltas)?;
+        self.dirs.push(dir);
+        Ok(node)
+    }
+
     /// Produces round `round` of [`events`] to the updates topic.
     async fn round(&self, round: usize) -> anyhow::Result<()> {
         produce_all(
@@ -57,6 +80,14 @@ impl Region {
         )
         .await
     }
+}
+
+/// A region whose deltas a [`Region`]'s nodes merge (from the same Kafka).
+struct Remote {
+    /// Running; stopped when dropped, before its data dir goes.
+    _node: Node,
+    topics: Topics,
+    _dir: tempfile::TempDir,
 }
 
 /// Events of `round` for every key: key `i` gets `i + 1` increments of 1.
@@ -439,26 +470,8 @@ async fn reads(
 #[tokio::test]
 async fn a_reads_freshness_is_its_partitions_also_after_a_move() -> anyhow::Result<()> {
     let mut region = Region::new("fresh").await?;
-    let eu_topics = Topics::create(&region.kafka, "fresh-eu", PARTITIONS).await?;
-    let eu_dir = tempfile::tempdir()?;
-    let mut eu =
-        Node::configure_region(eu_dir.path(), "eu-west-1", &region.kafka, &eu_topics, &[])?;
-    eu.start().await?;
-    let remote = [("eu-west-1", eu_topics.deltas.as_str())];
-    let mut nodes = Vec::new();
-    for _ in 0..2 {
-        let dir = tempfile::tempdir()?;
-        let node = Node::configure_region(
-            dir.path(),
-            "us-east-1",
-            &region.kafka,
-            &region.topics,
-            &remote,
-        )?;
-        region.dirs.push(dir);
-        nodes.push(node);
-    }
-    let (mut b, mut a) = (nodes.pop().unwrap(), nodes.pop().unwrap());
+    let eu = region.remote().await?;
+    let (mut a, mut b) = (region.node_merging(&eu)?, region.node_merging(&eu)?);
     let wait = Duration::from_secs(90);
     let (owned, _) = start_pair(&mut a, &mut b, wait).await?;
     // x: a node owning two partitions or more (of four, one of the two does)
@@ -476,13 +489,13 @@ async fn a_reads_freshness_is_its_partitions_also_after_a_move() -> anyhow::Resu
     let (Some(hot), Some(cold)) = (key_on(mine[0]), key_on(mine[1])) else {
         bail!("no key on partitions {mine:?}");
     };
-    produce_all(&region.producer, &eu_topics.updates, &events(&base, 1)).await?;
+    produce_all(&region.producer, &eu.topics.updates, &events(&base, 1)).await?;
     exact(&x, &base, 1, wait).await?;
     let again: Vec<_> = events(&base, 2)
         .into_iter()
         .filter(|(k, _)| k == &hot)
         .collect();
-    produce_all(&region.producer, &eu_topics.updates, &again).await?;
+    produce_all(&region.producer, &eu.topics.updates, &again).await?;
     let twice = 2 * again.len() as i64;
     let until = Instant::now() + wait;
     while eu_applied(&x, &hot).await?.0 < twice {
@@ -536,31 +549,15 @@ async fn merged_to_the_end(node: &Node, remote: &str, within: Duration) -> anyho
 #[tokio::test]
 async fn a_warm_standby_holds_the_remote_regions_deltas_too() -> anyhow::Result<()> {
     let mut region = Region::new("standby-remote").await?;
-    let eu_topics = Topics::create(&region.kafka, "standby-remote-eu", PARTITIONS).await?;
-    let eu_dir = tempfile::tempdir()?;
-    let mut eu =
-        Node::configure_region(eu_dir.path(), "eu-west-1", &region.kafka, &eu_topics, &[])?;
-    eu.start().await?;
-    let remote = [("eu-west-1", eu_topics.deltas.as_str())];
-    let mut nodes = Vec::new();
-    for _ in 0..2 {
-        let dir = tempfile::tempdir()?;
-        let mut node = Node::configure_region(
-            dir.path(),
-            "us-east-1",
-            &region.kafka,
-            &region.topics,
-            &remote,
-        )?;
+    let eu = region.remote().await?;
+    let (mut a, mut b) = (region.node_merging(&eu)?, region.node_merging(&eu)?);
+    for node in [&mut a, &mut b] {
         node.set("replication.standby-replicas", "1");
-        region.dirs.push(dir);
-        nodes.push(node);
     }
-    let (mut b, mut a) = (nodes.pop().unwrap(), nodes.pop().unwrap());
     let wait = Duration::from_secs(90);
     start_pair(&mut a, &mut b, wait).await?;
     let base = region.base.clone();
-    produce_all(&region.producer, &eu_topics.updates, &events(&base, 1)).await?;
+    produce_all(&region.producer, &eu.topics.updates, &events(&base, 1)).await?;
     exact(&a, &base, 1, wait).await?;
     exact(&b, &base, 1, wait).await?;
 
