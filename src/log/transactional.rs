@@ -21,6 +21,15 @@ use crate::config::KafkaConfig;
 const QUEUE_FULL_PAUSE: Duration = Duration::from_millis(2);
 /// Longest a transaction call (init, begin, commit) may block.
 const TXN_CALL: Duration = Duration::from_secs(30);
+/// How long the first client's `init_transactions` may take before a new client asks
+/// again (doubling each time, within `TXN_CALL`). Kafka refuses an InitProducerId while
+/// the id's previous transaction is still being ended (CONCURRENT_TRANSACTIONS: the
+/// previous owner died in a round, or its commit's markers are still being written), and
+/// librdkafka asks again only after a fixed 500 ms (`rdkafka_idempotence.c`); a new
+/// client asks at once. Safe: every InitProducerId bumps the id's epoch, and a client
+/// given up is destroyed (its retry timer with it) before the next one is made, which
+/// asks only after connecting and finding the coordinator: it cannot be fenced by it.
+const FIRST_INIT_ATTEMPT: Duration = Duration::from_millis(150);
 
 /// How to make a transactional producer (`acks=all`, idempotent), and make it again.
 #[derive(Clone, Debug)]
@@ -42,17 +51,34 @@ impl TransactionalSpec {
 
     async fn client(&self) -> Result<FutureProducer, LogError> {
         let timeout_ms = self.transaction_timeout.as_millis().to_string();
-        let producer: FutureProducer = producer_config(&self.kafka)
-            .set("transactional.id", &self.transactional_id)
-            .set("enable.idempotence", "true")
-            .set("acks", "all")
-            .set("linger.ms", "0")
-            .set("transaction.timeout.ms", &timeout_ms)
-            .set("message.timeout.ms", &timeout_ms)
-            .create()?;
-        let init = producer.clone();
-        tokio::task::spawn_blocking(move || init.init_transactions(TXN_CALL)).await??;
-        Ok(producer)
+        let deadline = tokio::time::Instant::now() + TXN_CALL;
+        let mut attempt = FIRST_INIT_ATTEMPT;
+        loop {
+            let producer: FutureProducer = producer_config(&self.kafka)
+                .set("transactional.id", &self.transactional_id)
+                .set("enable.idempotence", "true")
+                .set("acks", "all")
+                .set("linger.ms", "0")
+                .set("transaction.timeout.ms", &timeout_ms)
+                .set("message.timeout.ms", &timeout_ms)
+                .create()?;
+            let init = producer.clone();
+            let within =
+                attempt.min(deadline.saturating_duration_since(tokio::time::Instant::now()));
+            match tokio::task::spawn_blocking(move || init.init_transactions(within)).await? {
+                Ok(()) => return Ok(producer),
+                Err(e)
+                    if e.rdkafka_error_code() == Some(RDKafkaErrorCode::OperationTimedOut)
+                        && tokio::time::Instant::now() < deadline =>
+                {
+                    tracing::debug!(transactional_id = %self.transactional_id, ?within, "init_transactions not done yet; asking again with a new client");
+                    // gone (its retry timer with it) before the next one asks
+                    tokio::task::spawn_blocking(move || drop(producer)).await?;
+                    attempt *= 2;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
     }
 }
 
