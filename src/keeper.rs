@@ -159,9 +159,7 @@ impl Standby {
             }
         }
     }
-}
 
-impl Standby {
     /// One refresh of the copy of `p`: the region's own deltas, then each remote's.
     async fn refresh(&self, p: i32) -> Result<(), BootstrapError> {
         let (config, hlc, store) = (&self.config, &self.hlc, &self.store);

@@ -709,10 +709,7 @@ impl Handler {
         let mut remotes = Vec::with_capacity(api.remotes.len());
         for progress in &api.remotes {
             let remote = &progress.remote;
-            let kafka = crate::config::KafkaConfig {
-                bootstrap: remote.bootstrap.clone(),
-                ..api.config.kafka.clone()
-            };
+            let kafka = remote.kafka(&api.config.kafka);
             let parts = progress.partitions.borrow().clone();
             let ends = api.end_offsets(&kafka, &remote.topic, parts.clone()).await;
             let fresh = freshness.get(&remote.region);

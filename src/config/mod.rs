@@ -102,6 +102,16 @@ pub struct RemoteConfig {
     pub bootstrap: String,
 }
 
+impl RemoteConfig {
+    /// How to reach the remote's deltas topic: `own` client settings at its bootstrap.
+    pub fn kafka(&self, own: &KafkaConfig) -> KafkaConfig {
+        KafkaConfig {
+            bootstrap: self.bootstrap.clone(),
+            ..own.clone()
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct KafkaConfig {
     pub bootstrap: String,

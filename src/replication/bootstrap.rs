@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use super::merger::{Merger, Refusal, merge_and_commit};
 use crate::clock::Hlc;
-use crate::config::{Config, KafkaConfig, RemoteConfig};
+use crate::config::{Config, RemoteConfig};
 use crate::crdt::ResumePoint;
 use crate::log::{self, LogError};
 use crate::metrics as m;
@@ -169,10 +169,7 @@ pub async fn catch_up_remote(
 ) -> Result<usize, BootstrapError> {
     let id = Merger::offsets_id(remote);
     let spec = log::ConsumerSpec {
-        kafka: KafkaConfig {
-            bootstrap: remote.bootstrap.clone(),
-            ..config.kafka.clone()
-        },
+        kafka: remote.kafka(&config.kafka),
         group: format!("geostate-standby-{}", config.region),
         report_end: true,
         topic: remote.topic.clone(),

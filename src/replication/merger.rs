@@ -524,10 +524,7 @@ impl Merger {
         stop: &mut watch::Receiver<bool>,
     ) -> Result<Option<Reader>, MergeError> {
         let remote = self.remote();
-        let kafka = crate::config::KafkaConfig {
-            bootstrap: remote.bootstrap.clone(),
-            ..self.config.kafka.clone()
-        };
+        let kafka = remote.kafka(&self.config.kafka);
         let applied = self.store.source_offsets(&Self::offsets_id(remote))?;
         loop {
             if *stop.borrow() {
