@@ -12,7 +12,8 @@
 //!  every PROBE_EVERY: connect to each other node owning partitions (the group's owners,
 //!    read every OWNERS_EVERY, kept while the group rebalances)
 //!    ─► refused REFUSALS times in a row: dead
-//!    ─► this node the lowest live address? evict each dead node (once per EVICT_AGAIN)
+//!    ─► this node the lowest live address? evict each dead node (once per EVICT_AGAIN,
+//!       or again once its port accepted a connection since)
 //! ```
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -26,15 +27,19 @@ use crate::metrics as m;
 use crate::shutdown::stopped;
 
 /// How often each other node's port is probed.
-const PROBE_EVERY: Duration = Duration::from_millis(200);
+const PROBE_EVERY: Duration = Duration::from_millis(100);
 /// Longest a probe waits for a connection (one that times out is no refusal).
 const PROBE_TIMEOUT: Duration = Duration::from_millis(200);
-/// Refusals in a row that make a node dead.
-pub const REFUSALS: u32 = 3;
+/// Refusals in a row that make a node dead: a port refuses only when no process listens
+/// on it (a live node binds it before it joins, and keeps it until it left), so two
+/// in a row 100 ms apart are no guess, and they leave the eviction 100–200 ms after the
+/// kill.
+pub const REFUSALS: u32 = 2;
 /// How often the group's owners are read.
 const OWNERS_EVERY: Duration = Duration::from_secs(1);
 /// How long after evicting a node it is not evicted again (the group needs a moment to
-/// hand its partitions on, and the owners read meanwhile may still name it).
+/// hand its partitions on, and the owners read meanwhile may still name it), unless its
+/// port accepted a connection since (restarted, and dead again).
 const EVICT_AGAIN: Duration = Duration::from_secs(10);
 
 /// Probes the region's other nodes and evicts the dead ones from the group.
@@ -67,20 +72,24 @@ impl Peers {
             }
             for address in &others {
                 let refusals = refused.entry(address.clone()).or_default();
-                *refusals = if refuses(address, PROBE_TIMEOUT).await {
-                    *refusals + 1
-                } else {
-                    0
+                *refusals = match probe(address, PROBE_TIMEOUT).await {
+                    Probe::Refused => *refusals + 1,
+                    Probe::Accepted => {
+                        // alive again (restarted): evicted again as soon as it dies again
+                        evicted.remove(address);
+                        0
+                    }
+                    Probe::NoAnswer => 0,
                 };
             }
-            let dead: BTreeSet<&String> = refused
+            let dead: BTreeMap<&String, u32> = refused
                 .iter()
                 .filter(|(_, n)| **n >= REFUSALS)
-                .map(|(a, _)| a)
+                .map(|(a, n)| (a, *n))
                 .collect();
             let lowest_live = others
                 .iter()
-                .filter(|a| !dead.contains(a))
+                .filter(|a| !dead.contains_key(a))
                 .chain([&own])
                 .min();
             if dead.is_empty() || lowest_live != Some(&own) {
@@ -95,7 +104,7 @@ impl Peers {
             };
             owners_read = Some(Instant::now());
             others = now;
-            for address in dead {
+            for (address, refusals) in dead {
                 if !others.contains(address)
                     || evicted
                         .get(address)
@@ -105,10 +114,12 @@ impl Peers {
                 }
                 evicted.insert(address.clone(), Instant::now());
                 let (spec, gone) = (self.spec.clone(), address.clone());
+                let evicting = Instant::now();
                 match tokio::task::spawn_blocking(move || membership::evict(&spec, &gone)).await {
                     Ok(Ok(joined)) => {
                         metrics::counter!(m::NODES_EVICTED).increment(1);
-                        tracing::warn!(node = %address, refusals = REFUSALS, joined, "a node of the region refuses connections: removed it from the group, its partitions move now");
+                        let took_ms = evicting.elapsed().as_millis();
+                        tracing::warn!(node = %address, refusals, joined, took_ms, "a node of the region refuses connections: removed it from the group, its partitions move now");
                     }
                     Ok(Err(error)) => {
                         tracing::warn!(node = %address, %error, "evicting a node that refuses connections failed; its session decides");
@@ -136,11 +147,28 @@ impl Peers {
     }
 }
 
+/// What a connection to a node's port met.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Probe {
+    /// Refused: no process listens there.
+    Refused,
+    /// Made: a process listens.
+    Accepted,
+    /// No answer `within` the time given, or another error: no conclusion.
+    NoAnswer,
+}
+
+/// Connects to `address`, waiting at most `within`.
+pub async fn probe(address: &str, within: Duration) -> Probe {
+    match tokio::time::timeout(within, TcpStream::connect(address)).await {
+        Ok(Ok(_)) => Probe::Accepted,
+        Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => Probe::Refused,
+        _ => Probe::NoAnswer,
+    }
+}
+
 /// Whether a connection to `address` is refused (its process is gone); a connection
 /// made, or one that does not answer `within`, is no refusal.
 pub async fn refuses(address: &str, within: Duration) -> bool {
-    matches!(
-        tokio::time::timeout(within, TcpStream::connect(address)).await,
-        Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused
-    )
+    probe(address, within).await == Probe::Refused
 }

@@ -188,8 +188,9 @@ fn member_config(spec: &MembershipSpec, address: &str) -> rdkafka::ClientConfig 
             spec.session_timeout.as_millis().to_string(),
         )
         // a member learns of a rebalance from its next heartbeat, and a cooperative one
-        // takes two rounds: each waits up to this long
-        .set("heartbeat.interval.ms", "250")
+        // takes two rounds: each waits up to this long (a heartbeat is one small request
+        // to the group coordinator)
+        .set("heartbeat.interval.ms", "100")
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false");
     config
