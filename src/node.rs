@@ -354,6 +354,7 @@ impl Opened {
             objects: self.objects.clone(),
             leases,
             peers: Default::default(),
+            entries: Default::default(),
             ends: Default::default(),
             routes: Default::default(),
         };

@@ -30,7 +30,7 @@ fn config(id: u64, ports: &[u16]) -> LeaseConfig {
                 id,
                 addr: format!("127.0.0.1:{port}"),
                 region: None,
-                api: None,
+                api: Vec::new(),
             };
             (id, member)
         })

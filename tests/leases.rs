@@ -1,5 +1,6 @@
 //! Leases on a private two-region group with its own witness (real processes, real Kafka):
-//! owned writes forwarded to the holder when `forward-writes` is on, and a planned handoff
+//! owned writes forwarded to the holder when `forward-writes` is on (past an entry address of
+//! the holder that refuses connections), and a planned handoff
 //! with `Admin/TransferLease` that sticks (the home region does not pull it back), and a
 //! graceful stop that releases the stopping region's shards.
 
@@ -16,18 +17,20 @@ use geostate::pb::admin_client::AdminClient;
 use tonic::Code;
 use tonic::transport::Channel;
 
-/// The `[lease]` section of member `id` of the group (us-east-1 = 1, eu-west-1 = 2,
-/// witness = 3).
-/// The `[lease]` table of member `id` (TOML, inline) in a group of two regions and a
-/// witness.
-fn lease_table(id: u64, raft: &[u16; 3], apis: &[String; 2]) -> String {
+/// The `[lease]` table of member `id` (TOML, inline) in a group of two regions
+/// (us-east-1 = 1, eu-west-1 = 2) and a witness (3); each region's entry addresses.
+fn lease_table(id: u64, raft: &[u16; 3], apis: &[Vec<String>; 2]) -> String {
     let mut members = Vec::new();
     for (i, region) in ["us-east-1", "eu-west-1"].iter().enumerate() {
+        let api: Vec<String> = apis[i]
+            .iter()
+            .map(|a| format!("\"{}\"", a.trim_start_matches("http://")))
+            .collect();
         members.push(format!(
-            "{{ id = {}, addr = \"127.0.0.1:{}\", region = \"{region}\", api = \"{}\" }}",
+            "{{ id = {}, addr = \"127.0.0.1:{}\", region = \"{region}\", api = [{}] }}",
             i + 1,
             raft[i],
-            apis[i].trim_start_matches("http://")
+            api.join(", ")
         ));
     }
     members.push(format!("{{ id = 3, addr = \"127.0.0.1:{}\" }}", raft[2]));
@@ -71,7 +74,10 @@ async fn owned_writes_forward_to_the_holder_and_a_transfer_sticks() -> anyhow::R
         .collect::<Result<_, _>>()?;
     let (mut a, mut b) = Node::pair(&kafka, (&ta, &tb), (dirs[0].path(), dirs[1].path()))?;
     let raft = [free_port(), free_port(), free_port()];
-    let apis = [a.grpc.clone(), b.grpc.clone()];
+    // us-east-1's first entry address is a port nobody listens on (its node down):
+    // forwarded writes go on to the next
+    let down = format!("127.0.0.1:{}", free_port());
+    let apis = [vec![down, a.grpc.clone()], vec![b.grpc.clone()]];
     a.set("lease", &lease_table(1, &raft, &apis));
     b.set("lease", &lease_table(2, &raft, &apis));
     let witness_config = dirs[2].path().join("witness.toml");

@@ -21,7 +21,7 @@ pub use error::ApiError;
 use crate::checkpoint;
 use crate::clock::Hlc;
 use crate::config::{Config, Ownership, RecordFormat};
-use crate::crdt::CrdtType;
+use crate::crdt::{CrdtType, RegionId};
 use crate::ingest::event::{Op, Update};
 use crate::ingest::ingestor::{IngestShared, Outcome};
 use crate::lease::leases::{Leases, NotHolder, ShardStatus};
@@ -85,10 +85,29 @@ pub struct Api {
     pub leases: Option<Arc<Leases>>,
     /// Connections to other regions' APIs, for forwarded owned writes.
     pub peers: Channels,
+    /// Per other region, which of its entry addresses answered last.
+    pub entries: Entries,
     /// End offsets `Admin/Status` read lately, per topic (see [`Api::end_offsets`]).
     pub ends: EndOffsets,
     /// The region's routing table as last read from its group, and when.
     pub routes: Routes,
+}
+
+/// Per region, the index of its entry address (`lease.member.api`) that answered last:
+/// where the next forwarded write goes first.
+#[derive(Default)]
+pub struct Entries(std::sync::Mutex<HashMap<RegionId, usize>>);
+
+impl Entries {
+    fn first(&self, region: &RegionId) -> usize {
+        let entries = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        entries.get(region).copied().unwrap_or(0)
+    }
+
+    fn answered(&self, region: &RegionId, at: usize) {
+        let mut entries = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        entries.insert(region.clone(), at);
+    }
 }
 
 /// Per partition, the gRPC address of the node of this region owning it, as read from the
@@ -357,7 +376,10 @@ impl Handler {
     }
 
     /// An owned write this region may not make, sent to the holder's API when
-    /// `lease.forward-writes` is on (once: a forwarded write is never forwarded again).
+    /// `lease.forward-writes` is on (once: a forwarded write is never forwarded again):
+    /// to the holder's entry address that last answered, and on to its next while a
+    /// connection is refused (the request never left), so one node of the holder region
+    /// down does not stop forwarding.
     async fn forward(
         &self,
         req: pb::UpdateRequest,
@@ -376,20 +398,31 @@ impl Handler {
                     .as_ref()
                     .filter(|h| h.holder != api.config.region),
             )
-            .and_then(|(l, holder)| l.config().api_of(&holder.holder).map(str::to_owned));
-        let Some(addr) = target else {
+            .map(|(l, holder)| (l.config().api_of(&holder.holder), holder.holder.clone()))
+            .filter(|(addrs, _)| !addrs.is_empty());
+        let Some((addrs, region)) = target else {
             metrics::counter!(m::OWNED_WRITES_REFUSED).increment(1);
             return Err(ApiError::NotHolder(refusal));
         };
-        let channel = api.peers.get(&addr).map_err(ApiError::Internal)?;
-        let mut client = pb::state_client::StateClient::new(channel);
-        let mut request = Request::new(req);
-        if let Ok(region) = api.config.region.as_str().parse() {
-            request.metadata_mut().insert(FORWARDED, region);
-        }
-        match client.update(request).await {
-            Ok(r) => Ok(r.into_inner()),
-            Err(s) => Err(ApiError::Forwarded(s)),
+        let (mut at, mut left) = (api.entries.first(&region) % addrs.len(), addrs.len());
+        loop {
+            let channel = api.peers.get(&addrs[at]).map_err(ApiError::Internal)?;
+            let mut client = pb::state_client::StateClient::new(channel);
+            let mut request = Request::new(req.clone());
+            if let Ok(region) = api.config.region.as_str().parse() {
+                request.metadata_mut().insert(FORWARDED, region);
+            }
+            match client.update(request).await {
+                Ok(r) => {
+                    api.entries.answered(&region, at);
+                    return Ok(r.into_inner());
+                }
+                Err(s) if left > 1 && geostate_proto::never_sent(&s) => {
+                    tracing::debug!(addr = %addrs[at], %s, "a holder entry address refused; trying its next");
+                    (at, left) = ((at + 1) % addrs.len(), left - 1);
+                }
+                Err(s) => return Err(ApiError::Forwarded(s)),
+            }
         }
     }
 

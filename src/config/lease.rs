@@ -19,8 +19,9 @@ pub struct Member {
     pub id: u64,
     pub addr: String,
     pub region: Option<RegionId>,
-    /// The region's gRPC API address (where forwarded owned writes go).
-    pub api: Option<String>,
+    /// The region's gRPC API entry addresses, any of its nodes (where forwarded owned
+    /// writes go: the first that takes the connection); empty when not configured.
+    pub api: Vec<String>,
 }
 
 /// A validated `[lease]` section.
@@ -100,12 +101,12 @@ impl LeaseConfig {
             )
     }
 
-    /// The gRPC API address of `region`, if configured.
-    pub fn api_of(&self, region: &RegionId) -> Option<&str> {
+    /// The gRPC API entry addresses of `region` (empty: not configured).
+    pub fn api_of(&self, region: &RegionId) -> &[String] {
         self.members
             .values()
             .find(|m| m.region.as_ref() == Some(region))
-            .and_then(|m| m.api.as_deref())
+            .map_or(&[], |m| &m.api)
     }
 
     /// The region a shard prefers: its prefix's home, or the regions in turn.
@@ -154,7 +155,24 @@ struct RawMember {
     id: u64,
     addr: String,
     region: Option<String>,
-    api: Option<String>,
+    api: Option<Addresses>,
+}
+
+/// One address, or several.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Addresses {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl Addresses {
+    fn into_vec(self) -> Vec<String> {
+        match self {
+            Addresses::One(a) => vec![a],
+            Addresses::Many(all) => all,
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -206,7 +224,14 @@ impl RawLease {
                     "a region has one member".to_string(),
                 ));
             }
-            if self.forward_writes && region.is_some() && raw.api.is_none() {
+            let api = raw.api.map_or_else(Vec::new, Addresses::into_vec);
+            if api.iter().any(|a| a.trim().is_empty()) {
+                return Err(invalid(
+                    "lease.member.api",
+                    format!("an empty address (member {})", raw.id),
+                ));
+            }
+            if self.forward_writes && region.is_some() && api.is_empty() {
                 return Err(invalid(
                     "lease.member.api",
                     format!(
@@ -219,7 +244,7 @@ impl RawLease {
                 id: raw.id,
                 addr: raw.addr,
                 region,
-                api: raw.api,
+                api,
             };
             if members.insert(raw.id, member).is_some() {
                 return Err(invalid(
@@ -416,5 +441,39 @@ mod tests {
         assert!(err("heartbeat = \"1s\"").contains("lease.election-timeout"));
         assert!(err("shards = 0").contains("lease.shards"));
         assert!(err("forward-writes = true").contains("lease.member.api"));
+    }
+
+    #[test]
+    fn a_regions_api_is_one_address_or_several() {
+        let text = r#"
+            member-id = 1
+            listen = "127.0.0.1:7301"
+            forward-writes = true
+            [[member]]
+            id = 1
+            addr = "127.0.0.1:7301"
+            region = "us-east-1"
+            api = "127.0.0.1:50051"
+            [[member]]
+            id = 2
+            addr = "127.0.0.1:7302"
+            region = "eu-west-1"
+            api = ["127.0.0.1:50061", "127.0.0.1:50062"]
+            [[member]]
+            id = 3
+            addr = "127.0.0.1:7303"
+            "#;
+        let raw: RawLease = toml::from_str(text).unwrap();
+        let us = RegionId::new("us-east-1").unwrap();
+        let c = raw.validate(Some(&us), Duration::from_millis(100)).unwrap();
+        assert_eq!(c.api_of(&us), ["127.0.0.1:50051"]);
+        let eu = RegionId::new("eu-west-1").unwrap();
+        assert_eq!(c.api_of(&eu), ["127.0.0.1:50061", "127.0.0.1:50062"]);
+        let empty = text.replace(r#"api = "127.0.0.1:50051""#, "api = []");
+        let raw: RawLease = toml::from_str(&empty).unwrap();
+        let err = raw
+            .validate(Some(&us), Duration::from_millis(100))
+            .unwrap_err();
+        assert!(err.to_string().contains("lease.member.api"), "{err}");
     }
 }

@@ -109,12 +109,12 @@ def cmd_up(_args: argparse.Namespace) -> None:
         cluster["mirrormaker2"]["pid"] = start_mm2(regions)
         write_cluster(cluster)
         wait_for("mirrormaker 2 remote topics", lambda: mirrored_topics_present(regions), 120)
+        # NODES=N: the further nodes known before any node starts, so that each region's
+        # entry addresses (`lease.member.api`) list all of its nodes
+        for r in cluster["regions"].values():
+            for index in range(1, nodes_per_region()):
+                further_nodes(r)[str(index)] = {"pid": None}
         start_lease_group(cluster)
-        for region in cluster["regions"]:
-            for _ in range(nodes_per_region() - 1):
-                index = add_node(region, cluster)
-                write_cluster(cluster)
-                wait_node(f"{region}/{index}", further_nodes(cluster["regions"][region])[index])
     except BaseException:
         log("start failed; stopping what was started")
         cmd_down(_args)
@@ -196,6 +196,7 @@ def cmd_status(_args: argparse.Namespace) -> None:
 
 def start_lease_group(cluster: dict) -> None:
     """(Re)start the witness and every node, then wait until the nodes serve."""
+    assign_grpc_addresses(cluster)
     start_witness(cluster)
     write_cluster(cluster)
     for region, r in cluster["regions"].items():

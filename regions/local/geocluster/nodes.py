@@ -51,11 +51,26 @@ def extra_settings() -> list[str]:
 def lease_settings(member_id: int, listen: str, cluster: dict) -> list[str]:
     """This cluster's lease group in place of the template's: this member's id and
     address, and every member (regions by name, then the witness)."""
-    members = [{"id": i, "addr": r["lease"], "region": region, "api": r["grpc"]}
+    members = [{"id": i, "addr": r["lease"], "region": region, "api": entry_addresses(r)}
                for i, (region, r) in enumerate(sorted(cluster["regions"].items()), start=1)]
     members.append({"id": len(members) + 1, "addr": cluster["witness"]["lease"]})
     return [f"lease.member-id={member_id}", f"lease.listen={toml(listen)}",
             f"lease.member={toml(members)}"]
+
+
+def entry_addresses(r: dict) -> list[str]:
+    """A region's entry addresses (`lease.member.api`): each of its nodes' gRPC address,
+    the first node's first. A node added later is not listed until the others restart;
+    any listed node routes a request to the node owning its key."""
+    return [r["grpc"]] + [n["grpc"] for n in further_nodes(r).values() if n.get("grpc")]
+
+
+def assign_grpc_addresses(cluster: dict) -> None:
+    """Every node's gRPC address, chosen before any node starts, so that each lists all
+    of every region's nodes."""
+    for r in cluster["regions"].values():
+        for n in [r, *further_nodes(r).values()]:
+            n["grpc"] = n.get("grpc") or f"127.0.0.1:{free_port()}"
 
 
 def witness_settings(cluster: dict) -> list[str]:
