@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::bail;
@@ -35,7 +36,14 @@ impl Run {
 pub(crate) struct Client {
     pub(crate) run: Arc<Run>,
     pub(crate) region: String,
-    pub(crate) addr: String,
+    /// The region's nodes: the client uses one, and moves on to the next when a
+    /// connection to it is refused (that node is down; any node routes to the owner),
+    /// with the nodes `cluster` (cluster.json) lists then.
+    pub(crate) addrs: Vec<String>,
+    pub(crate) cluster: std::path::PathBuf,
+    pub(crate) at: usize,
+    /// Set when a call's connection was refused.
+    pub(crate) refused: AtomicBool,
     pub(crate) keys: Vec<String>,
     pub(crate) workload: Workload,
     /// Each key's ownership shard (`None`: not owned).
@@ -50,7 +58,31 @@ pub(crate) struct Client {
 
 impl Client {
     pub(crate) fn connect(&self) -> Option<StateClient<Channel>> {
-        control::state_client(&self.addr).ok()
+        control::state_client(&self.addrs[self.at]).ok()
+    }
+
+    /// The region's node after the one refusing, among those the cluster lists now (a
+    /// node may have been added since).
+    fn next_node(&mut self) {
+        let refusing = self.addrs[self.at].clone();
+        if let Ok(cluster) = control::read_cluster(&self.cluster)
+            && let Some(region) = cluster.regions.get(&self.region)
+            && let Ok(addrs) = control::node_grpcs(region)
+        {
+            self.addrs = addrs;
+        }
+        let at = self.addrs.iter().position(|a| *a == refusing);
+        self.at = at.map_or(0, |at| (at + 1) % self.addrs.len());
+    }
+
+    /// Notes a failed call: one whose connection was refused was never sent (certainly
+    /// not applied), and the next call goes to the region's next node.
+    fn failed(&self, s: &tonic::Status) -> bool {
+        let never_sent = geostate_proto::never_sent(s);
+        if never_sent {
+            self.refused.store(true, Ordering::Relaxed);
+        }
+        never_sent
     }
 
     pub(crate) fn event(
@@ -83,7 +115,7 @@ impl Client {
         stop: tokio::sync::watch::Receiver<bool>,
     ) -> anyhow::Result<()> {
         let Some(mut client) = self.connect() else {
-            bail!("bad address {}", self.addr);
+            bail!("bad address {}", self.addrs[self.at]);
         };
         let mut n = 0u64;
         while !*stop.borrow() {
@@ -125,6 +157,13 @@ impl Client {
             if indeterminate {
                 process += self.stride;
             }
+            if self.refused.swap(false, Ordering::Relaxed) {
+                self.next_node();
+                let Some(next) = self.connect() else {
+                    bail!("bad address {}", self.addrs[self.at]);
+                };
+                client = next;
+            }
             tokio::time::sleep(Duration::from_millis(10 + self.rng.below(20))).await;
         }
         Ok(())
@@ -140,10 +179,11 @@ impl Client {
             Ok(r) => (EventType::Ok, r.stamp.as_ref().map(stamp)),
             // certainly not applied
             Err(s)
-                if matches!(
-                    s.code(),
-                    Code::InvalidArgument | Code::FailedPrecondition | Code::OutOfRange
-                ) =>
+                if self.failed(s)
+                    || matches!(
+                        s.code(),
+                        Code::InvalidArgument | Code::FailedPrecondition | Code::OutOfRange
+                    ) =>
             {
                 (EventType::Fail, None)
             }
@@ -244,7 +284,8 @@ impl Client {
                 None
             }
             // a read changes nothing: a failed one is simply not an observation
-            Err(_) => {
+            Err(s) => {
+                self.failed(&s);
                 e.kind = EventType::Fail;
                 None
             }
@@ -300,6 +341,7 @@ impl Client {
             Err(s) if s.code() == Code::NotFound => None,
             // the read failed, so nothing was written
             Err(s) => {
+                self.failed(&s);
                 let nothing = tonic::Status::failed_precondition(s.message());
                 return self.complete(invoke, Err(nothing)).await;
             }

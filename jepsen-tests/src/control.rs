@@ -135,6 +135,14 @@ pub fn grpc(r: &RegionFile) -> anyhow::Result<String> {
     ))
 }
 
+/// Every node of the region, its first node first.
+pub fn node_grpcs(r: &RegionFile) -> anyhow::Result<Vec<String>> {
+    let further = r.nodes.values().filter_map(|n| n.grpc.as_ref());
+    Ok(std::iter::once(grpc(r)?)
+        .chain(further.map(|a| format!("http://{a}")))
+        .collect())
+}
+
 /// A `State` client of `addr` that connects when first used (so it outlives a node's
 /// restart) and gives up on a call after 5 s.
 pub fn state_client(addr: &str) -> anyhow::Result<StateClient<Channel>> {

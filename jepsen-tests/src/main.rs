@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::{Parser, ValueEnum};
-use geostate_jepsen::control::{self, grpc, heal, read_cluster};
+use geostate_jepsen::control::{self, heal, read_cluster};
 use geostate_proto::workload::Rng;
 use serde::Serialize;
 use tokio::sync::Mutex;
@@ -185,12 +185,17 @@ async fn run(args: Args) -> anyhow::Result<bool> {
     let (stop_clients, clients_stop) = tokio::sync::watch::channel(false);
     let mut clients = Vec::new();
     for (r, region) in regions.iter().enumerate() {
+        let addrs = control::node_grpcs(&cluster.regions[region])?;
         for c in 0..args.clients_per_region {
             let first_process = (r as u64) * args.clients_per_region + c;
             let client = Client {
                 run: run.clone(),
                 region: region.clone(),
-                addr: grpc(&cluster.regions[region])?,
+                // the region's clients spread over its nodes
+                at: c as usize % addrs.len(),
+                addrs: addrs.clone(),
+                cluster: args.cluster.clone(),
+                refused: Default::default(),
                 keys: keys.clone(),
                 workload: args.workload,
                 shards: shards.clone(),
