@@ -17,7 +17,10 @@
 //!   the partitions, and of that the longest fencing, `fenced_ms`: the new shipping
 //!   producer's `init_transactions`); what a client sees is timed too: from the stop (or the kill) until
 //!   a read of a key of each moved partition at the first node is answered (a request for
-//!   a moving partition is answered UNAVAILABLE meanwhile).
+//!   a moving partition is answered UNAVAILABLE meanwhile). TRIALS moves per case (the
+//!   second node restarted from its own copy between them), each reported.
+//!
+//! `cargo bench --bench scale -- tax` (or `move`) runs one part.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -36,6 +39,8 @@ const WAIT: Duration = Duration::from_secs(900);
 const IDLE: Duration = Duration::from_secs(10);
 /// Rounds of EVENTS per node count; the median is reported.
 const ROUNDS: usize = 5;
+/// Moves back to the first node per case; each is reported.
+const TRIALS: usize = 3;
 
 fn main() -> anyhow::Result<()> {
     common::block_on(run())
@@ -92,6 +97,57 @@ fn longest_ms(node: &Node, what: &str, field: &str, from: usize) -> (u64, usize)
     (took, lines.len())
 }
 
+/// The take-back counter of a node's catch-ups.
+const TAKEN: &str = "geostate_catch_up_deltas_total{by=\"take\"} ";
+
+/// Read before the second node goes: one key of each partition that moves, the first
+/// node's log lines and its take-back deltas so far.
+struct Before {
+    probes: Vec<String>,
+    a_lines: usize,
+    merged: f64,
+}
+
+/// What one move back took: the take (ms), its fencing (ms), the deltas it merged, and
+/// how long the moved partitions were unavailable at the first node (ms).
+type Moved = (u64, u64, f64, u128);
+
+/// Before the second node goes: the first node's standby copies of its partitions
+/// current (or not kept), and one key of each of them to read at the first node.
+async fn before_move(both: &[Node; 2], standby: usize, base: &str) -> anyhow::Result<Before> {
+    let moved: Vec<i32> = both[1].status().await?.owned_partitions;
+    if standby > 0 {
+        let until = Instant::now() + WAIT;
+        loop {
+            let mut behind = false;
+            for p in &moved {
+                let line = format!("geostate_copy_through{{partition=\"{p}\"}} ");
+                let at = |n: &Node| metric(&n.metrics, &line).map(|v| v.unwrap_or(0.0));
+                behind |= at(&both[0])? < at(&both[1])?;
+            }
+            if !behind {
+                break;
+            }
+            anyhow::ensure!(Instant::now() < until, "standby copies not current");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    let probes = moved
+        .iter()
+        .filter_map(|&p| {
+            (0..MOVE_KEYS)
+                .map(|i| format!("requests/{base}-{i}"))
+                .find(|k| geostate::log::partition_of(k.as_bytes(), 4) == p)
+        })
+        .collect();
+    let (_, a_lines) = longest_took_ms(&both[0], "took the partition", 0);
+    Ok(Before {
+        probes,
+        a_lines,
+        merged: metric(&both[0].metrics, TAKEN)?.unwrap_or(0.0),
+    })
+}
+
 fn increments(base: &str, events: usize, keys: usize) -> Vec<(String, Vec<u8>)> {
     (0..events)
         .map(|i| {
@@ -113,6 +169,23 @@ async fn run() -> anyhow::Result<()> {
         std::thread::available_parallelism()?.get()
     );
     println!();
+    // `cargo bench --bench scale -- move` runs one part (`tax` or `move`)
+    let only: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let part = |name: &str| only.is_empty() || only.iter().any(|a| a == name);
+    if part("tax") {
+        tax(&kafka, &producer).await?;
+    }
+    if part("move") {
+        moves(&kafka, &producer).await?;
+    }
+    Ok(())
+}
+
+/// Events per CPU-second with 1, 2 and 3 nodes.
+async fn tax(kafka: &str, producer: &rdkafka::producer::FutureProducer) -> anyhow::Result<()> {
     println!("## Scale-out tax: {EVENTS} increments over {KEYS} keys, 8 partitions");
     println!();
     println!(
@@ -122,14 +195,14 @@ async fn run() -> anyhow::Result<()> {
     let mut one = None;
     let mut last = 0.0;
     for n in 1..=3 {
-        let topics = Topics::create(&kafka, &format!("scale-bench-{n}"), 8).await?;
+        let topics = Topics::create(kafka, &format!("scale-bench-{n}"), 8).await?;
         let dirs: Vec<tempfile::TempDir> = (0..n)
             .map(|_| tempfile::tempdir())
             .collect::<Result<_, _>>()?;
         let mut nodes = Vec::new();
         let mut pids = Vec::new();
         for dir in &dirs {
-            let mut node = Node::configure(dir.path(), &kafka, &topics)?;
+            let mut node = Node::configure(dir.path(), kafka, &topics)?;
             pids.push(node.start().await?);
             nodes.push(node);
         }
@@ -143,7 +216,7 @@ async fn run() -> anyhow::Result<()> {
             let base = unique("scale-bench");
             let (before, wall) = (cpu(), Instant::now());
             for chunk in increments(&base, EVENTS, KEYS).chunks(100_000) {
-                produce_all(&producer, &topics.updates, chunk).await?;
+                produce_all(producer, &topics.updates, chunk).await?;
             }
             settled(&nodes, 8).await?;
             rounds.push((
@@ -172,6 +245,11 @@ async fn run() -> anyhow::Result<()> {
     );
     println!();
 
+    Ok(())
+}
+
+/// Partition moves back to the first node, after a stop or a kill of the second.
+async fn moves(kafka: &str, producer: &rdkafka::producer::FutureProducer) -> anyhow::Result<()> {
     println!("## Partition move: {MOVE_KEYS} keys on 4 partitions, half of them moving");
     println!();
     println!(
@@ -179,81 +257,65 @@ async fn run() -> anyhow::Result<()> {
     );
     println!("|---:|---|---:|---:|---:|---:|---:|");
     for (standby, killed) in [(0, false), (1, false), (1, true)] {
-        let topics = Topics::create(&kafka, &format!("move-bench-{standby}-{killed}"), 4).await?;
+        let topics = Topics::create(kafka, &format!("move-bench-{standby}-{killed}"), 4).await?;
         let base = unique("move-bench");
         for chunk in increments(&base, MOVE_KEYS, MOVE_KEYS).chunks(100_000) {
-            produce_all(&producer, &topics.updates, chunk).await?;
+            produce_all(producer, &topics.updates, chunk).await?;
         }
         let (da, db) = (tempfile::tempdir()?, tempfile::tempdir()?);
-        let mut a = Node::configure(da.path(), &kafka, &topics)?;
-        let mut b = Node::configure(db.path(), &kafka, &topics)?;
+        let mut a = Node::configure(da.path(), kafka, &topics)?;
+        let mut b = Node::configure(db.path(), kafka, &topics)?;
         for node in [&mut a, &mut b] {
             node.set("replication.standby-replicas", &standby.to_string());
         }
         a.start().await?;
         settled(std::slice::from_ref(&a), 4).await?;
         b.start().await?;
-        let mut both = vec![a, b];
+        let mut both = [a, b];
         settled(&both, 4).await?;
         let (cold, _) = longest_took_ms(&both[1], "took the partition", 0);
         // more increments to the moved partitions' keys (every key: half of them move)
         let more = MOVE_KEYS / 4;
         for chunk in increments(&base, more, MOVE_KEYS).chunks(100_000) {
-            produce_all(&producer, &topics.updates, chunk).await?;
+            produce_all(producer, &topics.updates, chunk).await?;
         }
-        settled(&both, 4).await?;
-        // the first node's standby copies current (or not kept), then the second goes
-        let moved: Vec<i32> = both[1].status().await?.owned_partitions;
-        if standby > 0 {
-            let until = Instant::now() + WAIT;
-            loop {
-                let mut behind = false;
-                for p in &moved {
-                    let line = format!("geostate_copy_through{{partition=\"{p}\"}} ");
-                    let at = |n: &Node| metric(&n.metrics, &line).map(|v| v.unwrap_or(0.0));
-                    behind |= at(&both[0])? < at(&both[1])?;
-                }
-                if !behind {
-                    break;
-                }
-                anyhow::ensure!(Instant::now() < until, "standby copies not current");
-                tokio::time::sleep(Duration::from_millis(200)).await;
+        let mut trials: Vec<Moved> = Vec::new();
+        for trial in 0..TRIALS {
+            if trial > 0 {
+                // the second node back (from its own copy), owning half again
+                both[1].start().await?;
             }
-        }
-        // one key of each moved partition, read at the first node until each answers
-        let probes: Vec<String> = moved
-            .iter()
-            .filter_map(|&p| {
-                (0..MOVE_KEYS)
-                    .map(|i| format!("requests/{base}-{i}"))
-                    .find(|k| geostate::log::partition_of(k.as_bytes(), 4) == p)
-            })
-            .collect();
-        let (_, a_lines) = longest_took_ms(&both[0], "took the partition", 0);
-        let taken = "geostate_catch_up_deltas_total{by=\"take\"} ";
-        let merged_before = metric(&both[0].metrics, taken)?.unwrap_or(0.0);
-        let mut b = both.pop().expect("two nodes");
-        let going = Instant::now();
-        if killed {
-            b.kill9();
-        } else {
-            b.terminate(Duration::from_secs(60)).await?;
-        }
-        let mut state = both[0].state().await?;
-        for key in &probes {
-            while state.get(replica(key)).await.is_err() {
-                anyhow::ensure!(going.elapsed() < WAIT, "{key} not answered");
-                tokio::time::sleep(Duration::from_millis(10)).await;
+            settled(&both, 4).await?;
+            let before = before_move(&both, standby, &base).await?;
+            let going = Instant::now();
+            if killed {
+                both[1].kill9();
+            } else {
+                both[1].terminate(Duration::from_secs(60)).await?;
             }
+            let mut state = both[0].state().await?;
+            for key in &before.probes {
+                while state.get(replica(key)).await.is_err() {
+                    anyhow::ensure!(going.elapsed() < WAIT, "{key} not answered");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            }
+            let unavailable = going.elapsed().as_millis();
+            settled(&both[..1], 4).await?;
+            let took = "took the partition";
+            let (back, _) = longest_took_ms(&both[0], took, before.a_lines);
+            let (fenced, _) = longest_ms(&both[0], took, "fenced_ms=", before.a_lines);
+            let merged = metric(&both[0].metrics, TAKEN)?.unwrap_or(0.0) - before.merged;
+            trials.push((back, fenced, merged, unavailable));
         }
-        let unavailable = going.elapsed().as_millis();
-        settled(&both, 4).await?;
-        let (back, _) = longest_took_ms(&both[0], "took the partition", a_lines);
-        let (fenced, _) = longest_ms(&both[0], "took the partition", "fenced_ms=", a_lines);
-        let merged = metric(&both[0].metrics, taken)?.unwrap_or(0.0) - merged_before;
         let how = if killed { "killed (SIGKILL)" } else { "stops" };
+        let cell =
+            |f: &dyn Fn(&Moved) -> String| trials.iter().map(f).collect::<Vec<_>>().join(" / ");
         println!(
-            "| {standby} | {how} | {cold} ms | {more} | {back} ms ({fenced} ms) | {merged:.0} | {unavailable} ms |"
+            "| {standby} | {how} | {cold} ms | {more} | {} | {} | {} |",
+            cell(&|(back, fenced, _, _)| format!("{back} ({fenced})")),
+            cell(&|(_, _, merged, _)| format!("{merged:.0}")),
+            cell(&|(_, _, _, unavailable)| format!("{unavailable}")),
         );
     }
     println!();
