@@ -115,6 +115,7 @@ pub(crate) async fn nemesis(
                 } else {
                     &region
                 };
+                let of = 1 + read_cluster(&args.cluster)?.regions[&region].nodes.len();
                 cluster_script(&args.cluster, &["node", "kill", victim]).await?;
                 // its partitions move to the other node (which evicts it from the group
                 // within about a second), and stay there past the session timeout
@@ -122,7 +123,7 @@ pub(crate) async fn nemesis(
                 cluster_script(&args.cluster, &["up", "--no-build"]).await?;
                 tokio::time::sleep(Duration::from_secs(3)).await;
                 cluster_script(&args.cluster, &["node", "remove", &node]).await?;
-                format!("node {victim} (of 2) killed, restarted; {node} removed")
+                format!("node {victim} (of {of}) killed, restarted; {node} removed")
             }
             Nemesis::Wan => {
                 let region = target_region(&cluster, round);
