@@ -8,7 +8,8 @@
 //!               ─► p's shipper ─► owned += p (ingest, the mergers and the API follow)
 //!  Revoked(p…)  ─► owned −= p ─► ingest commits its batch and reads p no more
 //!               ─► p's shipper ships what the outbox holds and ends ─► the group moves p
-//!  a shipper fenced by another node ─► owned −= p (the group's revoke follows)
+//!  a shipper fenced by another node ─► owned −= p (the group's revoke follows; if none
+//!    came within RETAKE_AFTER, the fencer holds no assignment of p: take p again)
 //!  every second, with standby-replicas = n: each partition another node owns, if this
 //!  node is among the n chosen for it ─► catch its copy up (bootstrap::catch_up)
 //! ```
@@ -41,6 +42,13 @@ use crate::store::Store;
 
 /// How often a warm standby's copies are caught up.
 const STANDBY_EVERY: Duration = Duration::from_secs(1);
+/// How long after another node fenced this one out of a partition the group still
+/// assigning it here makes this node take it again. A node the group gave the partition
+/// to fences this one only after this one's revoke (cooperative rebalancing) or after its
+/// session expired, and the member learns of either within a heartbeat or two; a node
+/// that fenced it while no longer assigned it (its take finished after it lost the
+/// partition) never gets a revoke here, and the partition would stay unowned.
+const RETAKE_AFTER: Duration = Duration::from_secs(2);
 
 /// What the keeper and the standby refresher share: the partitions the keeper takes, owns
 /// or hands off (never refreshed as standbys), and one lock per partition that a
@@ -301,6 +309,11 @@ impl Keeper {
     pub async fn run(mut self, mut stop: watch::Receiver<bool>) -> Result<(), KeeperError> {
         let mut shippers: BTreeMap<i32, Shipping> = BTreeMap::new();
         let mut running: JoinSet<(i32, Result<(), ShipError>)> = JoinSet::new();
+        // what the group assigns this node (a partition fenced by another node stays in
+        // it until the group revokes it)
+        let mut assigned: BTreeSet<i32> = BTreeSet::new();
+        // partitions to take again, once RETAKE_AFTER passed without a revoke
+        let mut retakes: JoinSet<i32> = JoinSet::new();
         loop {
             tokio::select! {
                 () = stopped(&mut stop) => break,
@@ -309,25 +322,14 @@ impl Keeper {
                     // the node stops: it handed every partition off before it left
                     Some(Change::Left) => break,
                     Some(Change::Assigned(partitions)) => {
-                        let new: Vec<i32> = partitions
-                            .into_iter()
-                            .filter(|p| !shippers.contains_key(p))
-                            .collect();
-                        // all at once: each partition has its own instance and producer
-                        let ready = new.iter().map(|&p| self.ready(p, stop.clone()));
-                        for ready in futures_util::future::join_all(ready).await {
-                            let Some(ready) = ready.inspect_err(|_| self.copies.keep(&shippers))? else {
-                                continue;
-                            };
-                            let (p, shipping) = self.start(ready, &mut running, &stop);
-                            shippers.insert(p, shipping);
-                        }
-                        self.copies.keep(&shippers);
+                        assigned.extend(&partitions);
+                        self.take(partitions, &mut shippers, &mut running, &stop).await?;
                         if let Some(first) = self.first_taken.take() {
                             let _ = first.send(());
                         }
                     }
                     Some(Change::Revoked { partitions, lost, done }) => {
+                        assigned.retain(|p| !partitions.contains(p));
                         self.give_up(&partitions, lost, &mut shippers, &mut running).await;
                         self.copies.keep(&shippers);
                         let _ = done.send(());
@@ -343,14 +345,52 @@ impl Keeper {
                         Err(ShipError::Fatal(why)) => {
                             tracing::error!(partition = p, %why, "another node ships this partition now: this node stops writing it");
                             self.shared.disown(&[p]);
+                            retakes.spawn(async move {
+                                tokio::time::sleep(RETAKE_AFTER).await;
+                                p
+                            });
                         }
                         Err(e) => return Err(KeeperError::Shipper(format!("the shipper of partition {p}: {e}"))),
+                    }
+                }
+                Some(Ok(p)) = retakes.join_next() => {
+                    // still assigned here, unrevoked: the node that fenced this one holds
+                    // no assignment of it (it lost it while taking it): take it back
+                    if assigned.contains(&p) && !shippers.contains_key(&p) {
+                        tracing::warn!(partition = p, after = ?RETAKE_AFTER, "the group still assigns this node a partition another node fenced it out of: taking it again");
+                        metrics::counter!(m::PARTITIONS_RETAKEN).increment(1);
+                        self.take(vec![p], &mut shippers, &mut running, &stop).await?;
                     }
                 }
             }
         }
         // the node stops: every shipper sees the same signal and ends
         while running.join_next().await.is_some() {}
+        Ok(())
+    }
+
+    /// Takes every partition of `partitions` not running here yet, all at once: each
+    /// partition has its own instance and producer.
+    async fn take(
+        &self,
+        partitions: Vec<i32>,
+        shippers: &mut BTreeMap<i32, Shipping>,
+        running: &mut JoinSet<(i32, Result<(), ShipError>)>,
+        stop: &watch::Receiver<bool>,
+    ) -> Result<(), KeeperError> {
+        let new: Vec<i32> = partitions
+            .into_iter()
+            .filter(|p| !shippers.contains_key(p))
+            .collect();
+        let ready = new.iter().map(|&p| self.ready(p, stop.clone()));
+        for ready in futures_util::future::join_all(ready).await {
+            let Some(ready) = ready.inspect_err(|_| self.copies.keep(shippers))? else {
+                continue;
+            };
+            let (p, shipping) = self.start(ready, running, stop);
+            shippers.insert(p, shipping);
+        }
+        self.copies.keep(shippers);
         Ok(())
     }
 

@@ -16,6 +16,9 @@ pub const CATCH_UP_DELTAS: &str = "geostate_catch_up_deltas_total";
 /// Nodes of the region this node removed from the group because their port refused
 /// connections ([`crate::peers`]) (counter).
 pub const NODES_EVICTED: &str = "geostate_nodes_evicted_total";
+/// Partitions this node took again after another node fenced it out of them while the
+/// group still assigned them here ([`crate::keeper`]) (counter).
+pub const PARTITIONS_RETAKEN: &str = "geostate_partitions_retaken_total";
 /// Partitions this node keeps a warm standby copy of (gauge).
 pub const STANDBY_PARTITIONS: &str = "geostate_standby_partitions";
 /// The offset of the region's own deltas topic up to which this node's copy of a

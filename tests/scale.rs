@@ -359,6 +359,48 @@ async fn a_killed_nodes_partitions_move_and_count_once() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A node fenced out of a partition by another that no longer holds it (a take that
+/// finished after its node lost the partition: here a producer of the partition's
+/// transactional id, made by the test) is still assigned the partition by the group, so
+/// no revoke comes: it takes the partition again and counts every write once.
+#[tokio::test]
+async fn a_node_fenced_by_a_stale_take_takes_its_partition_again() -> anyhow::Result<()> {
+    let mut region = Region::new("stale-take").await?;
+    let mut a = region.node()?;
+    let base = region.base.clone();
+    let wait = Duration::from_secs(90);
+    a.start().await?;
+    owns_all(&a, wait).await?;
+    region.round(1).await?;
+    exact(&a, &base, 1, wait).await?;
+
+    // the stale take: its init_transactions fences a's shipping producer of partition 0
+    let stale: FutureProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", &region.kafka)
+        .set(
+            "transactional.id",
+            format!("geostate.us-east-1.{}.p0", region.topics.deltas),
+        )
+        .create()?;
+    let init = stale.clone();
+    tokio::task::spawn_blocking(move || {
+        use rdkafka::producer::Producer;
+        init.init_transactions(Duration::from_secs(30))
+    })
+    .await??;
+    // a's next round (a heartbeat within a second) finds it fenced; the group revokes
+    // nothing, so a takes partition 0 again
+    let until = Instant::now() + wait;
+    while gauge(&a, "geostate_partitions_retaken_total")? < 1.0 {
+        ensure!(Instant::now() < until, "partition 0 was not taken again");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    region.round(2).await?;
+    exact(&a, &base, 2, wait).await?;
+    owns_all(&a, wait).await?;
+    Ok(())
+}
+
 /// `Watch` at one node of two streams the changes of every partition (the other node's
 /// through a routed `Watch`), and ends `UNAVAILABLE` once partitions move between them
 /// (the other node stops), rather than miss a moving partition's changes silently.
