@@ -112,6 +112,12 @@ impl Peers {
                 {
                     continue;
                 }
+                // refused just now too: a node that stopped and started again between the
+                // refusals and this moment (reading the owners takes a while) is back in the
+                // group under the same address, and must not be evicted
+                if !refuses(address, PROBE_TIMEOUT).await {
+                    continue;
+                }
                 evicted.insert(address.clone(), Instant::now());
                 let (spec, gone) = (self.spec.clone(), address.clone());
                 let evicting = Instant::now();
