@@ -282,8 +282,14 @@ async fn moves(kafka: &str, producer: &rdkafka::producer::FutureProducer) -> any
         let mut trials: Vec<Moved> = Vec::new();
         for trial in 0..TRIALS {
             if trial > 0 {
-                // the second node back (from its own copy), owning half again
+                // the second node back (from its own copy), owning half again (`settled`
+                // alone holds too while the first node still owns everything)
                 both[1].start().await?;
+                let until = Instant::now() + WAIT;
+                while both[1].status().await?.owned_partitions.is_empty() {
+                    anyhow::ensure!(Instant::now() < until, "the second node took nothing");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
             }
             settled(&both, 4).await?;
             let before = before_move(&both, standby, &base).await?;
