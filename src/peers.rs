@@ -155,7 +155,7 @@ impl Peers {
 
 /// What a connection to a node's port met.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Probe {
+enum Probe {
     /// Refused: no process listens there.
     Refused,
     /// Made: a process listens.
@@ -165,7 +165,7 @@ pub enum Probe {
 }
 
 /// Connects to `address`, waiting at most `within`.
-pub async fn probe(address: &str, within: Duration) -> Probe {
+async fn probe(address: &str, within: Duration) -> Probe {
     match tokio::time::timeout(within, TcpStream::connect(address)).await {
         Ok(Ok(_)) => Probe::Accepted,
         Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => Probe::Refused,

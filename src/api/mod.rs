@@ -409,8 +409,8 @@ impl Handler {
             let channel = api.peers.get(&addrs[at]).map_err(ApiError::Internal)?;
             let mut client = pb::state_client::StateClient::new(channel);
             let mut request = Request::new(req.clone());
-            if let Ok(region) = api.config.region.as_str().parse() {
-                request.metadata_mut().insert(FORWARDED, region);
+            if let Ok(by) = api.config.region.as_str().parse() {
+                request.metadata_mut().insert(FORWARDED, by);
             }
             match client.update(request).await {
                 Ok(r) => {

@@ -29,8 +29,9 @@ const TXN_CALL: Duration = Duration::from_secs(30);
 /// (`rdkafka_idempotence.c`); a new client asks at once. Safe: every InitProducerId bumps
 /// the id's epoch, and a client given up is destroyed (its retry timer with it) before
 /// the next one is made, which asks only after connecting and finding the coordinator:
-/// it cannot be fenced by it. Measured on the local cluster after a SIGKILL of the owner
-/// in a round: the first ask refused, the second, about 100 ms later, answered.
+/// it cannot be fenced by it. Measured on the local cluster: 55–90 ms once connected
+/// when Kafka answers the first ask; under the scale bench's load a take's fencing often
+/// needed a second or third client (250–1,075 ms, docs/benchmarks.md).
 const FIRST_INIT_ATTEMPT: Duration = Duration::from_millis(100);
 
 /// How to make a transactional producer (`acks=all`, idempotent), and make it again.
