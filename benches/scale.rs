@@ -79,22 +79,8 @@ fn longest_took_ms(node: &Node, what: &str, from: usize) -> (u64, usize) {
 /// The longest value of `field` (`name=`) in the node's log lines containing `what`,
 /// after line `from`; and the number of lines.
 fn longest_ms(node: &Node, what: &str, field: &str, from: usize) -> (u64, usize) {
-    let log = std::fs::read_to_string(&node.log).unwrap_or_default();
-    let lines: Vec<&str> = log.lines().collect();
-    let took = lines[from.min(lines.len())..]
-        .iter()
-        .filter(|l| l.contains(what))
-        .filter_map(|l| {
-            l.split(field)
-                .nth(1)?
-                .split_whitespace()
-                .next()?
-                .parse()
-                .ok()
-        })
-        .max()
-        .unwrap_or(0);
-    (took, lines.len())
+    let (values, lines) = node.log_values(what, field, from);
+    (values.into_iter().max().unwrap_or(0), lines)
 }
 
 /// The take-back counter of a node's catch-ups.

@@ -324,19 +324,8 @@ async fn a_killed_nodes_partitions_move_and_count_once() -> anyhow::Result<()> {
     owns_all(&a, wait).await?;
     // each eviction on the first refusals that make it dead, the second as the first: not
     // a second of probes later (it was not held back by the first eviction)
-    let log = std::fs::read_to_string(&a.log)?;
-    let refusals: Vec<u32> = log
-        .lines()
-        .filter(|l| l.contains("refuses connections: removed it from the group"))
-        .filter_map(|l| {
-            l.split("refusals=")
-                .nth(1)?
-                .split_whitespace()
-                .next()?
-                .parse()
-                .ok()
-        })
-        .collect();
+    let evicted = "refuses connections: removed it from the group";
+    let (refusals, _) = a.log_values(evicted, "refusals=", 0);
     println!("the survivor evicted the killed node after {refusals:?} refusals in a row");
     ensure!(
         refusals.len() == 2 && refusals.iter().all(|&n| n < 10),

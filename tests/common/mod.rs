@@ -629,6 +629,26 @@ impl Node {
         }
     }
 
+    /// The value of `field` (`name=`) in each line of the node's log from line `from` on
+    /// that contains `what`; and the log's line count.
+    pub fn log_values(&self, what: &str, field: &str, from: usize) -> (Vec<u64>, usize) {
+        let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        let values = lines[from.min(lines.len())..]
+            .iter()
+            .filter(|l| l.contains(what))
+            .filter_map(|l| {
+                l.split(field)
+                    .nth(1)?
+                    .split_whitespace()
+                    .next()?
+                    .parse()
+                    .ok()
+            })
+            .collect();
+        (values, lines.len())
+    }
+
     pub fn log_tail(&self) -> String {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();
