@@ -21,18 +21,16 @@ use crate::config::KafkaConfig;
 const QUEUE_FULL_PAUSE: Duration = Duration::from_millis(2);
 /// Longest a transaction call (init, begin, commit) may block.
 const TXN_CALL: Duration = Duration::from_secs(30);
-/// How long the first client's `init_transactions` may take, once connected, before a
-/// new client asks again (doubling each time, within `TXN_CALL`). Kafka refuses an
-/// InitProducerId while the id's previous transaction is still being ended
+/// How long one `init_transactions` call waits before it is called again. Kafka refuses
+/// an InitProducerId while the id's previous transaction is still being ended
 /// (CONCURRENT_TRANSACTIONS: the previous owner died in a round, or its commit's markers
-/// are still being written), and librdkafka asks again only after a fixed 500 ms
-/// (`rdkafka_idempotence.c`); a new client asks at once. Safe: every InitProducerId bumps
-/// the id's epoch, and a client given up is destroyed (its retry timer with it) before
-/// the next one is made, which asks only after connecting and finding the coordinator:
-/// it cannot be fenced by it. Measured on the local cluster: 55–90 ms once connected
-/// when Kafka answers the first ask; under the scale bench's load a take's fencing often
-/// needed a second or third client (250–1,075 ms, docs/benchmarks.md).
-const FIRST_INIT_ATTEMPT: Duration = Duration::from_millis(100);
+/// are still being written), and librdkafka asks again on its own only after a fixed
+/// 500 ms (`rdkafka_idempotence.c`); a call asks again at once (`rd_kafka_idemp_start`,
+/// immediate), or, while a request is out, waits for its answer. A new client would also
+/// ask at once, but pays for its connections first: measured on the local cluster under
+/// the scale bench's load, new clients after 100, 200 and 400 ms made fencing take
+/// 250–1,522 ms where one client answered in 55–90 ms.
+const INIT_POLL: Duration = Duration::from_millis(25);
 
 /// How to make a transactional producer (`acks=all`, idempotent), and make it again.
 #[derive(Clone, Debug)]
@@ -54,40 +52,35 @@ impl TransactionalSpec {
 
     async fn client(&self) -> Result<FutureProducer, LogError> {
         let timeout_ms = self.transaction_timeout.as_millis().to_string();
-        let deadline = tokio::time::Instant::now() + TXN_CALL;
-        let mut attempt = FIRST_INIT_ATTEMPT;
-        loop {
-            let producer: FutureProducer = producer_config(&self.kafka)
-                .set("transactional.id", &self.transactional_id)
-                .set("enable.idempotence", "true")
-                .set("acks", "all")
-                .set("linger.ms", "0")
-                .set("transaction.timeout.ms", &timeout_ms)
-                .set("message.timeout.ms", &timeout_ms)
-                .create()?;
-            let (init, topic) = (producer.clone(), self.kafka.deltas_topic.clone());
-            let within =
-                attempt.min(deadline.saturating_duration_since(tokio::time::Instant::now()));
-            let connected_then_init = move || {
-                // connected first: a client asks for its producer id when it is made, and if
-                // no broker is up yet it asks again only on librdkafka's 500 ms coordinator
-                // timer (measured: a third of new clients on the local cluster); asked again
-                // by `init_transactions`, it asks at once
-                init.client().fetch_metadata(Some(&topic), TXN_CALL)?;
-                init.init_transactions(within)
-            };
-            match tokio::task::spawn_blocking(connected_then_init).await? {
-                Ok(()) => return Ok(producer),
-                Err(e)
-                    if e.rdkafka_error_code() == Some(RDKafkaErrorCode::OperationTimedOut)
-                        && tokio::time::Instant::now() < deadline =>
-                {
-                    tracing::info!(transactional_id = %self.transactional_id, ?within, "init_transactions not done yet; asking again with a new client");
-                    // gone (its retry timer with it) before the next one asks
-                    tokio::task::spawn_blocking(move || drop(producer)).await?;
-                    attempt *= 2;
+        let deadline = std::time::Instant::now() + TXN_CALL;
+        let producer: FutureProducer = producer_config(&self.kafka)
+            .set("transactional.id", &self.transactional_id)
+            .set("enable.idempotence", "true")
+            .set("acks", "all")
+            .set("linger.ms", "0")
+            .set("transaction.timeout.ms", &timeout_ms)
+            .set("message.timeout.ms", &timeout_ms)
+            .create()?;
+        let (init, topic) = (producer.clone(), self.kafka.deltas_topic.clone());
+        let connected_then_init = move || {
+            // connected first: a client asks for its producer id when it is made, and if
+            // no broker is up yet it asks again only on librdkafka's 500 ms coordinator
+            // timer (measured: a third of new clients on the local cluster)
+            init.client().fetch_metadata(Some(&topic), TXN_CALL)?;
+            loop {
+                match init.init_transactions(INIT_POLL) {
+                    Err(KafkaError::Transaction(e))
+                        if e.is_retriable() && std::time::Instant::now() < deadline => {}
+                    done => return done,
                 }
-                Err(e) => return Err(e.into()),
+            }
+        };
+        match tokio::task::spawn_blocking(connected_then_init).await? {
+            Ok(()) => Ok(producer),
+            Err(e) => {
+                // dropping a producer purges and waits for its threads
+                tokio::task::spawn_blocking(move || drop(producer)).await?;
+                Err(e.into())
             }
         }
     }
