@@ -3,15 +3,18 @@
 //!
 //! ```text
 //!  Assigned(p…) ─► for every new p at once: p's shipping producer (fences p's previous
-//!                  owner, aborts its round)
-//!               ─► catch up p from the region's own deltas (bootstrap::catch_up)
-//!               ─► p's shipper ─► owned += p (ingest, the mergers and the API follow)
+//!                  owner, aborts its round), while a standby refresh of p in progress ends
+//!               ─► catch up p from the region's own deltas (bootstrap::catch_up), while
+//!                  reading the end of p's updates
+//!               ─► p's shipper ─► owned += p (ingest, the mergers and the API follow),
+//!                  each p as soon as it is ready
 //!  Revoked(p…)  ─► owned −= p ─► ingest commits its batch and reads p no more
 //!               ─► p's shipper ships what the outbox holds and ends ─► the group moves p
 //!  a shipper fenced by another node ─► owned −= p (the group's revoke follows; if none
 //!    came within RETAKE_AFTER, the fencer holds no assignment of p: take p again)
 //!  every second, with standby-replicas = n: each partition another node owns, if this
-//!  node is among the n chosen for it ─► catch its copy up (bootstrap::catch_up)
+//!  node is among the n chosen for it ─► catch its copy up (bootstrap::catch_up), one
+//!  region's deltas at a time, stopping early when the keeper takes it
 //! ```
 //!
 //! Every partition is taken and given up alone: its state, offsets, outbox and fences are
@@ -24,6 +27,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::StreamExt;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 
@@ -79,6 +83,11 @@ impl Copies {
         Some(self.locks.get(&partition)?.lock().await)
     }
 
+    /// Whether the keeper takes or owns `partition`.
+    fn taking(&self, partition: i32) -> bool {
+        self.busy().contains(&partition)
+    }
+
     /// The keeper is busy with exactly these partitions (its shippers).
     fn keep<V>(&self, shippers: &BTreeMap<i32, V>) {
         *self.busy() = shippers.keys().copied().collect();
@@ -87,7 +96,7 @@ impl Copies {
     /// `partition`'s lock, unless the keeper is busy with it or a refresh holds it.
     fn refresh(&self, partition: i32) -> Option<tokio::sync::MutexGuard<'_, ()>> {
         let guard = self.locks.get(&partition)?.try_lock().ok()?;
-        (!self.busy().contains(&partition)).then_some(guard)
+        (!self.taking(partition)).then_some(guard)
     }
 }
 
@@ -168,13 +177,18 @@ impl Standby {
         }
     }
 
-    /// One refresh of the copy of `p`: the region's own deltas, then each remote's.
+    /// One refresh of the copy of `p`: the region's own deltas, then each remote's, until
+    /// the keeper takes `p` (it waits for the step in progress).
     async fn refresh(&self, p: i32) -> Result<(), BootstrapError> {
         let (config, hlc, store) = (&self.config, &self.hlc, &self.store);
         let caught_up = bootstrap::catch_up(config, hlc, store, p).await?;
         metrics::counter!(m::CATCH_UP_DELTAS, "by" => "standby")
             .increment(caught_up.recovered.deltas as u64);
         for remote in &config.replication.remotes {
+            if self.copies.taking(p) {
+                // the keeper's merger goes on from the copy's positions
+                return Ok(());
+            }
             let merged = bootstrap::catch_up_remote(config, hlc, store, remote, p).await?;
             metrics::counter!(m::CATCH_UP_DELTAS, "by" => "standby", "region" => remote.region.to_string())
                 .increment(merged as u64);
@@ -281,6 +295,10 @@ struct Ready {
     started: std::time::Instant,
     /// How long its producer's `init_transactions` (the fencing) took.
     fenced: Duration,
+    /// How long until a standby refresh of it in progress ended (meanwhile fencing).
+    waited: Duration,
+    /// How long catching its copy up (and reading its end) took after both.
+    caught: Duration,
 }
 
 /// One running shipper.
@@ -370,7 +388,7 @@ impl Keeper {
     }
 
     /// Takes every partition of `partitions` not running here yet, all at once: each
-    /// partition has its own instance and producer.
+    /// partition has its own instance and producer, and serves once it is ready.
     async fn take(
         &self,
         partitions: Vec<i32>,
@@ -382,8 +400,10 @@ impl Keeper {
             .into_iter()
             .filter(|p| !shippers.contains_key(p))
             .collect();
-        let ready = new.iter().map(|&p| self.ready(p, stop.clone()));
-        for ready in futures_util::future::join_all(ready).await {
+        let mut readying: futures_util::stream::FuturesUnordered<_> =
+            new.iter().map(|&p| self.ready(p, stop.clone())).collect();
+        // each partition is owned as soon as it is ready
+        while let Some(ready) = readying.next().await {
             let Some(ready) = ready.inspect_err(|_| self.copies.keep(shippers))? else {
                 continue;
             };
@@ -401,25 +421,43 @@ impl Keeper {
         partition: i32,
         mut stop: watch::Receiver<bool>,
     ) -> Result<Option<Ready>, KeeperError> {
-        let stop = &mut stop;
         let started = std::time::Instant::now();
-        let producer = retried("starting its shipping producer", partition, stop, || {
-            ship_producer(&self.config, partition)
-        });
-        let Some(producer) = producer.await.unwrap_or_else(|never| match never {}) else {
+        // a standby refresh of the partition in progress ends meanwhile
+        let fencing = async {
+            let producer = retried(
+                "starting its shipping producer",
+                partition,
+                &mut stop,
+                || ship_producer(&self.config, partition),
+            );
+            let producer = producer.await.unwrap_or_else(|never| match never {});
+            (producer, started.elapsed())
+        };
+        let copying = async { (self.copies.take(partition).await, started.elapsed()) };
+        let ((producer, fenced), (copy, waited)) = tokio::join!(fencing, copying);
+        let Some(producer) = producer else {
             return Ok(None);
         };
-        let fenced = started.elapsed();
-        let copy = self.copies.take(partition).await;
-        let caught_up = retried("catching it up", partition, stop, || {
+        let topic = &self.config.kafka.updates_topic;
+        let mut also_stop = stop.clone();
+        let caught_up = retried("catching it up", partition, &mut stop, || {
             bootstrap::catch_up(&self.config, &self.hlc, &self.store, partition)
         });
-        let caught_up = match caught_up.await {
+        // what the previous owner may have applied and acknowledged: up to the end now
+        let ends = retried("reading its end", partition, &mut also_stop, || {
+            log::end_offsets(&self.config.kafka, topic, vec![partition])
+        });
+        let (caught_up, ends) = tokio::join!(caught_up, ends);
+        let caught_up = match caught_up {
             Ok(Some(caught_up)) => caught_up,
             Ok(None) => return Ok(None),
             Err(source) => return Err(KeeperError::CatchUp { partition, source }),
         };
         drop(copy);
+        let caught = started.elapsed() - fenced.max(waited);
+        let Some(ends) = ends.unwrap_or_else(|never| match never {}) else {
+            return Ok(None);
+        };
         metrics::counter!(m::CATCH_UP_DELTAS, "by" => "take")
             .increment(caught_up.recovered.deltas as u64);
         let held = self.store.remote_applied(partition);
@@ -429,14 +467,6 @@ impl Keeper {
         })?;
         let now = self.hlc.physical().now_nanos();
         self.freshness.taken(partition, held, now);
-        let topic = &self.config.kafka.updates_topic;
-        // what the previous owner may have applied and acknowledged: up to the end now
-        let ends = retried("reading its end", partition, stop, || {
-            log::end_offsets(&self.config.kafka, topic, vec![partition])
-        });
-        let Some(ends) = ends.await.unwrap_or_else(|never| match never {}) else {
-            return Ok(None);
-        };
         let end = ends.get(&partition).copied().unwrap_or(0);
         let applied = self
             .store
@@ -455,6 +485,8 @@ impl Keeper {
             end,
             started,
             fenced,
+            waited,
+            caught,
         }))
     }
 
@@ -473,6 +505,8 @@ impl Keeper {
             end,
             started,
             fenced,
+            waited,
+            caught,
         } = ready;
         let topic = &self.config.kafka.updates_topic;
         self.shared.applied.send_modify(|at| match applied {
@@ -510,6 +544,8 @@ impl Keeper {
             applied = ?applied,
             end,
             fenced_ms = fenced.as_millis() as u64,
+            waited_ms = waited.as_millis() as u64,
+            caught_up_ms = caught.as_millis() as u64,
             took_ms = started.elapsed().as_millis() as u64,
             "took the partition"
         );
