@@ -243,7 +243,7 @@ impl Ingestor {
         let mut reader: Option<Reader> = None;
         loop {
             if reader.is_none() || owned.has_changed().unwrap_or(false) {
-                reader = self.follow(&mut owned)?;
+                reader = self.follow(&mut owned).await?;
             }
             let Some(reading) = reader.as_mut() else {
                 // owns nothing: waits for the group
@@ -284,14 +284,14 @@ impl Ingestor {
             {
                 tokio::time::sleep(RETRY_PAUSE).await;
                 let applied = self.shared.applied.borrow().clone();
-                reading.restart(&e, &applied);
+                reading.restart(&e, &applied).await;
             }
         }
     }
 
     /// A reader of the partitions owned now, each after its applied offset (`None`: none
     /// owned); says which it reads ([`IngestShared::reading`]).
-    fn follow(
+    async fn follow(
         &self,
         owned: &mut watch::Receiver<BTreeSet<i32>>,
     ) -> Result<Option<Reader>, IngestError> {
@@ -304,7 +304,7 @@ impl Ingestor {
                 partitions: partitions.clone(),
                 ..self.source.clone()
             };
-            Some(Reader::start(spec, &applied)?)
+            Some(Reader::start(spec, &applied).await?)
         };
         tracing::info!(?partitions, "ingest reads the partitions this node owns");
         self.shared

@@ -176,7 +176,7 @@ pub async fn catch_up_remote(
         partitions: vec![partition],
         role: "standby",
     };
-    let mut reader = log::Reader::start(spec, &store.source_offsets(&id)?)?;
+    let mut reader = log::Reader::start(spec, &store.source_offsets(&id)?).await?;
     let batching = log::Batching {
         max: BATCH,
         linger: Duration::ZERO,
@@ -228,7 +228,7 @@ async fn merge_own_topic(
         partitions: partitions.clone(),
         role: "bootstrap",
     };
-    let mut reader = log::Reader::start(spec, &from)?;
+    let mut reader = log::Reader::start(spec, &from).await?;
     let batching = log::Batching {
         max: BATCH,
         linger: Duration::ZERO,

@@ -478,7 +478,7 @@ impl Merger {
                     () = stopped(stop) => return Ok(()),
                     () = tokio::time::sleep(wait.clamp(HOLD_MIN, HOLD_MAX)) => {}
                 }
-                if let Err(e) = reader.reposition(&self.merged()?) {
+                if let Err(e) = reader.reposition(&self.merged()?).await {
                     tracing::warn!(remote = %self.remote().region, error = %e, "reading held deltas again failed; retrying");
                 }
                 continue;
@@ -486,7 +486,7 @@ impl Merger {
             self.note_caught_up(&at_end, partitions);
             if let Some(e) = batch.failed {
                 tokio::time::sleep(RETRY_PAUSE).await;
-                reader.restart(&e, &self.merged()?);
+                reader.restart(&e, &self.merged()?).await;
             }
         }
     }
@@ -547,7 +547,7 @@ impl Merger {
                     topic: remote.topic.clone(),
                     role: "merge",
                 };
-                Reader::start(source, &applied).map(Ok)
+                Reader::start(source, &applied).await.map(Ok)
             };
             match attempt.await {
                 Ok(Err(counts)) => return Err(counts),
