@@ -258,6 +258,12 @@ impl Retry for BootstrapError {
     }
 }
 
+/// `work`'s outcome and how long it took.
+async fn timed<T>(work: impl std::future::Future<Output = T>) -> (T, Duration) {
+    let started = std::time::Instant::now();
+    (work.await, started.elapsed())
+}
+
 /// Runs `attempt` until it succeeds, logging each failure and pausing before the next;
 /// `Ok(None)` if asked to stop meanwhile, `Err` on a failure no retry cures.
 async fn retried<T, E, F>(
@@ -297,8 +303,9 @@ struct Ready {
     fenced: Duration,
     /// How long until a standby refresh of it in progress ended (meanwhile fencing).
     waited: Duration,
-    /// How long catching its copy up (and reading its end) took after both.
+    /// How long catching its copy up took, and (meanwhile) reading its end.
     caught: Duration,
+    read_end: Duration,
 }
 
 /// One running shipper.
@@ -422,20 +429,16 @@ impl Keeper {
         mut stop: watch::Receiver<bool>,
     ) -> Result<Option<Ready>, KeeperError> {
         let started = std::time::Instant::now();
+        let fencing = retried(
+            "starting its shipping producer",
+            partition,
+            &mut stop,
+            || ship_producer(&self.config, partition),
+        );
         // a standby refresh of the partition in progress ends meanwhile
-        let fencing = async {
-            let producer = retried(
-                "starting its shipping producer",
-                partition,
-                &mut stop,
-                || ship_producer(&self.config, partition),
-            );
-            let producer = producer.await.unwrap_or_else(|never| match never {});
-            (producer, started.elapsed())
-        };
-        let copying = async { (self.copies.take(partition).await, started.elapsed()) };
-        let ((producer, fenced), (copy, waited)) = tokio::join!(fencing, copying);
-        let Some(producer) = producer else {
+        let copying = self.copies.take(partition);
+        let ((producer, fenced), (copy, waited)) = tokio::join!(timed(fencing), timed(copying));
+        let Some(producer) = producer.unwrap_or_else(|never| match never {}) else {
             return Ok(None);
         };
         let topic = &self.config.kafka.updates_topic;
@@ -447,14 +450,13 @@ impl Keeper {
         let ends = retried("reading its end", partition, &mut also_stop, || {
             log::end_offsets(&self.config.kafka, topic, vec![partition])
         });
-        let (caught_up, ends) = tokio::join!(caught_up, ends);
+        let ((caught_up, caught), (ends, read_end)) = tokio::join!(timed(caught_up), timed(ends));
         let caught_up = match caught_up {
             Ok(Some(caught_up)) => caught_up,
             Ok(None) => return Ok(None),
             Err(source) => return Err(KeeperError::CatchUp { partition, source }),
         };
         drop(copy);
-        let caught = started.elapsed() - fenced.max(waited);
         let Some(ends) = ends.unwrap_or_else(|never| match never {}) else {
             return Ok(None);
         };
@@ -487,6 +489,7 @@ impl Keeper {
             fenced,
             waited,
             caught,
+            read_end,
         }))
     }
 
@@ -507,6 +510,7 @@ impl Keeper {
             fenced,
             waited,
             caught,
+            read_end,
         } = ready;
         let topic = &self.config.kafka.updates_topic;
         self.shared.applied.send_modify(|at| match applied {
@@ -546,6 +550,7 @@ impl Keeper {
             fenced_ms = fenced.as_millis() as u64,
             waited_ms = waited.as_millis() as u64,
             caught_up_ms = caught.as_millis() as u64,
+            read_end_ms = read_end.as_millis() as u64,
             took_ms = started.elapsed().as_millis() as u64,
             "took the partition"
         );
