@@ -363,20 +363,9 @@ async fn a_node_fenced_by_a_stale_take_takes_its_partition_again() -> anyhow::Re
     region.round(1).await?;
     exact(&a, &base, 1, wait).await?;
 
-    // the stale take: its init_transactions fences a's shipping producer of partition 0
-    let stale: FutureProducer = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", &region.kafka)
-        .set(
-            "transactional.id",
-            format!("geostate.us-east-1.{}.p0", region.topics.deltas),
-        )
-        .create()?;
-    let init = stale.clone();
-    tokio::task::spawn_blocking(move || {
-        use rdkafka::producer::Producer;
-        init.init_transactions(Duration::from_secs(30))
-    })
-    .await??;
+    // the stale take: a shipping producer of partition 0 made as a take makes it, whose
+    // init_transactions fences a's
+    let _stale = geostate::keeper::ship_producer(&a.config()?, 0).await?;
     // a's next round (a heartbeat within a second) finds it fenced; the group revokes
     // nothing, so a takes partition 0 again
     let until = Instant::now() + wait;
