@@ -76,6 +76,12 @@ pub enum ApiError {
         "appended at {partition}/{offset} and passed by ingest, but so many records were refused since that this node no longer knows whether it was applied: outcome unknown"
     )]
     OutcomeForgotten { partition: i32, offset: i64 },
+    /// The write's partition moved to another node of the region before this node
+    /// applied it.
+    #[error(
+        "appended at {partition}/{offset}, but the partition moved to another node of this region before this node applied it: that node applies it (once, by its id); outcome unknown here, retry with the same id"
+    )]
+    MovedBeforeApplied { partition: i32, offset: i64 },
     #[error(
         "appended at {partition}/{offset} but not applied within {seconds}s (applied up to {applied:?} on that partition){}",
         outbox_full.map_or(String::new(), |(keys, max)| format!("; ingest waits for shipping: the outbox holds {keys} keys, replication.max-outbox-keys is {max}"))
@@ -130,7 +136,8 @@ impl ApiError {
             | ApiError::LeaseEnded { .. }
             | ApiError::NotOwner { .. }
             | ApiError::WatchMoved
-            | ApiError::OutcomeForgotten { .. } => Code::Unavailable,
+            | ApiError::OutcomeForgotten { .. }
+            | ApiError::MovedBeforeApplied { .. } => Code::Unavailable,
             ApiError::NotApplied { .. } => Code::DeadlineExceeded,
             ApiError::WatcherBehind { .. } => Code::DataLoss,
             ApiError::Store(_)
@@ -223,6 +230,14 @@ mod tests {
                 },
                 Code::Unavailable,
                 "partition 3 (of key \"drivers/9q8yy\") is owned by the node at 127.0.0.1:7001; ask it (Admin/Route)",
+            ),
+            (
+                ApiError::MovedBeforeApplied {
+                    partition: 2,
+                    offset: 41,
+                },
+                Code::Unavailable,
+                "appended at 2/41, but the partition moved to another node of this region before this node applied it: that node applies it (once, by its id); outcome unknown here, retry with the same id",
             ),
             (
                 ApiError::WatcherBehind { batches: 3 },

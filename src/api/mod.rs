@@ -554,33 +554,32 @@ impl Handler {
     /// it was decided.
     async fn applied(&self, partition: i32, offset: i64) -> Result<(), ApiError> {
         let shared = &self.0.shared;
-        let mut applied = shared.applied.subscribe();
-        let waited = tokio::time::timeout(
-            APPLY_TIMEOUT,
-            applied.wait_for(|at| at.get(&partition).is_some_and(|&o| o >= offset)),
-        )
-        .await;
-        match waited {
-            Ok(Ok(_)) => {}
-            Ok(Err(_)) => return Err(ApiError::Stopping),
-            Err(_) => {
-                let (keys, max) = (
-                    self.0.store.outbox_len_in(&shared.owned.borrow()),
-                    self.0.config.replication.max_outbox_keys,
-                );
-                return Err(ApiError::NotApplied {
-                    partition,
-                    offset,
-                    seconds: APPLY_TIMEOUT.as_secs(),
-                    applied: shared.applied.borrow().get(&partition).copied(),
-                    outbox_full: (keys >= max).then_some((keys, max)),
-                });
-            }
-        }
-        match shared.outcome(partition, offset) {
+        let Ok(outcome) = tokio::time::timeout(APPLY_TIMEOUT, shared.passed(partition, offset)).await
+        else {
+            let (keys, max) = (
+                self.0.store.outbox_len_in(&shared.owned.borrow()),
+                self.0.config.replication.max_outbox_keys,
+            );
+            return Err(ApiError::NotApplied {
+                partition,
+                offset,
+                seconds: APPLY_TIMEOUT.as_secs(),
+                applied: shared.applied.borrow().get(&partition).copied(),
+                outbox_full: (keys >= max).then_some((keys, max)),
+            });
+        };
+        match outcome {
             Outcome::Applied => Ok(()),
             Outcome::Refused(why) => Err(ApiError::Refused(why)),
             Outcome::Forgotten => Err(ApiError::OutcomeForgotten { partition, offset }),
+            Outcome::Moved => {
+                tracing::info!(
+                    partition,
+                    offset,
+                    "a write's partition moved to another node before this node applied it"
+                );
+                Err(ApiError::MovedBeforeApplied { partition, offset })
+            }
         }
     }
 

@@ -155,6 +155,39 @@ impl IngestShared {
         self.replay_to.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Waits until ingest passed the record at `(partition, offset)`, or until its
+    /// partition moved away before it did (neither owned nor read here any more: the
+    /// partition's next owner applies the record); answers what became of it.
+    pub async fn passed(&self, partition: i32, offset: i64) -> Outcome {
+        let (mut applied, mut owned, mut reading) = (
+            self.applied.subscribe(),
+            self.owned.subscribe(),
+            self.reading.subscribe(),
+        );
+        loop {
+            // gone first: ingest publishes a batch's offsets before it stops reading its
+            // partition, so once the partition is gone its last offsets are in `applied`
+            let gone = !owned.borrow_and_update().contains(&partition)
+                && !reading.borrow_and_update().contains(&partition);
+            if applied
+                .borrow_and_update()
+                .get(&partition)
+                .is_some_and(|&o| o >= offset)
+            {
+                return self.outcome(partition, offset);
+            }
+            if gone {
+                return Outcome::Moved;
+            }
+            // the senders live in `self`: none of these ends
+            tokio::select! {
+                _ = applied.changed() => {}
+                _ = owned.changed() => {}
+                _ = reading.changed() => {}
+            }
+        }
+    }
+
     /// What became of the record at `(partition, offset)`, once it is applied (see
     /// [`Rejections::outcome`]).
     pub fn outcome(&self, partition: i32, offset: i64) -> Outcome {
@@ -177,6 +210,9 @@ pub enum Outcome {
     Refused(Rejection),
     /// Refused or applied: its rejection, if any, is no longer remembered.
     Forgotten,
+    /// Not passed here: its partition moved to another node of the region first, which
+    /// applies it.
+    Moved,
 }
 
 /// The last [`RECENT_REJECTIONS`] rejections, and per partition the highest offset whose
@@ -651,6 +687,38 @@ impl StateSource for Store {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use futures_util::FutureExt;
+
+    /// A write appended to a partition that then moves away before ingest reached it is
+    /// answered at once (the next owner applies it), not after the apply timeout; one
+    /// that ingest's last batch applied is answered applied.
+    #[test]
+    fn a_write_is_answered_once_its_partition_moves_away() {
+        for last_batch_has_it in [false, true] {
+            let shared = IngestShared::default();
+            shared.own(0, 0);
+            shared.reading.send_replace(BTreeSet::from([0]));
+            shared.applied.send_replace(BTreeMap::from([(0, 3)]));
+            let mut wait = std::pin::pin!(shared.passed(0, 5));
+            assert_eq!(wait.as_mut().now_or_never(), None, "owned and read: it waits");
+            shared.disown(&[0]);
+            assert_eq!(
+                wait.as_mut().now_or_never(),
+                None,
+                "ingest still reads it: its last batch may hold the record"
+            );
+            if last_batch_has_it {
+                shared.applied.send_replace(BTreeMap::from([(0, 6)]));
+            }
+            shared.reading.send_replace(BTreeSet::new());
+            let expected = if last_batch_has_it {
+                Outcome::Applied
+            } else {
+                Outcome::Moved
+            };
+            assert_eq!(wait.now_or_never(), Some(expected));
+        }
+    }
 
     #[test]
     fn a_dead_letter_carries_at_most_what_the_producer_accepts() {
