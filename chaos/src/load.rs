@@ -43,6 +43,8 @@ pub(crate) struct Op {
     pub(crate) start_ns: u64,
     pub(crate) end_ns: u64,
     pub(crate) outcome: Outcome,
+    /// The refusal's or error's status message.
+    pub(crate) error: Option<String>,
 }
 
 pub(crate) struct Load {
@@ -108,7 +110,7 @@ pub(crate) async fn run_client(
                 other => other.map(drop),
             },
         };
-        let outcome = match result {
+        let outcome = match &result {
             Ok(()) => Outcome::Ok,
             Err(s)
                 if matches!(
@@ -127,6 +129,9 @@ pub(crate) async fn run_client(
             start_ns,
             end_ns: load.now_ns(),
             outcome,
+            error: result
+                .err()
+                .map(|s| format!("{:?}: {}", s.code(), s.message())),
         };
         load.ops.lock().await.push(op);
         tokio::select! {

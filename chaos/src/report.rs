@@ -51,6 +51,8 @@ pub(crate) struct Report {
     /// every region; `None` if that took longer than two minutes.
     convergence_ms: Option<f64>,
     latency: Vec<Latency>,
+    /// The longest operations that did not succeed, longest first.
+    slowest_unsuccessful: Vec<Slow>,
     failures: Vec<String>,
     pub(crate) pass: bool,
 }
@@ -77,6 +79,20 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     }
     sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
+
+/// One operation that did not succeed, and how long it took.
+#[derive(Serialize)]
+struct Slow {
+    kind: Kind,
+    region: String,
+    key: String,
+    at_s: f64,
+    took_ms: f64,
+    error: String,
+}
+
+/// How many of the longest unsuccessful operations a report lists.
+const SLOWEST: usize = 5;
 
 /// What one drill recorded, from the start of the load to its end.
 pub(crate) struct DrillRun<'a> {
@@ -231,6 +247,29 @@ impl DrillRun<'_> {
         }
         latency
     }
+
+    /// The [`SLOWEST`] longest operations that did not succeed (an operation that hangs
+    /// holds its client's next ones back: the first thing to read when an RTO fails).
+    fn slowest_unsuccessful(&self) -> Vec<Slow> {
+        let mut failed: Vec<&Op> = self
+            .ops
+            .iter()
+            .filter(|o| o.outcome != Outcome::Ok)
+            .collect();
+        failed.sort_by_key(|o| std::cmp::Reverse(o.end_ns - o.start_ns));
+        failed
+            .into_iter()
+            .take(SLOWEST)
+            .map(|o| Slow {
+                kind: o.kind,
+                region: o.region.clone(),
+                key: o.key.clone(),
+                at_s: o.start_ns as f64 / 1e9,
+                took_ms: (o.end_ns - o.start_ns) as f64 / 1e6,
+                error: o.error.clone().unwrap_or_default(),
+            })
+            .collect()
+    }
 }
 
 impl Report {
@@ -280,6 +319,7 @@ impl Report {
             regions_agree,
             convergence_ms: run.convergence.map(|d| d.as_secs_f64() * 1e3),
             latency: run.latency(),
+            slowest_unsuccessful: run.slowest_unsuccessful(),
             pass: failures.is_empty(),
             failures,
         }
@@ -345,6 +385,21 @@ impl Report {
                 l.scope, l.phase, l.count, l.p50_ms, l.p99_ms
             ));
         }
+        md.push_str(
+            "\nLongest unsuccessful operations:\n\n\
+             | operation | region | key | at (s) | took (ms) | error |\n|---|---|---|---:|---:|---|\n",
+        );
+        for o in &self.slowest_unsuccessful {
+            md.push_str(&format!(
+                "| {:?} | {} | {} | {:.1} | {:.0} | {} |\n",
+                o.kind,
+                o.region,
+                o.key,
+                o.at_s,
+                o.took_ms,
+                o.error.replace('|', "/")
+            ));
+        }
         if !self.failures.is_empty() {
             md.push_str("\nFailed checks:\n\n");
             for f in &self.failures {
@@ -391,6 +446,7 @@ mod tests {
             start_ns: at_s * s,
             end_ns: at_s * s + 1_000_000,
             outcome,
+            error: None,
         }
     }
 
