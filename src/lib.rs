@@ -31,6 +31,7 @@
 //!  metrics      every metric name; the Prometheus endpoint
 //!  shutdown     the stop signal tasks watch
 //!  supervise    the background tasks a node stops without
+//!  window       PURE event-time windows: slices, closing, lateness, watermarks
 //!  crdt         PURE counters, LWW register, order stamps, deltas and their encoding
 //!  clock        PURE injected physical clock, hybrid logical clock with max-offset guard
 //!  pb           generated protobuf code (re-exported from the geostate-proto crate, proto/)
@@ -54,6 +55,7 @@ pub mod replication;
 pub mod shutdown;
 pub mod store;
 pub mod supervise;
+pub mod window;
 pub use geostate_proto::workload;
 
 #[cfg(test)]
