@@ -554,7 +554,8 @@ impl Handler {
     /// it was decided.
     async fn applied(&self, partition: i32, offset: i64) -> Result<(), ApiError> {
         let shared = &self.0.shared;
-        let Ok(outcome) = tokio::time::timeout(APPLY_TIMEOUT, shared.passed(partition, offset)).await
+        let Ok(outcome) =
+            tokio::time::timeout(APPLY_TIMEOUT, shared.passed(partition, offset)).await
         else {
             let (keys, max) = (
                 self.0.store.outbox_len_in(&shared.owned.borrow()),

@@ -700,7 +700,11 @@ mod tests {
             shared.reading.send_replace(BTreeSet::from([0]));
             shared.applied.send_replace(BTreeMap::from([(0, 3)]));
             let mut wait = std::pin::pin!(shared.passed(0, 5));
-            assert_eq!(wait.as_mut().now_or_never(), None, "owned and read: it waits");
+            assert_eq!(
+                wait.as_mut().now_or_never(),
+                None,
+                "owned and read: it waits"
+            );
             shared.disown(&[0]);
             assert_eq!(
                 wait.as_mut().now_or_never(),
