@@ -19,6 +19,9 @@ struct Rto {
     longest_gap_ms: f64,
     budget_ms: f64,
     pass: bool,
+    /// What the scope's operations answered within that stretch: each distinct status
+    /// message and how often, most frequent first.
+    answers_in_gap: Vec<(String, usize)>,
 }
 
 /// Latency of successful operations in one phase.
@@ -57,20 +60,27 @@ pub(crate) struct Report {
     pub(crate) pass: bool,
 }
 
-/// The longest time between successes at `times` (sorted) from `from_ns` to `to_ns`.
-fn longest_gap(times: &[u64], from_ns: u64, to_ns: u64) -> u64 {
+/// The longest time between successes at `times` (sorted) from `from_ns` to `to_ns`:
+/// (its length, its start, its end).
+fn longest_gap(times: &[u64], from_ns: u64, to_ns: u64) -> (u64, u64, u64) {
     let mut previous = times
         .iter()
         .rev()
         .find(|&&t| t < from_ns)
         .copied()
         .unwrap_or(from_ns);
-    let mut longest = 0;
-    for &t in times.iter().filter(|&&t| t >= from_ns && t <= to_ns) {
-        longest = longest.max(t - previous);
+    let mut longest = (0, previous, previous);
+    for &t in times
+        .iter()
+        .filter(|&&t| t >= from_ns && t <= to_ns)
+        .chain([&to_ns])
+    {
+        if t - previous > longest.0 {
+            longest = (t - previous, previous, t);
+        }
         previous = t;
     }
-    longest.max(to_ns - previous)
+    longest
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -125,7 +135,19 @@ impl DrillRun<'_> {
     /// where it did not.
     fn rto(&self, drill: Drill) -> Vec<Rto> {
         let fault_budget = Duration::from_nanos(self.heal_ns - self.fault_ns) + RECOVERY_BUDGET;
-        let judge = |scope: String, gap_ns: u64, budget: Duration| {
+        let judge = |scope: String, pick: &dyn Fn(&Op) -> bool, budget: Duration| {
+            let times = self.successes(pick);
+            let (gap_ns, from, to) = longest_gap(&times, self.fault_ns, self.end_ns);
+            let mut answers: BTreeMap<&str, usize> = BTreeMap::new();
+            let within = |o: &&Op| o.end_ns > from && o.end_ns < to && o.outcome != Outcome::Ok;
+            for o in self.ops.iter().filter(|o| pick(o)).filter(within) {
+                *answers.entry(o.error.as_deref().unwrap_or("")).or_default() += 1;
+            }
+            let mut answers: Vec<(String, usize)> = answers
+                .into_iter()
+                .map(|(a, n)| (a.to_string(), n))
+                .collect();
+            answers.sort_by_key(|(_, n)| std::cmp::Reverse(*n));
             let gap_ms = gap_ns as f64 / 1e6;
             let budget_ms = budget.as_secs_f64() * 1e3;
             Rto {
@@ -133,13 +155,13 @@ impl DrillRun<'_> {
                 longest_gap_ms: gap_ms,
                 budget_ms,
                 pass: gap_ms <= budget_ms,
+                answers_in_gap: answers,
             }
         };
         let mut rto = Vec::new();
         for region in self.regions {
             let hit = self.fault.affected.contains(region);
             for (kind, label) in [(Kind::Write, "writes"), (Kind::Read, "reads")] {
-                let times = self.successes(|o| o.kind == kind && o.region == *region);
                 // broker loss leaves reads (served from the node's own store) untouched
                 let spared = kind == Kind::Read && drill == Drill::BrokerLoss;
                 let budget = if hit && !spared {
@@ -147,20 +169,21 @@ impl DrillRun<'_> {
                 } else {
                     UNAFFECTED_BUDGET
                 };
-                let gap = longest_gap(&times, self.fault_ns, self.end_ns);
-                rto.push(judge(format!("{label} in {region}"), gap, budget));
+                rto.push(judge(
+                    format!("{label} in {region}"),
+                    &|o| o.kind == kind && o.region == *region,
+                    budget,
+                ));
             }
             let partitions: BTreeSet<i32> = self.fault.partitions.values().copied().collect();
             for p in partitions {
-                let times = self.successes(|o| {
-                    o.kind == Kind::Write
-                        && o.region == *region
-                        && self.fault.partitions.get(&o.key) == Some(&p)
-                });
-                let gap = longest_gap(&times, self.fault_ns, self.end_ns);
                 rto.push(judge(
                     format!("writes in {region}, partition {p}"),
-                    gap,
+                    &|o| {
+                        o.kind == Kind::Write
+                            && o.region == *region
+                            && self.fault.partitions.get(&o.key) == Some(&p)
+                    },
                     MOVE_BUDGET,
                 ));
             }
@@ -171,20 +194,24 @@ impl DrillRun<'_> {
             .filter(|o| o.kind == Kind::OwnedWrite)
             .map(|o| o.key.as_str())
             .collect();
-        let owned_gap = owned_keys
+        let budget = self.fault.owned_budget.unwrap_or(fault_budget);
+        let worst = owned_keys
             .iter()
             .map(|key| {
-                let times = self.successes(|o| o.kind == Kind::OwnedWrite && o.key == *key);
-                longest_gap(&times, self.fault_ns, self.end_ns)
+                judge(
+                    "owned-key writes (any region, worst key)".into(),
+                    &|o| o.kind == Kind::OwnedWrite && o.key == *key,
+                    budget,
+                )
             })
-            .max()
-            .unwrap_or(self.end_ns - self.fault_ns);
-        let budget = self.fault.owned_budget.unwrap_or(fault_budget);
-        rto.push(judge(
-            "owned-key writes (any region, worst key)".into(),
-            owned_gap,
-            budget,
-        ));
+            .max_by(|a, b| a.longest_gap_ms.total_cmp(&b.longest_gap_ms));
+        rto.push(worst.unwrap_or_else(|| {
+            judge(
+                "owned-key writes (any region, worst key)".into(),
+                &|o| o.kind == Kind::OwnedWrite,
+                budget,
+            )
+        }));
         rto
     }
 
@@ -282,9 +309,21 @@ impl Report {
             .iter()
             .filter(|r| !r.pass)
             .map(|r| {
+                let answers: Vec<String> = r
+                    .answers_in_gap
+                    .iter()
+                    .map(|(a, n)| format!("{n} × {a}"))
+                    .collect();
                 format!(
-                    "RTO of {}: {:.0} ms, budget {:.0} ms",
-                    r.scope, r.longest_gap_ms, r.budget_ms
+                    "RTO of {}: {:.0} ms, budget {:.0} ms; answered within it: {}",
+                    r.scope,
+                    r.longest_gap_ms,
+                    r.budget_ms,
+                    if answers.is_empty() {
+                        "nothing (no call ended)".to_string()
+                    } else {
+                        answers.join("; ")
+                    }
                 )
             })
             .collect();
@@ -422,11 +461,11 @@ mod tests {
         // successes at 1, 2, then 10 and 11 s; the fault starts at 3 s
         let s = 1_000_000_000;
         let times = [s, 2 * s, 10 * s, 11 * s];
-        assert_eq!(longest_gap(&times, 3 * s, 12 * s), 8 * s);
+        assert_eq!(longest_gap(&times, 3 * s, 12 * s).0, 8 * s);
         // nothing after the fault: the gap runs to the end
-        assert_eq!(longest_gap(&times[..2], 3 * s, 12 * s), 10 * s);
+        assert_eq!(longest_gap(&times[..2], 3 * s, 12 * s).0, 10 * s);
         // no success at all before or after: the whole window
-        assert_eq!(longest_gap(&[], 3 * s, 12 * s), 9 * s);
+        assert_eq!(longest_gap(&[], 3 * s, 12 * s).0, 9 * s);
     }
 
     #[test]
@@ -504,8 +543,11 @@ mod tests {
         let mut ops = Vec::new();
         for t in 0..30 {
             for key in ["requests/a", "requests/b"] {
-                let stopped = key == "requests/b" && (11..18).contains(&t);
-                if !stopped {
+                if key == "requests/b" && (11..18).contains(&t) {
+                    let mut refused = op(Kind::Write, "us-east-1", key, t, Outcome::Info);
+                    refused.error = Some("Unavailable: partition 1 is moving".into());
+                    ops.push(refused);
+                } else {
                     ops.push(op(Kind::Write, "us-east-1", key, t, Outcome::Ok));
                 }
             }
@@ -514,7 +556,7 @@ mod tests {
         }
         let acked = |key: &str| {
             let writes = ops.iter().filter(|o| o.kind == Kind::Write && o.key == key);
-            writes.count() as i64
+            writes.filter(|o| o.outcome == Outcome::Ok).count() as i64
         };
         let finals = ["requests/a", "requests/b"]
             .map(|k| {
@@ -547,8 +589,12 @@ mod tests {
         let report = Report::new(&args, &run);
         assert_eq!(
             report.failures,
-            // its last write before the stop at 10 s, the next at 18 s
-            vec!["RTO of writes in us-east-1, partition 1: 8000 ms, budget 5000 ms".to_string()]
+            // its last write before the stop at 10 s, the next at 18 s; what the seven
+            // calls in between answered
+            vec![
+                "RTO of writes in us-east-1, partition 1: 8000 ms, budget 5000 ms; answered within it: 7 × Unavailable: partition 1 is moving"
+                    .to_string()
+            ]
         );
     }
 
