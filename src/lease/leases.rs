@@ -307,7 +307,23 @@ impl Leases {
         }
         let count = releases.len();
         match tokio::time::timeout(self.config.duration, self.proposer.propose(releases)).await {
-            Ok(Ok(_)) => tracing::info!(shards = count, "released the leases held here"),
+            Ok(Ok(outcomes)) => {
+                // refused while the region has other nodes (`SeveralNodes`): those shards
+                // move at expiry
+                let refused: Vec<Refusal> = outcomes
+                    .iter()
+                    .filter_map(|o| match o {
+                        Outcome::Refused { reason, .. } => Some(*reason),
+                        _ => None,
+                    })
+                    .collect();
+                tracing::info!(
+                    shards = count,
+                    released = count - refused.len(),
+                    ?refused,
+                    "released the leases held here"
+                );
+            }
             Ok(Err(e)) => tracing::warn!(error = %e, "releasing leases failed; they end at expiry"),
             Err(_) => tracing::warn!("releasing leases timed out; they end at expiry"),
         }
