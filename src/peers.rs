@@ -38,8 +38,10 @@ pub const REFUSALS: u32 = 2;
 /// How often the group's owners are read.
 const OWNERS_EVERY: Duration = Duration::from_secs(1);
 /// How long after evicting a node it is not evicted again (the group needs a moment to
-/// hand its partitions on, and the owners read meanwhile may still name it), unless its
-/// port accepted a connection since (restarted, and dead again).
+/// hand its partitions on, and the owners read meanwhile may still name it), unless it
+/// came back since: its port accepted a connection, or the group's owners left it out
+/// and then named it again (restarted and rejoined, and dead again, perhaps before any
+/// probe reached it).
 const EVICT_AGAIN: Duration = Duration::from_secs(10);
 
 /// Probes the region's other nodes and evicts the dead ones from the group.
@@ -57,7 +59,8 @@ impl Peers {
         let mut others = BTreeSet::new();
         let mut owners_read: Option<Instant> = None;
         let mut refused: BTreeMap<String, u32> = BTreeMap::new();
-        let mut evicted: BTreeMap<String, Instant> = BTreeMap::new();
+        // per evicted node: when, and whether the owners read since left it out
+        let mut evicted: BTreeMap<String, (Instant, bool)> = BTreeMap::new();
         loop {
             tokio::select! {
                 () = stopped(&mut stop) => return Ok(()),
@@ -68,6 +71,7 @@ impl Peers {
                 if let Some(now) = self.other_owners().await {
                     others = now;
                     refused.retain(|a, _| others.contains(a));
+                    rejoined(&mut evicted, &others);
                 }
             }
             for address in &others {
@@ -104,11 +108,12 @@ impl Peers {
             };
             owners_read = Some(Instant::now());
             others = now;
+            rejoined(&mut evicted, &others);
             for (address, refusals) in dead {
                 if !others.contains(address)
                     || evicted
                         .get(address)
-                        .is_some_and(|at| at.elapsed() < EVICT_AGAIN)
+                        .is_some_and(|(at, _)| at.elapsed() < EVICT_AGAIN)
                 {
                     continue;
                 }
@@ -118,7 +123,7 @@ impl Peers {
                 if !refuses(address, PROBE_TIMEOUT).await {
                     continue;
                 }
-                evicted.insert(address.clone(), Instant::now());
+                evicted.insert(address.clone(), (Instant::now(), false));
                 let (spec, gone) = (self.spec.clone(), address.clone());
                 let evicting = Instant::now();
                 match tokio::task::spawn_blocking(move || membership::evict(&spec, &gone)).await {
@@ -153,6 +158,17 @@ impl Peers {
     }
 }
 
+/// Notes, for each evicted node, whether the group's owners (`owners`, read just now) left
+/// it out; one they name again after leaving it out rejoined since, and is forgotten (it
+/// may be evicted again at once).
+fn rejoined(evicted: &mut BTreeMap<String, (Instant, bool)>, owners: &BTreeSet<String>) {
+    evicted.retain(|address, (_, left_out)| {
+        let named = owners.contains(address);
+        *left_out |= !named;
+        !(named && *left_out)
+    });
+}
+
 /// What a connection to a node's port met.
 #[derive(Debug, PartialEq, Eq)]
 enum Probe {
@@ -177,4 +193,24 @@ async fn probe(address: &str, within: Duration) -> Probe {
 /// made, or one that does not answer `within`, is no refusal.
 pub async fn refuses(address: &str, within: Duration) -> bool {
     probe(address, within).await == Probe::Refused
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An owners read just after the eviction may still name the node: it stays evicted
+    /// (not evicted twice for one death); once a read left it out and a later one names it
+    /// again, it rejoined, and a second death is evicted at once.
+    #[test]
+    fn an_evicted_node_is_forgotten_once_the_group_names_it_again_after_leaving_it_out() {
+        let mut evicted = BTreeMap::from([("b".to_string(), (Instant::now(), false))]);
+        let naming_b = BTreeSet::from(["b".to_string()]);
+        rejoined(&mut evicted, &naming_b);
+        assert!(evicted.contains_key("b"), "a stale read still names it");
+        rejoined(&mut evicted, &BTreeSet::new());
+        assert!(evicted.contains_key("b"), "left out: gone from the group");
+        rejoined(&mut evicted, &naming_b);
+        assert!(evicted.is_empty(), "named again: it rejoined");
+    }
 }
