@@ -54,8 +54,8 @@ pub(crate) struct Report {
     /// every region; `None` if that took longer than two minutes.
     convergence_ms: Option<f64>,
     latency: Vec<Latency>,
-    /// The longest operations that did not succeed, longest first.
-    slowest_unsuccessful: Vec<Slow>,
+    /// The longest operations, longest first.
+    slowest: Vec<Slow>,
     failures: Vec<String>,
     pub(crate) pass: bool,
 }
@@ -90,7 +90,7 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
 
-/// One operation that did not succeed, and how long it took.
+/// One operation, how long it took and what it answered ("ok" or the status).
 #[derive(Serialize)]
 struct Slow {
     kind: Kind,
@@ -98,10 +98,10 @@ struct Slow {
     key: String,
     at_s: f64,
     took_ms: f64,
-    error: String,
+    answer: String,
 }
 
-/// How many of the longest unsuccessful operations a report lists.
+/// How many of the longest operations a report lists.
 const SLOWEST: usize = 5;
 
 /// What one drill recorded, from the start of the load to its end.
@@ -275,17 +275,12 @@ impl DrillRun<'_> {
         latency
     }
 
-    /// The [`SLOWEST`] longest operations that did not succeed (an operation that hangs
-    /// holds its client's next ones back: the first thing to read when an RTO fails).
-    fn slowest_unsuccessful(&self) -> Vec<Slow> {
-        let mut failed: Vec<&Op> = self
-            .ops
-            .iter()
-            .filter(|o| o.outcome != Outcome::Ok)
-            .collect();
-        failed.sort_by_key(|o| std::cmp::Reverse(o.end_ns - o.start_ns));
-        failed
-            .into_iter()
+    /// The [`SLOWEST`] longest operations, whatever they answered (a slow call holds its
+    /// client's next ones back: the first thing to read when an RTO fails).
+    fn slowest(&self) -> Vec<Slow> {
+        let mut ops: Vec<&Op> = self.ops.iter().collect();
+        ops.sort_by_key(|o| std::cmp::Reverse(o.end_ns - o.start_ns));
+        ops.into_iter()
             .take(SLOWEST)
             .map(|o| Slow {
                 kind: o.kind,
@@ -293,7 +288,7 @@ impl DrillRun<'_> {
                 key: o.key.clone(),
                 at_s: o.start_ns as f64 / 1e9,
                 took_ms: (o.end_ns - o.start_ns) as f64 / 1e6,
-                error: o.error.clone().unwrap_or_default(),
+                answer: o.error.clone().unwrap_or_else(|| "ok".into()),
             })
             .collect()
     }
@@ -358,7 +353,7 @@ impl Report {
             regions_agree,
             convergence_ms: run.convergence.map(|d| d.as_secs_f64() * 1e3),
             latency: run.latency(),
-            slowest_unsuccessful: run.slowest_unsuccessful(),
+            slowest: run.slowest(),
             pass: failures.is_empty(),
             failures,
         }
@@ -425,10 +420,10 @@ impl Report {
             ));
         }
         md.push_str(
-            "\nLongest unsuccessful operations:\n\n\
-             | operation | region | key | at (s) | took (ms) | error |\n|---|---|---|---:|---:|---|\n",
+            "\nLongest operations:\n\n\
+             | operation | region | key | at (s) | took (ms) | answer |\n|---|---|---|---:|---:|---|\n",
         );
-        for o in &self.slowest_unsuccessful {
+        for o in &self.slowest {
             md.push_str(&format!(
                 "| {:?} | {} | {} | {:.1} | {:.0} | {} |\n",
                 o.kind,
@@ -436,7 +431,7 @@ impl Report {
                 o.key,
                 o.at_s,
                 o.took_ms,
-                o.error.replace('|', "/")
+                o.answer.replace('|', "/")
             ));
         }
         if !self.failures.is_empty() {
