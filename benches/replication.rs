@@ -201,6 +201,7 @@ async fn lag(
                     key: key.clone(),
                     op: Some(pb::update_request::Op::Add(1)),
                     id: String::new(),
+                    event_time_ms: 0,
                 })
                 .await
                 .map(|_| (key, Instant::now()))

@@ -300,6 +300,7 @@ async fn update(
         key,
         op: Some(op),
         id: id.unwrap_or_default(),
+        event_time_ms: 0,
     };
     let reply = client.update(request).await?.into_inner();
     let at = reply.position.unwrap_or_default();

@@ -440,6 +440,7 @@ async fn a_savepoint_restores_identical_state_and_a_truncated_one_is_refused() -
                 key,
                 op: Some(op),
                 id: format!("op-{i}"),
+                event_time_ms: 0,
             })
             .await?;
     }

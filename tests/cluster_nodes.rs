@@ -94,6 +94,7 @@ async fn writes_in_both_regions_meet_through_mirrormaker2() -> anyhow::Result<()
                 key: key.clone(),
                 op: Some(pb::update_request::Op::Add(i as i64 + 3)),
                 id: String::new(),
+                event_time_ms: 0,
             })
             .await?;
         clients.push(client);

@@ -170,6 +170,7 @@ async fn two_nodes_per_region_count_every_write_across_regions_through_a_kill() 
                         key: format!("requests/{base}-{i}"),
                         op: Some(pb::update_request::Op::Add(2 * (i as i64 + 1))),
                         id: String::new(),
+                        event_time_ms: 0,
                     })
                     .await?;
             }
@@ -346,6 +347,7 @@ async fn write_all(
             key: key.to_string(),
             op: Some(pb::update_request::Op::Set(value.as_bytes().to_vec())),
             id: String::new(),
+            event_time_ms: 0,
         };
         let written = loop {
             match state.update(set.clone()).await {

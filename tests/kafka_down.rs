@@ -23,6 +23,7 @@ fn add(key: &str, n: i64) -> pb::UpdateRequest {
         key: key.into(),
         op: Some(pb::update_request::Op::Add(n)),
         id: String::new(),
+        event_time_ms: 0,
     }
 }
 

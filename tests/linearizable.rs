@@ -34,6 +34,7 @@ fn cas(key: &str, expected: &str, value: &str) -> pb::UpdateRequest {
             value: value.as_bytes().to_vec(),
         })),
         id: String::new(),
+        event_time_ms: 0,
     }
 }
 

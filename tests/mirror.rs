@@ -35,6 +35,7 @@ async fn mirrormaker_2_stopped_then_restarted_loses_nothing() -> anyhow::Result<
                     key: keys[(w % 5) as usize].clone(),
                     op: Some(pb::update_request::Op::Add(i as i64 + 1)),
                     id: String::new(),
+                    event_time_ms: 0,
                 })
                 .await?;
         }

@@ -330,6 +330,7 @@ async fn update_then_get_reads_the_write_and_watch_sees_it() -> anyhow::Result<(
         key: key.into(),
         op: Some(op),
         id: String::new(),
+        event_time_ms: 0,
     };
     let reply = state
         .update(update(
@@ -507,6 +508,7 @@ async fn applied_keys_ship_their_own_part_to_the_deltas_topic() -> anyhow::Resul
                 key: key.into(),
                 op: Some(op),
                 id: String::new(),
+                event_time_ms: 0,
             })
             .await?;
     }

@@ -109,6 +109,7 @@ async fn concurrent_writes_in_two_regions_converge_and_count_every_increment() -
                             key,
                             op: Some(op),
                             id: String::new(),
+                            event_time_ms: 0,
                         })
                         .await?;
                 }
@@ -264,6 +265,7 @@ async fn replayed_reordered_deltas_change_nothing_and_a_clock_ahead_delta_is_hel
             key,
             op: Some(op),
             id: String::new(),
+            event_time_ms: 0,
         })
         .await?;
     }

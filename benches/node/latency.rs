@@ -18,6 +18,7 @@ pub(crate) async fn update_latencies(
                 key: format!("requests/lat{:04}", i % 1000),
                 op: Some(pb::update_request::Op::Add(1)),
                 id: String::new(),
+                event_time_ms: 0,
             };
             client.update(request).await.map(|_| scheduled.elapsed())
         }));
@@ -50,6 +51,7 @@ pub(crate) async fn max_update_rate(
                     key: format!("requests/lat{:04}", (w as u64 * 7919 + acked) % 1000),
                     op: Some(pb::update_request::Op::Add(1)),
                     id: String::new(),
+                    event_time_ms: 0,
                 };
                 if client.update(request).await.is_ok() {
                     acked += 1;

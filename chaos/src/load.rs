@@ -88,6 +88,7 @@ pub(crate) async fn run_client(
                     key: key.clone(),
                     op: Some(pb::update_request::Op::Add(1)),
                     id: format!("{region}-{seed}-{n}"),
+                    event_time_ms: 0,
                 })
                 .await
                 .map(drop),
@@ -96,6 +97,7 @@ pub(crate) async fn run_client(
                     key: key.clone(),
                     op: Some(pb::update_request::Op::Set(n.to_string().into_bytes())),
                     id: String::new(),
+                    event_time_ms: 0,
                 })
                 .await
                 .map(drop),
@@ -157,6 +159,7 @@ pub(crate) async fn converge_marker(
             key: key.clone(),
             op: Some(pb::update_request::Op::Add(1)),
             id: format!("marker-{region}"),
+            event_time_ms: 0,
         };
         while state.update(add.clone()).await.is_err() {
             if healed.elapsed() > SETTLE {

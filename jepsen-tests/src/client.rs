@@ -215,6 +215,7 @@ impl Client {
                 key: key.into(),
                 op: Some(pb::update_request::Op::Add(v)),
                 id: format!("{}-{p}-{n}", self.region),
+                event_time_ms: 0,
             })
             .await
             .map(|r| r.into_inner());
@@ -251,6 +252,7 @@ impl Client {
                 key: key.into(),
                 op: Some(op),
                 id: String::new(),
+                event_time_ms: 0,
             })
             .await
             .map(|r| r.into_inner());
@@ -359,6 +361,7 @@ impl Client {
                     value: next,
                 })),
                 id: String::new(),
+                event_time_ms: 0,
             })
             .await
             .map(|r| r.into_inner());

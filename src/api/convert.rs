@@ -26,7 +26,7 @@ pub fn update_from_pb(req: pb::UpdateRequest) -> Result<Update, ApiError> {
         key: req.key,
         op,
         id: (!req.id.is_empty()).then_some(req.id),
-        event_time_ms: None,
+        event_time_ms: (req.event_time_ms != 0).then_some(req.event_time_ms),
         hlc: None,
         epoch: None,
     })
@@ -44,6 +44,7 @@ pub fn update_to_pb(update: Update) -> pb::UpdateRequest {
             }
         }),
         id: update.id.unwrap_or_default(),
+        event_time_ms: update.event_time_ms.unwrap_or_default(),
     }
 }
 
@@ -113,10 +114,31 @@ pub fn value(key: &str, crdt: CrdtType, state: Option<&CrdtValue>) -> Result<pb:
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::RecordFormat;
     use crate::crdt::{Actor, GCounter, PnCounter, RegionId};
 
     fn actor(region: &str) -> Actor {
         Actor::new(RegionId::new(region).unwrap(), 1)
+    }
+
+    /// A client's event time goes into the log record (both formats), and a forwarded
+    /// write keeps it; 0 is none.
+    #[test]
+    fn an_update_requests_event_time_is_carried_into_the_log_record() {
+        let request = |event_time_ms| pb::UpdateRequest {
+            key: "requests/9q8yy".into(),
+            op: Some(pb::update_request::Op::Add(1)),
+            id: "r-1".into(),
+            event_time_ms,
+        };
+        let update = update_from_pb(request(1_700_000_000_123)).unwrap();
+        assert_eq!(update.event_time_ms, Some(1_700_000_000_123));
+        for format in [RecordFormat::Json, RecordFormat::Protobuf] {
+            let logged = Update::decode(format, &update.encode(format)).unwrap();
+            assert_eq!(logged.event_time_ms, Some(1_700_000_000_123), "{format:?}");
+        }
+        assert_eq!(update_to_pb(update), request(1_700_000_000_123));
+        assert_eq!(update_from_pb(request(0)).unwrap().event_time_ms, None);
     }
 
     #[test]

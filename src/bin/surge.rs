@@ -184,6 +184,7 @@ impl Writer {
             key,
             op: Some(op),
             id: String::new(),
+            event_time_ms: 0,
         }
     }
 }
@@ -226,6 +227,7 @@ async fn probe(clients: &Clients, from: &str, to: &str) -> anyhow::Result<Durati
         key: key.clone(),
         op: Some(pb::update_request::Op::Add(1)),
         id: String::new(),
+        event_time_ms: 0,
     };
     writer.update(request).await?;
     let written = Instant::now();

@@ -55,6 +55,7 @@ pub fn set(key: &str, value: &str) -> pb::UpdateRequest {
         key: key.into(),
         op: Some(pb::update_request::Op::Set(value.as_bytes().to_vec())),
         id: String::new(),
+        event_time_ms: 0,
     }
 }
 
