@@ -336,11 +336,13 @@ fn write_corpus() {
         updates_offsets: [(0, 41), (3, 7)].into(),
         hlc_high_water: HlcTimestamp::new(1_700_000_000_000_000_000, 4),
         fences: [((5, 0), 9)].into(),
+        watermarks: [(0, 1_700_000_000_000)].into(),
     };
     write("resume-point", "0.pb", &resume.encode());
     let beat = Heartbeat {
         origin: "eu-west-1".into(),
         wall_nanos: 1_700_000_000_000_000_000,
+        watermark_ms: Some(1_700_000_000_000),
     };
     write("heartbeat", "0.bin", &beat.encode());
     let mut savepoint = Vec::new();

@@ -512,7 +512,6 @@ impl Keeper {
             caught,
             read_end,
         } = ready;
-        let topic = &self.config.kafka.updates_topic;
         self.shared.applied.send_modify(|at| match applied {
             Some(o) => {
                 at.insert(partition, o);
@@ -526,8 +525,7 @@ impl Keeper {
             store: self.store.clone(),
             partition,
             producer,
-            topic: self.config.kafka.deltas_topic.clone(),
-            updates_topic: topic.clone(),
+            kafka: self.config.kafka.clone(),
             actor: self.actor.clone(),
             wake: self.shared.committed.subscribe(),
             shipped: self.shared.shipped.clone(),

@@ -316,6 +316,7 @@ async fn scan(node: Node, prefix: String, limit: u32) -> anyhow::Result<()> {
             prefix: prefix.clone(),
             page_token,
             limit,
+            window: None,
         };
         let page = client.scan(request).await?.into_inner();
         for value in &page.values {

@@ -33,6 +33,11 @@ pub const EVENTS_DUPLICATE: &str = "geostate_events_duplicate_total";
 pub const EVENTS_MISROUTED: &str = "geostate_events_misrouted_total";
 /// Records sent to the dead-letter topic, label `reason` (counter).
 pub const EVENTS_DEAD_LETTERED: &str = "geostate_events_dead_lettered_total";
+/// Windowed records refused because their window had closed in this region, kept in the
+/// late topic (counter).
+pub const EVENTS_LATE: &str = "geostate_events_late_total";
+/// Late events shipped to the late topic (counter).
+pub const LATE_SHIPPED: &str = "geostate_late_shipped_total";
 /// Refused records the dead-letter topic itself refused (logged with their source
 /// position, which still holds them), label `reason` (counter).
 pub const DEAD_LETTERS_PARKED: &str = "geostate_dead_letters_parked_total";

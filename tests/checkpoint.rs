@@ -48,6 +48,7 @@ async fn assert_totals(node: &Node, expected: &BTreeMap<String, i64>) -> anyhow:
         for v in state
             .batch_get(pb::BatchGetRequest {
                 keys: chunk.to_vec(),
+                window: None,
             })
             .await?
             .into_inner()
@@ -531,6 +532,7 @@ async fn scan_all(node: &Node) -> anyhow::Result<BTreeMap<String, pb::Value>> {
             prefix: String::new(),
             page_token: String::new(),
             limit: 1000,
+            window: None,
         })
         .await?
         .into_inner();

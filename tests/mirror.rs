@@ -67,7 +67,10 @@ async fn mirrormaker_2_stopped_then_restarted_loses_nothing() -> anyhow::Result<
     for (i, client) in clients.iter_mut().enumerate() {
         loop {
             let values = client
-                .batch_get(pb::BatchGetRequest { keys: keys.clone() })
+                .batch_get(pb::BatchGetRequest {
+                    keys: keys.clone(),
+                    window: None,
+                })
                 .await?
                 .into_inner()
                 .values;

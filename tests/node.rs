@@ -92,6 +92,7 @@ async fn kill_9_during_ingest_loses_nothing_and_applies_nothing_twice() -> anyho
         let reply = state
             .batch_get(pb::BatchGetRequest {
                 keys: chunk.to_vec(),
+                window: None,
             })
             .await?
             .into_inner();
@@ -453,6 +454,7 @@ async fn update_then_get_reads_the_write_and_watch_sees_it() -> anyhow::Result<(
             prefix: "".into(),
             page_token: String::new(),
             limit: 1,
+            window: None,
         })
         .await?
         .into_inner();
@@ -463,6 +465,7 @@ async fn update_then_get_reads_the_write_and_watch_sees_it() -> anyhow::Result<(
             prefix: "".into(),
             page_token: page.next_page_token,
             limit: 10,
+            window: None,
         })
         .await?
         .into_inner();
@@ -595,6 +598,7 @@ async fn requests_and_streams_are_bounded() -> anyhow::Result<()> {
 
     let keys = |n: usize| pb::BatchGetRequest {
         keys: (0..n).map(|i| format!("requests/k{i}")).collect(),
+        window: None,
     };
     let ten = state.batch_get(keys(10)).await?.into_inner();
     assert_eq!(ten.values.len() + ten.missing.len(), 10);
@@ -607,6 +611,7 @@ async fn requests_and_streams_are_bounded() -> anyhow::Result<()> {
             prefix: "requests/".into(),
             page_token: "zones/z".into(),
             limit: 10,
+            window: None,
         })
         .await
         .expect_err("a token from another prefix");

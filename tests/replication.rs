@@ -41,6 +41,7 @@ async fn everything(
                 prefix: String::new(),
                 page_token,
                 limit: 1000,
+                window: None,
             })
             .await?
             .into_inner();
@@ -440,7 +441,10 @@ async fn a_node_on_an_empty_disk_comes_back_with_exact_totals_in_both_regions() 
             let values = node
                 .state()
                 .await?
-                .batch_get(pb::BatchGetRequest { keys: keys.clone() })
+                .batch_get(pb::BatchGetRequest {
+                    keys: keys.clone(),
+                    window: None,
+                })
                 .await?
                 .into_inner()
                 .values;

@@ -202,6 +202,7 @@ async fn scan_all(node: &Node, prefix: &str) -> anyhow::Result<BTreeMap<String, 
                 prefix: prefix.to_string(),
                 page_token: token,
                 limit: 7,
+                window: None,
             })
             .await?
             .into_inner();
@@ -482,6 +483,7 @@ async fn eu_applied(node: &Node, key: &str) -> anyhow::Result<(i64, (u64, u32))>
         .get(pb::GetRequest {
             key: key.into(),
             leaseholder: false,
+            window: None,
         })
         .await?
         .into_inner();

@@ -43,6 +43,7 @@ pub(crate) fn apply_in_memory(
         max_clock_offset: config.max_clock_offset,
         grants: None,
         partitions: None,
+        out_of_orderness_ms: config.watermark.out_of_orderness.as_millis() as u64,
     };
     let applied = apply_batch(records, state, &ctx).unwrap_or_else(|e| match e {});
     state.extend(applied.states);

@@ -211,6 +211,7 @@ pub(crate) async fn settle(
             if let Ok(values) = state
                 .batch_get(pb::BatchGetRequest {
                     keys: keys.to_vec(),
+                    window: None,
                 })
                 .await
             {

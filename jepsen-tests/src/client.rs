@@ -270,6 +270,7 @@ impl Client {
             .get(pb::GetRequest {
                 key: e.key.clone(),
                 leaseholder: self.workload.owned(),
+                window: None,
             })
             .await;
         e.time_ns = self.run.now_ns();
@@ -333,6 +334,7 @@ impl Client {
             .get(pb::GetRequest {
                 key: key.into(),
                 leaseholder: true,
+                window: None,
             })
             .await;
         let current = match read {

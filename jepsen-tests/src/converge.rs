@@ -40,6 +40,7 @@ pub(crate) async fn converge(
             let values = state
                 .batch_get(pb::BatchGetRequest {
                     keys: keys.to_vec(),
+                    window: None,
                 })
                 .await?
                 .into_inner();

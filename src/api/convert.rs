@@ -71,14 +71,43 @@ pub fn kind(t: CrdtType) -> pb::CrdtKind {
     }
 }
 
+/// A counter's value in int64, and whether it was cut to an int64 bound.
+fn counter_of(v: i128) -> (pb::value::Value, bool) {
+    let clamped = v.clamp(i128::from(i64::MIN), i128::from(i64::MAX));
+    (pb::value::Value::Counter(clamped as i64), clamped != v)
+}
+
+/// A counter's value as a number (a register is none).
+pub fn count(state: &CrdtValue) -> Option<i128> {
+    match state {
+        CrdtValue::GCounter(c) => Some(i128::try_from(c.value()).unwrap_or(i128::MAX)),
+        CrdtValue::PnCounter(c) => Some(c.value()),
+        CrdtValue::LwwRegister(_) => None,
+    }
+}
+
+/// The API view of a windowed counter's window: the sum of its slices, `total`.
+pub fn window_value(key: &str, crdt: CrdtType, total: i128, window: pb::WindowInfo) -> pb::Value {
+    let (value, saturated) = counter_of(total);
+    pb::Value {
+        key: key.to_owned(),
+        kind: kind(crdt) as i32,
+        value: Some(value),
+        freshness: Some(pb::Freshness::default()),
+        stamp: None,
+        saturated,
+        window: Some(window),
+    }
+}
+
 /// The API view of a key's state; `None` state reads as a zero counter or, for a
 /// register, NOT_FOUND.
 pub fn value(key: &str, crdt: CrdtType, state: Option<&CrdtValue>) -> Result<pb::Value, ApiError> {
     let mut saturated = false;
     let mut counter = |v: i128| {
-        let clamped = v.clamp(i128::from(i64::MIN), i128::from(i64::MAX));
-        saturated = clamped != v;
-        pb::value::Value::Counter(clamped as i64)
+        let (value, cut) = counter_of(v);
+        saturated = cut;
+        value
     };
     let (value, stamp_pb) = match (crdt, state) {
         (CrdtType::GCounter | CrdtType::PnCounter, None) => (pb::value::Value::Counter(0), None),
@@ -108,6 +137,7 @@ pub fn value(key: &str, crdt: CrdtType, state: Option<&CrdtValue>) -> Result<pb:
         }),
         stamp: stamp_pb,
         saturated,
+        window: None,
     })
 }
 

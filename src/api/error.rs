@@ -42,6 +42,11 @@ pub enum ApiError {
     Forwarded(tonic::Status),
     #[error("{key:?} has no value: the register was never set")]
     NotFound { key: String },
+    /// A window of a windowed key past the namespace's retention: its slices are gone.
+    #[error(
+        "{key:?}: the window starting at {start_ms} ms was final longer than the namespace's retention, and is deleted"
+    )]
+    WindowExpired { key: String, start_ms: u64 },
     #[error("{0}")]
     InvalidArgument(String),
     /// A request or stream over a configured limit (named in the message).
@@ -114,7 +119,8 @@ impl ApiError {
             ApiError::Refused(
                 Rejection::OwnedWithoutLease { .. }
                 | Rejection::Fenced { .. }
-                | Rejection::CompareFailed { .. },
+                | Rejection::CompareFailed { .. }
+                | Rejection::Late { .. },
             )
             | ApiError::NotHolder(_)
             | ApiError::Precondition(_)
@@ -124,7 +130,9 @@ impl ApiError {
             ApiError::Transfer(TransferError::NoShard { .. } | TransferError::NoRegion(_)) => {
                 Code::InvalidArgument
             }
-            ApiError::Refused(Rejection::Overflow(_)) => Code::OutOfRange,
+            ApiError::Refused(Rejection::Overflow(_)) | ApiError::WindowExpired { .. } => {
+                Code::OutOfRange
+            }
             ApiError::Refused(_) | ApiError::InvalidArgument(_) => Code::InvalidArgument,
             ApiError::NotFound { .. } => Code::NotFound,
             ApiError::TooMuch(_) => Code::ResourceExhausted,

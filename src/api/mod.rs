@@ -5,6 +5,7 @@
 
 mod convert;
 mod error;
+mod windows;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -21,7 +22,7 @@ pub use error::ApiError;
 use crate::checkpoint;
 use crate::clock::Hlc;
 use crate::config::{Config, Ownership, RecordFormat};
-use crate::crdt::{CrdtType, RegionId};
+use crate::crdt::{CrdtType, CrdtValue, RegionId};
 use crate::ingest::event::{Op, Update};
 use crate::ingest::ingestor::{IngestShared, Outcome};
 use crate::lease::leases::{Leases, NotHolder, ShardStatus};
@@ -32,6 +33,7 @@ use crate::pb::admin_server::{Admin, AdminServer};
 use crate::pb::state_server::{State, StateServer};
 use crate::shutdown::stopped;
 use crate::store::Store;
+use crate::window;
 
 /// How a write of an owned key is admitted here.
 enum Admit {
@@ -209,15 +211,6 @@ fn failed(method: &'static str, e: ApiError) -> Status {
 }
 
 impl Handler {
-    fn crdt_of(&self, key: &str) -> Result<CrdtType, ApiError> {
-        self.0
-            .config
-            .namespaces
-            .lookup(key)
-            .map(|ns| ns.crdt)
-            .ok_or_else(|| ApiError::InvalidArgument(format!("key {key:?} is in no namespace")))
-    }
-
     /// A `leaseholder` read is served only where the key's lease is held, after checking
     /// it: the holder has applied every write it acknowledged, so the read sees them.
     async fn read_at_holder(&self, key: &str) -> Result<pb::Value, ApiError> {
@@ -234,7 +227,7 @@ impl Handler {
         }
         let (shard, epoch) = self.leases()?.epoch_for(key).map_err(ApiError::NotHolder)?;
         self.settled(key, shard, epoch).await?;
-        self.read(key)
+        self.read(key, None)
     }
 
     /// Waits (at most [`SETTLE_WAIT`]) until a linearizable operation on `key`, held here
@@ -351,11 +344,37 @@ impl Handler {
         Ok((pb::state_client::StateClient::new(channel), request))
     }
 
-    fn read(&self, key: &str) -> Result<pb::Value, ApiError> {
-        let crdt = self.crdt_of(key)?;
-        let mut value = convert::value(key, crdt, self.0.store.get(key)?.as_ref())?;
+    /// A key's values: one, or for a windowed key one per window `window` names.
+    fn read_values(
+        &self,
+        key: &str,
+        window: Option<&pb::WindowSelector>,
+    ) -> Result<Vec<pb::Value>, ApiError> {
+        let ns =
+            self.0.config.namespaces.lookup(key).ok_or_else(|| {
+                ApiError::InvalidArgument(format!("key {key:?} is in no namespace"))
+            })?;
+        if let Some(spec) = &ns.window {
+            return self.read_windows(key, spec, ns.crdt, window);
+        }
+        let mut value = convert::value(key, ns.crdt, self.0.store.get(key)?.as_ref())?;
         self.fill_freshness(&mut value, self.partition_of(key));
-        Ok(value)
+        Ok(vec![value])
+    }
+
+    /// One value of `key`: a windowed key's one window, not a range.
+    fn read(&self, key: &str, window: Option<&pb::WindowSelector>) -> Result<pb::Value, ApiError> {
+        if let Some(pb::WindowSelector {
+            which: Some(pb::window_selector::Which::Range(_)),
+        }) = window
+        {
+            return Err(ApiError::InvalidArgument(
+                "a range of windows is read with BatchGet or Scan, one value per window".into(),
+            ));
+        }
+        self.read_values(key, window)?
+            .pop()
+            .ok_or_else(|| ApiError::Internal(format!("no value read for {key:?}")))
     }
 
     /// What the key's partition holds of each remote region.
@@ -589,6 +608,7 @@ impl Handler {
     async fn batch_get_routed(
         &self,
         keys: Vec<String>,
+        window: Option<pb::WindowSelector>,
         routed: bool,
     ) -> Result<pb::BatchGetResponse, ApiError> {
         let mut here = Vec::new();
@@ -601,11 +621,12 @@ impl Handler {
         }
         // RocksDB reads: off the async threads (the lease group's Raft runs there)
         let handler = self.clone();
+        let selector = window;
         let mut out = tokio::task::spawn_blocking(move || {
             let mut out = pb::BatchGetResponse::default();
             for key in here {
-                match handler.read(&key) {
-                    Ok(v) => out.values.push(v),
+                match handler.read_values(&key, selector.as_ref()) {
+                    Ok(v) => out.values.extend(v),
                     Err(ApiError::NotFound { .. }) => out.missing.push(key),
                     Err(e) => return Err(e),
                 }
@@ -615,7 +636,8 @@ impl Handler {
         .await
         .unwrap_or_else(|e| Err(ApiError::Internal(e.to_string())))?;
         for (node, keys) in elsewhere {
-            let (mut client, request) = self.node_client(&node, pb::BatchGetRequest { keys })?;
+            let request = pb::BatchGetRequest { keys, window };
+            let (mut client, request) = self.node_client(&node, request)?;
             let answer = client
                 .batch_get(request)
                 .await
@@ -676,21 +698,13 @@ impl Handler {
         } else {
             self.other_owners(&req.prefix).await?
         };
-        let store = self.0.store.clone();
-        let prefix = req.prefix.clone();
-        let after = (!req.page_token.is_empty()).then_some(req.page_token.clone());
         // never from a copy of a partition this node does not own
         let owned = self.0.shared.owned.borrow().clone();
-        let read = owned.clone();
-        let page = tokio::task::spawn_blocking(move || {
-            store.scan_in(&read, &prefix, after.as_deref(), limit)
-        })
-        .await
-        .map_err(|e| ApiError::Internal(e.to_string()))??;
-        let mut values: Vec<pb::Value> = page
-            .iter()
-            .map(|(k, v)| convert::value(k, v.crdt_type(), Some(v)))
-            .collect::<Result<_, _>>()?;
+        let (handler, request, read) = (self.clone(), req.clone(), owned.clone());
+        let mut values =
+            tokio::task::spawn_blocking(move || handler.scan_here(&read, &request, limit))
+                .await
+                .map_err(|e| ApiError::Internal(e.to_string()))??;
         let mut covered = owned;
         for node in others {
             let (mut client, request) = self.node_client(&node, req.clone())?;
@@ -712,9 +726,10 @@ impl Handler {
                 owner: None,
             });
         }
+        // by key, a windowed key's windows oldest first: the first `limit` keys
         values.sort_by(|a, b| a.key.cmp(&b.key));
-        values.truncate(limit);
-        let next_page_token = if values.len() == limit {
+        let values = first_keys(values, limit);
+        let next_page_token = if count_keys(&values) == limit {
             values.last().map(|v| v.key.clone()).unwrap_or_default()
         } else {
             String::new()
@@ -724,6 +739,56 @@ impl Handler {
             next_page_token,
             partitions: covered.into_iter().collect(),
         })
+    }
+
+    /// This node's part of a `Scan` page: the first `limit` keys under the prefix after
+    /// the token in `partitions`, each read as a `Get` reads it (a windowed key once, from
+    /// its slices, with the request's windows).
+    fn scan_here(
+        &self,
+        partitions: &BTreeSet<i32>,
+        req: &pb::ScanRequest,
+        limit: usize,
+    ) -> Result<Vec<pb::Value>, ApiError> {
+        let namespaces = &self.0.config.namespaces;
+        let windowed = |key: &str| namespaces.lookup(key).and_then(|ns| ns.window).is_some();
+        // after a windowed key: after every slice of it
+        let mut after = match req.page_token.as_str() {
+            "" => None,
+            token if windowed(token) => Some(window::slice_key(token, u64::MAX)),
+            token => Some(token.to_owned()),
+        };
+        let mut keys: Vec<(String, Option<CrdtValue>)> = Vec::new();
+        loop {
+            let page = self
+                .0
+                .store
+                .scan_in(partitions, &req.prefix, after.as_deref(), limit)?;
+            let full = page.len() == limit;
+            after = page.last().map(|(k, _)| k.clone());
+            for (stored, value) in page {
+                let (home, slice) = window::split_slice_key(&stored);
+                if slice.is_some() && windowed(home) {
+                    if keys.last().is_none_or(|(k, _)| k != home) {
+                        keys.push((home.to_owned(), None));
+                    }
+                } else {
+                    keys.push((stored, Some(value)));
+                }
+            }
+            if !full || keys.len() >= limit {
+                break;
+            }
+        }
+        keys.truncate(limit);
+        let mut values = Vec::with_capacity(keys.len());
+        for (key, stored) in keys {
+            match stored {
+                Some(v) => values.push(convert::value(&key, v.crdt_type(), Some(&v))?),
+                None => values.extend(self.read_values(&key, req.window.as_ref())?),
+            }
+        }
+        Ok(values)
     }
 
     async fn status(&self) -> Result<pb::StatusResponse, ApiError> {
@@ -914,6 +979,33 @@ impl Handler {
 }
 
 /// Applied and end offsets per partition (`-1` where unknown).
+/// The values of the first `limit` keys of `values` (sorted by key; a windowed key may
+/// have several).
+fn first_keys(mut values: Vec<pb::Value>, limit: usize) -> Vec<pb::Value> {
+    let mut keys = 0;
+    let mut end = values.len();
+    for (i, v) in values.iter().enumerate() {
+        if i == 0 || values[i - 1].key != v.key {
+            keys += 1;
+        }
+        if keys > limit {
+            end = i;
+            break;
+        }
+    }
+    values.truncate(end);
+    values
+}
+
+/// How many keys `values` (sorted by key) hold.
+fn count_keys(values: &[pb::Value]) -> usize {
+    values
+        .iter()
+        .enumerate()
+        .filter(|(i, v)| *i == 0 || values[i - 1].key != v.key)
+        .count()
+}
+
 fn partition_status(
     partitions: &[i32],
     applied: &BTreeMap<i32, i64>,
@@ -969,7 +1061,7 @@ impl State for Handler {
                 Err(e) => Err(e),
             },
             Ok(None) if req.leaseholder => self.read_at_holder(&req.key).await,
-            Ok(None) => self.read(&req.key),
+            Ok(None) => self.read(&req.key, req.window.as_ref()),
             Err(e) => Err(e),
         };
         observe("get", started, read).map(Response::new)
@@ -981,7 +1073,7 @@ impl State for Handler {
     ) -> Result<Response<pb::BatchGetResponse>, Status> {
         let started = Instant::now();
         let routed = req.metadata().contains_key(ROUTED);
-        let keys = req.into_inner().keys;
+        let pb::BatchGetRequest { keys, window } = req.into_inner();
         let max = self.0.config.api.max_batch_keys;
         let result = if keys.len() > max {
             Err(ApiError::TooMuch(format!(
@@ -989,7 +1081,7 @@ impl State for Handler {
                 keys.len()
             )))
         } else {
-            self.batch_get_routed(keys, routed).await
+            self.batch_get_routed(keys, window, routed).await
         };
         observe("batch_get", started, result).map(Response::new)
     }
@@ -1109,10 +1201,28 @@ impl State for Handler {
                     }
                     Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
                 };
+                let mut windows = Vec::new();
                 for (key, state) in batch.iter().filter(|(k, _)| k.starts_with(&prefix)) {
+                    if let (home, Some(slice)) = window::split_slice_key(key) {
+                        windows.push((home.to_owned(), slice));
+                        continue;
+                    }
                     let value = convert::value(key, state.crdt_type(), Some(state))
                         .map_err(|e| failed("Watch", e));
                     if !watched(&tx, value) {
+                        return;
+                    }
+                }
+                if windows.is_empty() {
+                    continue;
+                }
+                // a slice changed: its key's newest window holding it, read whole
+                let reader = handler.clone();
+                let values = tokio::task::spawn_blocking(move || reader.changed_windows(windows))
+                    .await
+                    .unwrap_or_else(|e| vec![Err(ApiError::Internal(e.to_string()))]);
+                for value in values {
+                    if !watched(&tx, value.map_err(|e| failed("Watch", e))) {
                         return;
                     }
                 }

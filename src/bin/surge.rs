@@ -338,6 +338,7 @@ async fn digest(client: &mut StateClient<Channel>) -> anyhow::Result<(usize, u64
                     prefix: prefix.into(),
                     page_token,
                     limit: 1000,
+                    window: None,
                 })
                 .await?
                 .into_inner();

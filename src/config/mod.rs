@@ -14,11 +14,14 @@ use crate::crdt::{CrdtType, RegionId};
 mod fields;
 mod lease;
 mod settings;
+mod window;
 
 pub use fields::{ConfigError, invalid, parse_addr, parse_duration};
 use lease::RawLease;
 pub use lease::{LeaseConfig, Member, WitnessConfig};
 pub use settings::Setting;
+pub use window::WatermarkConfig;
+use window::{RawWatermark, RawWindow};
 
 /// A validated region configuration.
 #[derive(Clone, Debug)]
@@ -34,6 +37,8 @@ pub struct Config {
     pub ingest: IngestConfig,
     pub api: ApiConfig,
     pub namespaces: Namespaces,
+    /// How each partition's watermark follows the event times of windowed records.
+    pub watermark: WatermarkConfig,
     pub replication: ReplicationConfig,
     pub checkpoint: CheckpointConfig,
     /// The lease group for owned namespaces (`None`: owned writes are refused).
@@ -118,6 +123,8 @@ pub struct KafkaConfig {
     pub updates_topic: String,
     pub deltas_topic: String,
     pub dlq_topic: String,
+    /// Where events refused because their window had closed go, exactly once.
+    pub late_topic: String,
     pub format: RecordFormat,
     /// Extra librdkafka properties for every client (e.g. security settings).
     pub client: BTreeMap<String, String>,
@@ -174,6 +181,8 @@ pub struct Namespace {
     pub prefix: String,
     pub crdt: CrdtType,
     pub ownership: Ownership,
+    /// A windowed counter's windows (`None`: a total since the beginning).
+    pub window: Option<crate::window::WindowSpec>,
 }
 
 /// Key namespaces; no prefix is a prefix of another, so a key has at most one namespace.
@@ -255,6 +264,8 @@ struct RawConfig {
     api: RawApi,
     #[serde(default, rename = "namespace")]
     namespaces: Vec<RawNamespace>,
+    #[serde(default)]
+    watermark: RawWatermark,
     #[serde(default)]
     replication: RawReplication,
     #[serde(default)]
@@ -353,6 +364,8 @@ struct RawKafka {
     deltas_topic: String,
     #[serde(default = "default_dlq_topic")]
     dlq_topic: String,
+    #[serde(default = "default_late_topic")]
+    late_topic: String,
     #[serde(default = "default_format")]
     format: RecordFormat,
     #[serde(default)]
@@ -416,6 +429,7 @@ struct RawNamespace {
     #[serde(rename = "type")]
     crdt: CrdtType,
     ownership: Ownership,
+    window: Option<RawWindow>,
 }
 
 fn default_checkpoint_interval() -> String {
@@ -441,6 +455,9 @@ fn default_deltas_topic() -> String {
 }
 fn default_dlq_topic() -> String {
     "geostate.dlq".into()
+}
+fn default_late_topic() -> String {
+    "geostate.late".into()
 }
 fn default_format() -> RecordFormat {
     RecordFormat::Json
@@ -484,6 +501,7 @@ impl RawConfig {
             ("kafka.updates-topic", &self.kafka.updates_topic),
             ("kafka.deltas-topic", &self.kafka.deltas_topic),
             ("kafka.dlq-topic", &self.kafka.dlq_topic),
+            ("kafka.late-topic", &self.kafka.late_topic),
         ] {
             if topic.is_empty() {
                 return Err(invalid(field, "must not be empty"));
@@ -546,12 +564,15 @@ impl RawConfig {
         let namespaces = Namespaces::new(
             self.namespaces
                 .into_iter()
-                .map(|ns| Namespace {
-                    prefix: ns.prefix,
-                    crdt: ns.crdt,
-                    ownership: ns.ownership,
+                .map(|ns| {
+                    Ok(Namespace {
+                        window: ns.window.map(|w| w.validate(ns.crdt)).transpose()?,
+                        prefix: ns.prefix,
+                        crdt: ns.crdt,
+                        ownership: ns.ownership,
+                    })
                 })
-                .collect(),
+                .collect::<Result<_, ConfigError>>()?,
         )?;
         let checkpoint = self.checkpoint.validate(&region, &self.data_dir)?;
         let lease = self
@@ -570,6 +591,7 @@ impl RawConfig {
                 updates_topic: self.kafka.updates_topic,
                 deltas_topic: self.kafka.deltas_topic,
                 dlq_topic: self.kafka.dlq_topic,
+                late_topic: self.kafka.late_topic,
                 format: self.kafka.format,
                 client: self.kafka.client,
             },
@@ -592,6 +614,7 @@ impl RawConfig {
                 max_watchers: self.api.max_watchers,
             },
             namespaces,
+            watermark: self.watermark.validate()?,
             replication: ReplicationConfig {
                 remotes,
                 max_outbox_keys,

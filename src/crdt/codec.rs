@@ -81,6 +81,9 @@ pub struct ResumePoint {
     /// records on that partition applied up to `updates_offsets` (the fence its later
     /// records there are judged by).
     pub fences: std::collections::BTreeMap<(u32, i32), u64>,
+    /// Per updates partition, the event-time watermark of its windowed records up to
+    /// `updates_offsets` (the one its later records' lateness is judged by).
+    pub watermarks: std::collections::BTreeMap<i32, u64>,
 }
 
 /// The record key of resume points on a deltas topic; no state key starts with NUL.
@@ -103,6 +106,7 @@ impl ResumePoint {
                     epoch,
                 })
                 .collect(),
+            watermarks: self.watermarks.iter().map(|(&p, &w)| (p, w)).collect(),
         }
         .encode_to_vec()
     }
@@ -125,11 +129,12 @@ impl ResumePoint {
                 .into_iter()
                 .map(|f| ((f.shard, f.partition), f.epoch))
                 .collect(),
+            watermarks: raw.watermarks.into_iter().collect(),
         })
     }
 
     /// Takes in a resume point read after this one: per partition the later offset, per
-    /// fence the higher epoch, the newer clock (each only rises in a partition's history),
+    /// fence and watermark the higher one, the newer clock (each only rises in a partition's history),
     /// the later one's origin, incarnation and topic. Each deltas partition carries the
     /// resume points of its own updates partition, so the newest of a region is the
     /// last of every partition, absorbed.
@@ -141,6 +146,10 @@ impl ResumePoint {
         for (id, epoch) in later.fences {
             let kept = self.fences.entry(id).or_insert(epoch);
             *kept = (*kept).max(epoch);
+        }
+        for (p, w) in later.watermarks {
+            let kept = self.watermarks.entry(p).or_insert(w);
+            *kept = (*kept).max(w);
         }
         self.hlc_high_water = self.hlc_high_water.max(later.hlc_high_water);
         self.origin = later.origin;
@@ -329,7 +338,7 @@ mod tests {
 
     /// A region's newest resume point is every partition's last, absorbed: an older point
     /// (one region-wide point of an earlier version, or another partition's) never moves
-    /// a partition's offset or fence back.
+    /// a partition's offset, fence or watermark back.
     #[test]
     fn absorbing_keeps_every_partitions_newest_position() {
         let point =
@@ -340,6 +349,11 @@ mod tests {
                 updates_offsets: offsets.iter().copied().collect(),
                 hlc_high_water: HlcTimestamp::new(wall, 0),
                 fences: fences.iter().copied().collect(),
+                // the watermark rises with the offset in a partition's history
+                watermarks: offsets
+                    .iter()
+                    .map(|&(p, o)| (p, o as u64 * 1_000))
+                    .collect(),
             };
         let mut newest = point(1, &[(0, 10), (1, 20)], &[((5, 0), 3), ((5, 1), 4)], 9);
         newest.absorb(point(2, &[(1, 15)], &[((5, 1), 2)], 7));

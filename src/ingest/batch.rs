@@ -19,6 +19,7 @@ use crate::crdt::{
 use crate::lease::table::ShardId;
 pub use crate::log::Record;
 use crate::log::partition_of;
+use crate::window::{self, WindowSpec};
 
 /// What a batch changes; written atomically by the store.
 #[derive(Debug, Default)]
@@ -31,6 +32,12 @@ pub struct Applied {
     pub outbox: Vec<Delta>,
     /// Records that were not applied, with the reason.
     pub rejected: Vec<(Record, Rejection)>,
+    /// Windowed records whose window this region had closed ([`Rejection::Late`]): kept
+    /// in the late topic, never applied.
+    pub late: Vec<(Record, Rejection)>,
+    /// Per updates partition whose windowed records moved it, the watermark after the
+    /// batch.
+    pub watermarks: BTreeMap<i32, u64>,
     /// Per key whose window changed: the idempotency ids most recently applied.
     pub recent_ids: BTreeMap<String, VecDeque<String>>,
     /// Number of records applied to state.
@@ -114,6 +121,9 @@ pub struct BatchContext<'a> {
     /// The updates topic's partition count, to find records off their key's partition
     /// (`None`: not checked).
     pub partitions: Option<i32>,
+    /// `watermark.out-of-orderness`: a partition's watermark is the largest event time of
+    /// its windowed records less this.
+    pub out_of_orderness_ms: u64,
 }
 
 /// A record that brings its own order stamp (the gRPC API stamps registers before it
@@ -229,6 +239,11 @@ pub trait StateSource {
     fn fence(&self, _shard: ShardId, _partition: i32) -> Result<u64, Self::Error> {
         Ok(0)
     }
+    /// The event-time watermark of an updates partition's windowed records (`None`: none
+    /// yet).
+    fn watermark(&self, _partition: i32) -> Result<Option<u64>, Self::Error> {
+        Ok(None)
+    }
 }
 
 /// An in-memory source: the stored states, no id windows (tests of pure batch logic, and
@@ -244,6 +259,43 @@ impl StateSource for BTreeMap<String, CrdtValue> {
 }
 
 impl Applied {
+    /// Puts a windowed update on its slice's key and raises its partition's watermark, or
+    /// refuses it as late: judged by the watermark the records before it left, so a
+    /// replay from any stored offset (with the watermark stored there) judges the same.
+    /// Event time: the record's own, else its Kafka timestamp; never this node's clock.
+    fn slice<S: StateSource>(
+        &mut self,
+        source: &S,
+        record: &Record,
+        update: &mut Update,
+        spec: &WindowSpec,
+        ctx: &BatchContext<'_>,
+    ) -> Result<Result<(), Rejection>, S::Error> {
+        let written = record.timestamp_ms.and_then(|ms| u64::try_from(ms).ok());
+        let Some(t) = update.event_time_ms.or(written) else {
+            let key = update.key.clone();
+            return Ok(Err(Rejection::NoEventTime { key }));
+        };
+        let watermark = match self.watermarks.get(&record.partition) {
+            Some(&w) => Some(w),
+            None => source.watermark(record.partition)?,
+        };
+        let slice = spec.slice_of(t);
+        if spec.is_late(t, watermark) {
+            return Ok(Err(Rejection::Late {
+                key: update.key.clone(),
+                event_time_ms: t,
+                watermark_ms: watermark.unwrap_or_default(),
+                closed_at_ms: spec.slice_closes_at(slice),
+            }));
+        }
+        if let Some(w) = window::advanced(watermark, t, ctx.out_of_orderness_ms) {
+            self.watermarks.insert(record.partition, w);
+        }
+        update.key = window::slice_key(&update.key, slice);
+        Ok(Ok(()))
+    }
+
     /// Stops the batch before `records` (the first names `epoch` of `shard`, which the
     /// lease group is to be asked about): neither it nor its offset is consumed.
     fn ask(
@@ -297,7 +349,7 @@ pub fn apply_batch<S: StateSource>(
             record.partition,
             before.map_or(record.offset, |o| o.max(record.offset)),
         );
-        let (update, crdt, ownership) = match checked(&record, ctx) {
+        let (mut update, crdt, ownership, window) = match checked(&record, ctx) {
             Ok(ok) => ok,
             Err(why) => {
                 out.rejected.push((record, why));
@@ -344,6 +396,15 @@ pub fn apply_batch<S: StateSource>(
                 }
             }
         }
+        if let Some(spec) = &window
+            && let Err(why) = out.slice(source, &record, &mut update, spec, ctx)?
+        {
+            match why {
+                Rejection::Late { .. } => out.late.push((record, why)),
+                why => out.rejected.push((record, why)),
+            }
+            continue;
+        }
         if !work.contains_key(&update.key) {
             let state = source.state(&update.key)?;
             let entry = Working {
@@ -389,22 +450,23 @@ pub fn apply_batch<S: StateSource>(
     Ok(out)
 }
 
-/// A record decoded and checked: its update, the key's type and ownership. A register
-/// stamp further ahead of the record's own timestamp than the clock bound is refused.
+/// A record decoded and checked: its update, the key's type, ownership and windows. A
+/// register stamp further ahead of the record's own timestamp than the clock bound is
+/// refused.
 fn checked(
     record: &Record,
     ctx: &BatchContext<'_>,
-) -> Result<(Update, CrdtType, Ownership), Rejection> {
+) -> Result<(Update, CrdtType, Ownership, Option<WindowSpec>), Rejection> {
     let update = match record.payload.as_deref() {
         None => return Err(Rejection::Malformed("record has no value".into())),
         Some(bytes) => Update::decode(ctx.format, bytes)?,
     };
     let ns = update.check(ctx.namespaces, ctx.limits)?;
-    let (crdt, ownership) = (ns.crdt, ns.ownership);
+    let (crdt, ownership, window) = (ns.crdt, ns.ownership, ns.window);
     if let Some(stamp) = update.hlc {
         stamp_within(stamp, record, ctx.max_clock_offset)?;
     }
-    Ok((update, crdt, ownership))
+    Ok((update, crdt, ownership, window))
 }
 
 /// Applies one admitted update to its key's working copy: a compare-and-set is decided
@@ -586,6 +648,144 @@ mod tests {
         }
     }
 
+    const MIN: u64 = 60_000;
+
+    fn counted(out: &Applied, key: &str, slice: u64) -> u128 {
+        match out.states.get(&window::slice_key(key, slice)) {
+            Some(CrdtValue::GCounter(c)) => c.value(),
+            None => 0,
+            Some(other) => panic!("{other:?}"),
+        }
+    }
+
+    /// `demand/` counts per minute of event time with 10 s of allowed lateness, and the
+    /// watermark trails the largest event time by 5 s: an event counts in its minute's
+    /// slice until the watermark passes that minute's end plus 10 s, then it is late,
+    /// kept apart, and changes nothing. Without an event time, the Kafka timestamp is the
+    /// event time.
+    #[test]
+    fn windowed_events_count_per_slice_by_event_time_and_late_ones_are_kept_apart() {
+        let add = |offset, n, t: Option<u64>| {
+            let at = t.map_or(String::new(), |t| format!(r#","event_time":{t}"#));
+            record(0, offset, &format!(r#"{{"key":"demand/a","add":{n}{at}}}"#))
+        };
+        let out = run(
+            vec![
+                add(1, 1, Some(10 * MIN + 5)),
+                add(2, 2, Some(11 * MIN + 20_000)),
+                // minute 10 closed at 11:10; the watermark is 11:15
+                add(3, 4, Some(10 * MIN + 100)),
+                // minute 11 is open
+                add(4, 8, Some(11 * MIN + 1)),
+                // the Kafka timestamp, far ahead: minute 11 closes
+                add(5, 16, None),
+                add(6, 32, Some(11 * MIN + 2)),
+            ],
+            &BTreeMap::new(),
+        );
+        assert!(out.rejected.is_empty(), "{:?}", out.rejected);
+        assert_eq!(counted(&out, "demand/a", 10 * MIN), 1);
+        assert_eq!(counted(&out, "demand/a", 11 * MIN), 2 + 8);
+        let kafka_slice = 1_700_000_000_000 - 1_700_000_000_000 % MIN;
+        assert_eq!(counted(&out, "demand/a", kafka_slice), 16);
+        assert!(
+            !out.states.contains_key("demand/a"),
+            "only slices are stored"
+        );
+        let late: Vec<(i64, &Rejection)> =
+            out.late.iter().map(|(r, why)| (r.offset, why)).collect();
+        assert_eq!(
+            late,
+            [
+                (
+                    3,
+                    &Rejection::Late {
+                        key: "demand/a".into(),
+                        event_time_ms: 10 * MIN + 100,
+                        watermark_ms: 11 * MIN + 15_000,
+                        closed_at_ms: 11 * MIN + 10_000,
+                    }
+                ),
+                (
+                    6,
+                    &Rejection::Late {
+                        key: "demand/a".into(),
+                        event_time_ms: 11 * MIN + 2,
+                        watermark_ms: 1_700_000_000_000 - 5_000,
+                        closed_at_ms: 12 * MIN + 10_000,
+                    }
+                ),
+            ]
+        );
+        assert_eq!(
+            out.watermarks,
+            BTreeMap::from([(0, 1_700_000_000_000 - 5_000)])
+        );
+        assert_eq!(out.applied, 4);
+        assert_eq!(out.offsets, BTreeMap::from([(0, 6)]));
+    }
+
+    /// A source whose partition 0 stored a watermark of 11:15.
+    struct Watermarked;
+    impl StateSource for Watermarked {
+        type Error = std::convert::Infallible;
+        fn state(&self, _key: &str) -> Result<Option<CrdtValue>, Self::Error> {
+            Ok(None)
+        }
+        fn recent_ids(&self, _key: &str) -> Result<VecDeque<String>, Self::Error> {
+            Ok(VecDeque::new())
+        }
+        fn watermark(&self, partition: i32) -> Result<Option<u64>, Self::Error> {
+            Ok((partition == 0).then_some(11 * MIN + 15_000))
+        }
+    }
+
+    /// A batch judges lateness by the watermark stored with the partition's state (a
+    /// replay after a restart decides as the first run did), each partition by its own.
+    #[test]
+    fn the_stored_watermark_judges_the_next_batch_per_partition() {
+        let json = format!(r#"{{"key":"demand/a","add":1,"event_time":{}}}"#, 10 * MIN);
+        let out = run(vec![record(0, 1, &json), record(1, 1, &json)], &Watermarked);
+        let late: Vec<i32> = out.late.iter().map(|(r, _)| r.partition).collect();
+        assert_eq!(late, [0]);
+        assert_eq!(out.applied, 1);
+        assert_eq!(out.watermarks, BTreeMap::from([(1, 10 * MIN - 5_000)]));
+    }
+
+    /// A windowed write with an id must carry its event time (a retry stamped anew would
+    /// count in another slice), and its key may not hold the slice separator.
+    #[test]
+    fn a_windowed_write_needs_an_event_time_with_an_id_and_a_key_without_nul() {
+        let out = run(
+            vec![
+                record(0, 1, r#"{"key":"demand/a","add":1,"id":"r-1"}"#),
+                record(0, 2, r#"{"key":"demand/a\u0000b","add":1}"#),
+                record(
+                    0,
+                    3,
+                    r#"{"key":"demand/a","add":1,"id":"r-1","event_time":5}"#,
+                ),
+                record(
+                    0,
+                    4,
+                    r#"{"key":"demand/a","add":1,"id":"r-1","event_time":5}"#,
+                ),
+            ],
+            &BTreeMap::new(),
+        );
+        let codes: Vec<_> = out
+            .rejected
+            .iter()
+            .map(|(r, why)| (r.offset, why.code()))
+            .collect();
+        assert_eq!(
+            codes,
+            [(1, "id_without_event_time"), (2, "nul_in_windowed_key")]
+        );
+        assert_eq!((out.applied, out.duplicates), (1, 1));
+        assert_eq!(out.recent_ids[&window::slice_key("demand/a", 0)], ["r-1"]);
+    }
+
     /// A record's own stamp may lead its Kafka timestamp by max-clock-offset (500 ms here)
     /// and no more: one further ahead would win its register for ever.
     #[test]
@@ -657,6 +857,7 @@ mod tests {
             max_clock_offset: c.max_clock_offset,
             grants,
             partitions,
+            out_of_orderness_ms: c.watermark.out_of_orderness.as_millis() as u64,
         };
         apply_batch(records, stored, &ctx).unwrap()
     }

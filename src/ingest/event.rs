@@ -108,6 +108,27 @@ pub enum Rejection {
     },
     #[error("counter would overflow: {0}")]
     Overflow(String),
+    #[error("{key:?} is in a windowed namespace, whose keys may not contain NUL")]
+    NulInWindowedKey { key: String },
+    #[error(
+        "{key:?} is in a windowed namespace and the write has an idempotency id but no event time: a retry would take its time from a new Kafka timestamp, count in another window and apply twice; set event_time"
+    )]
+    IdWithoutEventTime { key: String },
+    #[error(
+        "{key:?} is in a windowed namespace and the record has neither an event time nor a Kafka timestamp"
+    )]
+    NoEventTime { key: String },
+    /// Not bad input: an event whose window this region closed. Kept in the late topic,
+    /// never applied.
+    #[error(
+        "{key:?} at event time {event_time_ms} ms is late: the partition's watermark is {watermark_ms} ms, and its window closed at {closed_at_ms} ms"
+    )]
+    Late {
+        key: String,
+        event_time_ms: u64,
+        watermark_ms: u64,
+        closed_at_ms: u64,
+    },
     #[error(
         "compare-and-set needs an owned namespace: {key:?} is shared, where two regions could both succeed"
     )]
@@ -136,6 +157,10 @@ impl Rejection {
             Rejection::EpochNotGranted { .. } => "epoch_not_granted",
             Rejection::Misrouted { .. } => "misrouted",
             Rejection::Overflow(_) => "overflow",
+            Rejection::NulInWindowedKey { .. } => "nul_in_windowed_key",
+            Rejection::IdWithoutEventTime { .. } => "id_without_event_time",
+            Rejection::NoEventTime { .. } => "no_event_time",
+            Rejection::Late { .. } => "late",
             Rejection::CasOnShared { .. } => "cas_on_shared",
             Rejection::StampAhead { .. } => "stamp_ahead",
             Rejection::CompareFailed { .. } => "compare_failed",
@@ -342,6 +367,15 @@ impl Update {
             return Err(Rejection::OwnedWithoutLease {
                 key: self.key.clone(),
             });
+        }
+        if ns.window.is_some() {
+            let key = self.key.clone();
+            if self.key.contains(crate::window::SLICE_SEP) {
+                return Err(Rejection::NulInWindowedKey { key });
+            }
+            if self.id.is_some() && self.event_time_ms.is_none() {
+                return Err(Rejection::IdWithoutEventTime { key });
+            }
         }
         Ok(ns)
     }

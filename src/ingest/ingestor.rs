@@ -9,7 +9,9 @@
 //! ```
 //!
 //! Dead letters are produced and acknowledged before the batch commits: a crash between
-//! the two may dead-letter a record twice, never lose it. A record's fate depends only on
+//! the two may dead-letter a record twice, never lose it. Late events (their window had
+//! closed) are not dead letters: the batch writes them to the partition's outbox, and its
+//! shipper sends them to the late topic once, in its transaction. A record's fate depends only on
 //! its bytes and the state before it, so a replay after a crash decides exactly the same.
 //!
 //! One exception, for records that did not come through a holder's API: an owned record
@@ -49,6 +51,8 @@ use crate::log::{
 use crate::metrics as m;
 use crate::shutdown::stopped;
 use crate::store::{Commit, Store, StoreError};
+use crate::{pb, window};
+use prost::Message;
 
 /// Rejections remembered for `Update` callers waiting on their record.
 const RECENT_REJECTIONS: usize = 4096;
@@ -514,6 +518,7 @@ impl Ingestor {
                 max_clock_offset: config.max_clock_offset,
                 grants: grants.as_ref(),
                 partitions: Some(partitions),
+                out_of_orderness_ms: config.watermark.out_of_orderness.as_millis() as u64,
             };
             apply_batch(records, store.as_ref(), &ctx)
         })
@@ -526,6 +531,7 @@ impl Ingestor {
         let store = self.store.clone();
         let topic = self.config.kafka.updates_topic.clone();
         let applied = tokio::task::spawn_blocking(move || {
+            let late: Vec<(String, Vec<u8>)> = applied.late.iter().map(late_event).collect();
             store
                 .commit(&Commit {
                     topic: &topic,
@@ -536,13 +542,19 @@ impl Ingestor {
                     hlc_high_water: origin_time,
                     remote_applied: None,
                     fences: &applied.fences.0,
+                    watermarks: &applied.watermarks,
+                    late: &late,
                 })
                 .map(|()| applied)
         })
         .await??;
 
-        if !applied.outbox.is_empty() {
+        if !applied.outbox.is_empty() || !applied.late.is_empty() {
             self.shared.committed.send_modify(|n| *n += 1);
+        }
+        if !applied.late.is_empty() {
+            metrics::counter!(m::EVENTS_LATE).increment(applied.late.len() as u64);
+            self.shared.remember_rejections(&applied.late);
         }
         metrics::counter!(m::EVENTS_APPLIED).increment(applied.applied as u64);
         metrics::counter!(m::EVENTS_DUPLICATE).increment(applied.duplicates as u64);
@@ -671,6 +683,36 @@ impl<'a> DeadLetter<'a> {
     }
 }
 
+/// A late event's outbox entry: its key ([`window::late_key`]) and the `LateEvent` the
+/// shipper sends to the late topic (cut, as a dead letter is, to what the producer takes).
+fn late_event((record, why): &(Record, Rejection)) -> (String, Vec<u8>) {
+    let (event_time_ms, watermark_ms, closed_at_ms) = match why {
+        Rejection::Late {
+            event_time_ms,
+            watermark_ms,
+            closed_at_ms,
+            ..
+        } => (*event_time_ms, *watermark_ms, *closed_at_ms),
+        _ => (0, 0, 0),
+    };
+    let reason = why.to_string();
+    let cut = DeadLetter::of(record, &reason);
+    let event = pb::LateEvent {
+        key: cut.key.map(<[u8]>::to_vec),
+        payload: cut.payload.to_vec(),
+        partition: record.partition,
+        offset: record.offset,
+        event_time_ms,
+        watermark_ms,
+        closed_at_ms,
+        reason: cut.reason.to_string(),
+    };
+    (
+        window::late_key(record.partition, record.offset),
+        event.encode_to_vec(),
+    )
+}
+
 impl StateSource for Store {
     type Error = StoreError;
     fn state(&self, key: &str) -> Result<Option<CrdtValue>, StoreError> {
@@ -681,6 +723,9 @@ impl StateSource for Store {
     }
     fn fence(&self, shard: u32, partition: i32) -> Result<u64, StoreError> {
         Store::fence(self, shard, partition)
+    }
+    fn watermark(&self, partition: i32) -> Result<Option<u64>, StoreError> {
+        Store::watermark(self, partition)
     }
 }
 

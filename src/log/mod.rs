@@ -22,6 +22,10 @@ pub const DLQ_REASON_HEADER: &str = "geostate.error";
 pub const DLQ_CODE_HEADER: &str = "geostate.error.code";
 /// Header holding where the record came from: `topic/partition/offset`.
 pub const DLQ_SOURCE_HEADER: &str = "geostate.source";
+/// Header of a late event holding its event time (milliseconds since the epoch).
+pub const LATE_EVENT_TIME_HEADER: &str = "geostate.event-time";
+/// Header of a late event holding the watermark that refused it (milliseconds).
+pub const LATE_WATERMARK_HEADER: &str = "geostate.watermark";
 
 pub mod membership;
 mod partitioner;

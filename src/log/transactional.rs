@@ -12,6 +12,7 @@
 use std::time::Duration;
 
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
 
 use super::{LogError, producer_config};
@@ -86,11 +87,14 @@ impl TransactionalSpec {
     }
 }
 
-/// One record of a transaction: to `partition`, or by key.
+/// One record of a transaction: to `partition`, or by key; to the transaction's topic
+/// unless it names another.
 pub struct TxRecord<'a> {
     pub key: &'a [u8],
     pub payload: &'a [u8],
     pub partition: Option<i32>,
+    pub topic: Option<&'a str>,
+    pub headers: Vec<(&'a str, &'a [u8])>,
 }
 
 impl<'a> TxRecord<'a> {
@@ -100,6 +104,8 @@ impl<'a> TxRecord<'a> {
             key,
             payload,
             partition: None,
+            topic: None,
+            headers: Vec::new(),
         }
     }
 }
@@ -168,9 +174,23 @@ impl Transactional {
     /// Queues one record, waiting while the producer's queue is full.
     async fn queue(&self, topic: &str, out: &TxRecord<'_>) -> Result<DeliveryFuture, LogError> {
         loop {
-            let mut record = FutureRecord::to(topic).key(out.key).payload(out.payload);
+            let mut record = FutureRecord::to(out.topic.unwrap_or(topic))
+                .key(out.key)
+                .payload(out.payload);
             if let Some(p) = out.partition {
                 record = record.partition(p);
+            }
+            if !out.headers.is_empty() {
+                let headers = out
+                    .headers
+                    .iter()
+                    .fold(OwnedHeaders::new(), |h, &(key, value)| {
+                        h.insert(Header {
+                            key,
+                            value: Some(value),
+                        })
+                    });
+                record = record.headers(headers);
             }
             match self.producer.send_result(record) {
                 Ok(delivery) => return Ok(delivery),

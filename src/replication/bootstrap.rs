@@ -21,8 +21,8 @@ use std::time::Duration;
 
 use super::merger::{Merger, Refusal, merge_and_commit};
 use crate::clock::Hlc;
-use crate::config::{Config, RemoteConfig};
-use crate::crdt::ResumePoint;
+use crate::config::{Config, KafkaConfig, RemoteConfig};
+use crate::crdt::{RESUME_KEY, RegionId, ResumePoint};
 use crate::log::{self, LogError};
 use crate::metrics as m;
 use crate::store::{Commit, Store, StoreError};
@@ -146,6 +146,19 @@ pub async fn catch_up(
         }
         if let Some(resume) = &recovered.resume {
             resume_after(config, hlc, store, resume).await?;
+            // a round committed after this copy last cleared its outbox (it crashed in
+            // between): the late events it covered were shipped, and go no second time
+            if let Some(&through) = resume.updates_offsets.get(&partition) {
+                let dropped = store.drop_late_through(partition, through)?;
+                if dropped > 0 {
+                    tracing::info!(
+                        partition,
+                        dropped,
+                        through,
+                        "late events a committed round already shipped, dropped from the outbox"
+                    );
+                }
+            }
         }
         note_through(config, store, &recovered)?;
         return Ok(CaughtUp {
@@ -212,6 +225,54 @@ pub async fn catch_up_remote(
 /// Reads the own deltas topic's `partitions` to their end (from where the copy holds
 /// them, or the beginning) and merges them; stops at the first delta that cannot be
 /// merged and is not superseded. Records how far each partition was read.
+/// The resume points committed on `partition` of this region's own deltas topic after
+/// the position its copy holds every delta up to (`Store::own_deltas_through`), absorbed:
+/// how far the rounds committed since cover. Reads to the end; merges nothing.
+pub async fn committed_resume(
+    kafka: &KafkaConfig,
+    region: &RegionId,
+    store: &Arc<Store>,
+    partition: i32,
+) -> Result<Option<ResumePoint>, BootstrapError> {
+    let topic = kafka.deltas_topic.clone();
+    let from = store.bootstrap_offsets(&topic)?;
+    let spec = log::ConsumerSpec {
+        kafka: kafka.clone(),
+        group: format!("geostate-bootstrap-{region}"),
+        report_end: true,
+        topic: topic.clone(),
+        partitions: vec![partition],
+        role: "shipper",
+    };
+    let mut reader = log::Reader::start(spec, &from).await?;
+    let batching = log::Batching {
+        max: BATCH,
+        linger: Duration::ZERO,
+        idle: None,
+    };
+    let (_running, mut never_stopped) = tokio::sync::watch::channel(false);
+    let mut resume = None;
+    loop {
+        let Some(batch) = reader.next_batch(batching, &mut never_stopped).await else {
+            return Ok(resume);
+        };
+        if let Some(source) = batch.failed {
+            return Err(BootstrapError::Read { topic, source });
+        }
+        for record in batch.records {
+            if record.key.as_deref() == Some(RESUME_KEY)
+                && let Ok(point) =
+                    ResumePoint::decode(record.payload.as_deref().unwrap_or_default())
+            {
+                ResumePoint::absorb_into(&mut resume, point);
+            }
+        }
+        if batch.at_end.iter().any(|(p, _)| *p == partition) {
+            return Ok(resume);
+        }
+    }
+}
+
 async fn merge_own_topic(
     config: &Arc<Config>,
     hlc: &Arc<Hlc>,
@@ -332,13 +393,21 @@ async fn resume_after(
         hlc.clone(),
     );
     tokio::task::spawn_blocking(move || {
-        // the records after the resume point are judged by the fence as of it
+        // the records after the resume point are judged by the fence and the watermark as
+        // of it
         let stored = store.fences()?;
         let fences: BTreeMap<(u32, i32), u64> = resume
             .fences
             .iter()
             .filter(|((_, partition), _)| later.contains_key(partition))
             .map(|(&id, &epoch)| (id, epoch.max(stored.get(&id).copied().unwrap_or(0))))
+            .collect();
+        let stored = store.watermarks()?;
+        let watermarks: BTreeMap<i32, u64> = resume
+            .watermarks
+            .iter()
+            .filter(|(partition, _)| later.contains_key(partition))
+            .map(|(&p, &w)| (p, w.max(stored.get(&p).copied().unwrap_or(0))))
             .collect();
         store.commit(&Commit {
             topic: &updates_topic,
@@ -349,6 +418,8 @@ async fn resume_after(
             hlc_high_water: hlc.now(),
             remote_applied: None,
             fences: &fences,
+            watermarks: &watermarks,
+            late: &[],
         })
     })
     .await

@@ -37,7 +37,7 @@ use crate::ingest::ingestor::{Change, IngestShared};
 use crate::log::{self, Batching, Reader, Record};
 use crate::metrics as m;
 use crate::shutdown::stopped;
-use crate::store::{Commit, Store, StoreError};
+use crate::store::{Commit, RemoteApplied, Store, StoreError};
 
 const RETRY_PAUSE: Duration = Duration::from_millis(500);
 const MAX_BATCH: usize = 1000;
@@ -113,6 +113,8 @@ pub struct Merged {
     pub merged: usize,
     /// Per partition, the newest heartbeat among the records (not a delta: never merged).
     pub heartbeats: BTreeMap<i32, u64>,
+    /// Per partition, the highest watermark those heartbeats carried.
+    pub watermarks: BTreeMap<i32, u64>,
     /// The resume points among the records (not deltas: never merged), absorbed
     /// ([`ResumePoint::absorb`]): every partition's newest position.
     pub resume: Option<ResumePoint>,
@@ -210,6 +212,10 @@ fn control_record(record: &Record, remote: &RegionId, out: &mut Merged) -> bool 
                 Some(beat) if beat.origin == remote.as_str() => {
                     let at = out.heartbeats.entry(record.partition).or_default();
                     *at = (*at).max(beat.wall_nanos);
+                    if let Some(w) = beat.watermark_ms {
+                        let at = out.watermarks.entry(record.partition).or_default();
+                        *at = (*at).max(w);
+                    }
                 }
                 _ => refuse(
                     out,
@@ -379,8 +385,14 @@ pub async fn merge_and_commit(
                 &no_ids
             },
             hlc_high_water: hlc.now(),
-            remote_applied: positions.is_some().then_some((&origin, &merged.newest)),
+            remote_applied: positions.is_some().then_some(RemoteApplied {
+                region: &origin,
+                newest: &merged.newest,
+                watermarks: &merged.watermarks,
+            }),
             fences: &BTreeMap::new(),
+            watermarks: &BTreeMap::new(),
+            late: &[],
         })?;
         Ok(merged)
     })
@@ -805,6 +817,8 @@ mod tests {
                 crate::replication::Heartbeat {
                     origin: origin.into(),
                     wall_nanos,
+                    // a partition without windowed records has no watermark
+                    watermark_ms: (partition == 0).then_some(wall_nanos / 1_000_000),
                 }
                 .encode(),
             ),
@@ -819,18 +833,22 @@ mod tests {
         let stored: BTreeMap<String, CrdtValue> = BTreeMap::new();
         let out = merge(&records, &stored, &remote, &hlc).unwrap();
         assert_eq!(out.heartbeats, BTreeMap::from([(0, 8 * SEC), (1, 9 * SEC)]));
+        assert_eq!(out.watermarks, BTreeMap::from([(0, 8_000)]));
         assert_eq!(out.merged, 1);
         assert_eq!(out.states.len(), 1);
         let refused: Vec<_> = out.refused.iter().map(|r| (r.0, r.2.code())).collect();
         assert_eq!(refused, [(2, "malformed")], "another region's heartbeat");
-        let round_trip = crate::replication::Heartbeat {
-            origin: "eu-west-1".into(),
-            wall_nanos: 42,
-        };
-        assert_eq!(
-            crate::replication::Heartbeat::decode(&round_trip.encode()),
-            Some(round_trip)
-        );
+        for watermark_ms in [None, Some(0), Some(u64::MAX)] {
+            let round_trip = crate::replication::Heartbeat {
+                origin: "eu-west-1".into(),
+                wall_nanos: 42,
+                watermark_ms,
+            };
+            assert_eq!(
+                crate::replication::Heartbeat::decode(&round_trip.encode()),
+                Some(round_trip)
+            );
+        }
         assert_eq!(crate::replication::Heartbeat::decode(b"short"), None);
     }
 

@@ -33,25 +33,43 @@ pub const HEARTBEAT_KEY: &[u8] = b"\0geostate.heartbeat";
 /// outbox. Every write the region had applied by then is in that round or an earlier one,
 /// so once a partition's heartbeat at `wall_nanos` is merged, so is everything the region
 /// applied before `wall_nanos` that travels on that partition.
+///
+/// It also carries the partition's watermark as of the same read: the region refuses, as
+/// late, every later event for a slice closed at or before it, so once the heartbeat is
+/// merged, so is every delta the region will ever ship for such a slice.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Heartbeat {
     pub origin: String,
     pub wall_nanos: u64,
+    pub watermark_ms: Option<u64>,
 }
 
 impl Heartbeat {
-    /// Eight bytes of big-endian nanoseconds, then the origin region.
+    /// Eight bytes of big-endian nanoseconds, the origin region, then (if there is one) a
+    /// NUL and the watermark's eight big-endian bytes. A region id holds no NUL.
     pub fn encode(&self) -> Vec<u8> {
         let mut out = self.wall_nanos.to_be_bytes().to_vec();
         out.extend_from_slice(self.origin.as_bytes());
+        if let Some(w) = self.watermark_ms {
+            out.push(0);
+            out.extend_from_slice(&w.to_be_bytes());
+        }
         out
     }
 
     pub fn decode(bytes: &[u8]) -> Option<Heartbeat> {
-        let (nanos, origin) = bytes.split_first_chunk::<8>()?;
+        let (nanos, rest) = bytes.split_first_chunk::<8>()?;
+        let (origin, watermark_ms) = match rest.iter().position(|&b| b == 0) {
+            None => (rest, None),
+            Some(at) => {
+                let w: [u8; 8] = rest[at + 1..].try_into().ok()?;
+                (&rest[..at], Some(u64::from_be_bytes(w)))
+            }
+        };
         Some(Heartbeat {
             origin: std::str::from_utf8(origin).ok()?.to_string(),
             wall_nanos: u64::from_be_bytes(*nanos),
+            watermark_ms,
         })
     }
 }

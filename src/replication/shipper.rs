@@ -32,13 +32,21 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{Notify, watch};
 
+use super::bootstrap;
 use super::{HEARTBEAT_KEY, Heartbeat};
 use crate::clock::Clock;
+use crate::config::KafkaConfig;
 use crate::crdt::{Actor, RESUME_KEY, ResumePoint};
-use crate::log::{LogError, Transactional, TxRecord};
+use crate::log::{
+    DLQ_CODE_HEADER, DLQ_REASON_HEADER, DLQ_SOURCE_HEADER, LATE_EVENT_TIME_HEADER,
+    LATE_WATERMARK_HEADER, LogError, Transactional, TxRecord,
+};
 use crate::metrics as m;
+use crate::pb;
 use crate::shutdown::stopped;
-use crate::store::{OutboxSnapshot, Store, StoreError};
+use crate::store::{OutboxEntry, OutboxSnapshot, Store, StoreError};
+use crate::window::LATE_PREFIX;
+use prost::Message;
 
 /// Longest the shipper goes without a round, heartbeats included. Longer than a consumer's
 /// longest fetch wait (librdkafka's `fetch.wait.max.ms`, 500 ms): a reader of an idle
@@ -63,9 +71,9 @@ pub struct Shipper {
     pub partition: i32,
     /// Initialised; replaced by a new client after a failed round.
     pub producer: Transactional,
-    pub topic: String,
-    /// The ingested topic whose offsets the resume points carry.
-    pub updates_topic: String,
+    /// The deltas topic written, the updates topic whose offsets the resume points carry,
+    /// and the late topic late events go to.
+    pub kafka: KafkaConfig,
     pub actor: Actor,
     /// Changes after every committed batch.
     pub wake: watch::Receiver<u64>,
@@ -84,6 +92,9 @@ pub struct Shipper {
 impl Shipper {
     pub async fn run(mut self, mut stop: watch::Receiver<bool>) -> Result<(), ShipError> {
         let mut last_beat: Option<Instant> = None;
+        // a round failed: it may have committed all the same, and the late events it
+        // held must not ship twice
+        let mut uncertain = false;
         let partition = self.partition;
         loop {
             if *stop.borrow() {
@@ -97,7 +108,7 @@ impl Shipper {
             self.wake.borrow_and_update();
             let (store, topic, partition) = (
                 self.store.clone(),
-                self.updates_topic.clone(),
+                self.kafka.updates_topic.clone(),
                 self.partition,
             );
             let snapshot =
@@ -127,9 +138,45 @@ impl Shipper {
                 }
                 continue;
             }
+            if uncertain
+                && snapshot
+                    .entries
+                    .iter()
+                    .any(|e| e.key.starts_with(LATE_PREFIX))
+            {
+                let committed = bootstrap::committed_resume(
+                    &self.kafka,
+                    &self.actor.region,
+                    &self.store,
+                    partition,
+                )
+                .await;
+                match committed {
+                    Ok(resume) => {
+                        let through =
+                            resume.and_then(|r| r.updates_offsets.get(&partition).copied());
+                        if let Some(through) = through {
+                            let store = self.store.clone();
+                            tokio::task::spawn_blocking(move || {
+                                store.drop_late_through(partition, through)
+                            })
+                            .await
+                            .unwrap_or_else(|e| Err(StoreError::Task(e.to_string())))?;
+                        }
+                        uncertain = false;
+                    }
+                    Err(e) => {
+                        tracing::warn!(partition, error = %e, "reading which rounds committed failed; retrying");
+                        tokio::time::sleep(RETRY_PAUSE).await;
+                    }
+                }
+                continue;
+            }
+            uncertain = false;
             let through = match self.ship(&snapshot, beat).await {
                 Ok(through) => through,
                 Err(e) => {
+                    uncertain = true;
                     if let Some(fatal) = self.producer.fatal_error() {
                         return Err(ShipError::Fatal(fatal));
                     }
@@ -144,7 +191,7 @@ impl Shipper {
             let Some(through) = through else {
                 continue;
             };
-            let (store, deltas) = (self.store.clone(), self.topic.clone());
+            let (store, deltas) = (self.store.clone(), self.kafka.deltas_topic.clone());
             tokio::task::spawn_blocking(move || {
                 store.clear_outbox(&snapshot.entries)?;
                 // this copy holds every delta of its partition up to its own last round
@@ -159,9 +206,9 @@ impl Shipper {
         }
     }
 
-    /// One transaction: every entry, then the resume point (if there were entries), then a
-    /// heartbeat (if `beat`), all on the shipper's partition. Answers the resume point's
-    /// offset, if there was one.
+    /// One transaction: every delta, then the resume point (if there were entries), then a
+    /// heartbeat (if `beat`), all on the shipper's partition, and the late events to the
+    /// late topic. Answers the resume point's offset, if there was one.
     async fn ship(
         &self,
         snapshot: &OutboxSnapshot,
@@ -171,10 +218,11 @@ impl Shipper {
             ResumePoint {
                 origin: self.actor.region.clone(),
                 incarnation: self.actor.incarnation,
-                updates_topic: self.updates_topic.clone(),
+                updates_topic: self.kafka.updates_topic.clone(),
                 updates_offsets: snapshot.offsets.clone(),
                 hlc_high_water: snapshot.hlc_high_water.unwrap_or_default(),
                 fences: snapshot.fences.clone(),
+                watermarks: snapshot.watermarks.clone(),
             }
             .encode()
         });
@@ -182,6 +230,7 @@ impl Shipper {
             Heartbeat {
                 origin: self.actor.region.to_string(),
                 wall_nanos,
+                watermark_ms: snapshot.watermarks.get(&self.partition).copied(),
             }
             .encode()
         });
@@ -189,19 +238,80 @@ impl Shipper {
             key,
             payload,
             partition: Some(self.partition),
+            topic: None,
+            headers: Vec::new(),
         };
-        let mut records: Vec<TxRecord<'_>> = snapshot
+        let (late, deltas): (Vec<&OutboxEntry>, Vec<&OutboxEntry>) = snapshot
             .entries
+            .iter()
+            .partition(|e| e.key.starts_with(LATE_PREFIX));
+        let late: Vec<LateOut> = late.into_iter().filter_map(|e| self.late_out(e)).collect();
+        let mut records: Vec<TxRecord<'_>> = deltas
             .iter()
             .map(|entry| on_partition(entry.key.as_bytes(), &entry.bytes))
             .collect();
         records.extend(resume.as_deref().map(|r| on_partition(RESUME_KEY, r)));
         records.extend(heartbeat.as_deref().map(|h| on_partition(HEARTBEAT_KEY, h)));
-        let offsets = self.producer.commit_all(&self.topic, records).await?;
-        let bytes: usize = snapshot.entries.iter().map(|e| e.bytes.len()).sum();
-        metrics::counter!(m::DELTAS_SHIPPED).increment(snapshot.entries.len() as u64);
+        // the resume point follows the deltas
+        let resume_at = deltas.len();
+        records.extend(late.iter().map(|l| l.record(&self.kafka.late_topic)));
+        let offsets = self
+            .producer
+            .commit_all(&self.kafka.deltas_topic, records)
+            .await?;
+        let bytes: usize = deltas.iter().map(|e| e.bytes.len()).sum();
+        metrics::counter!(m::DELTAS_SHIPPED).increment(deltas.len() as u64);
         metrics::counter!(m::DELTA_BYTES_SHIPPED).increment(bytes as u64);
-        Ok(resume.and(offsets.get(snapshot.entries.len()).copied()))
+        metrics::counter!(m::LATE_SHIPPED).increment(late.len() as u64);
+        Ok(resume.and(offsets.get(resume_at).copied()))
+    }
+
+    /// A late event's record for the late topic, or `None` (logged) if its outbox entry
+    /// does not decode.
+    fn late_out(&self, entry: &OutboxEntry) -> Option<LateOut> {
+        match pb::LateEvent::decode(entry.bytes.as_slice()) {
+            Ok(event) => Some(LateOut {
+                source: format!(
+                    "{}/{}/{}",
+                    self.kafka.updates_topic, event.partition, event.offset
+                ),
+                event_time: event.event_time_ms.to_string(),
+                watermark: event.watermark_ms.to_string(),
+                event,
+            }),
+            Err(e) => {
+                tracing::error!(key = %entry.key.escape_debug(), error = %e, "a late event's outbox entry does not decode; dropped");
+                None
+            }
+        }
+    }
+}
+
+/// A late event as it goes to the late topic: the original record's key and value, with
+/// the reason, its source position, event time and the watermark that refused it as
+/// headers (those of a dead letter, and two more).
+struct LateOut {
+    event: pb::LateEvent,
+    source: String,
+    event_time: String,
+    watermark: String,
+}
+
+impl LateOut {
+    fn record<'a>(&'a self, topic: &'a str) -> TxRecord<'a> {
+        TxRecord {
+            key: self.event.key.as_deref().unwrap_or_default(),
+            payload: &self.event.payload,
+            partition: None,
+            topic: Some(topic),
+            headers: vec![
+                (DLQ_REASON_HEADER, self.event.reason.as_bytes()),
+                (DLQ_CODE_HEADER, b"late"),
+                (DLQ_SOURCE_HEADER, self.source.as_bytes()),
+                (LATE_EVENT_TIME_HEADER, self.event_time.as_bytes()),
+                (LATE_WATERMARK_HEADER, self.watermark.as_bytes()),
+            ],
+        }
     }
 }
 

@@ -10,18 +10,20 @@
 //!  state          state key (UTF-8)            CrdtState protobuf (full state)
 //!  offsets        topic \0 partition (i32 BE)  last applied offset (i64 BE)
 //!  outbox         state key                    Delta protobuf (own part, to ship)
+//!                 "\0late/<partition>/<offset>" LateEvent protobuf (a late event, to ship)
 //!  dedup          state key                    recent idempotency ids (u16 BE length + bytes)…
 //!  meta           "incarnation" | "hlc"        u32 BE | wall_nanos u64 BE, logical u32 BE
 //!                 "remote/<region>"            newest origin HLC merged from that region
 //!                 "restored-from"              the checkpoint or savepoint restored
 //!                 "fence/<shard u32 BE><partition i32 BE>"
 //!                                              highest lease epoch applied (u64 BE)
+//!                 "watermark/<partition i32 BE>" event-time watermark (ms, u64 BE)
 //!  offsets ids: the updates topic; "remote/<region>/<topic>" per remote (merged);
 //!               "bootstrap/": the own deltas topic position a restored node read to
 //! ```
 //!
 //! Guarantee: a batch's part in one partition — the new states of its keys, the source
-//! offsets it consumed on that partition, its outbox entries, fences and the clock
+//! offsets it consumed on that partition, its outbox entries, fences, watermark and the clock
 //! high-water mark — is written in one `WriteBatch` (one WAL record), so after any crash a
 //! partition holds all of a batch's part or none of it, and resuming from its stored
 //! offsets applies every record exactly once. (A record is applied only on its key's own
@@ -36,6 +38,7 @@ use std::path::{Path, PathBuf};
 use crate::clock::HlcTimestamp;
 use crate::crdt::{CrdtValue, DecodeError, Delta, RegionId};
 use crate::log::partition_of;
+use crate::window;
 pub use partition::COLUMN_FAMILIES;
 use partition::{Home, PartCommit, PartitionStore};
 
@@ -91,12 +94,27 @@ pub struct Commit<'a> {
     pub outbox: &'a [Delta],
     pub recent_ids: &'a BTreeMap<String, VecDeque<String>>,
     pub hlc_high_water: HlcTimestamp,
-    /// For a batch of merged remote deltas: the remote region and, per partition, the
-    /// newest origin time applied from it there.
-    pub remote_applied: Option<(&'a RegionId, &'a BTreeMap<i32, HlcTimestamp>)>,
+    /// For a batch of merged remote deltas: what it applied of the remote region.
+    pub remote_applied: Option<RemoteApplied<'a>>,
     /// Owned shards' fences per updates partition (highest lease epoch applied), written
     /// with the states.
     pub fences: &'a BTreeMap<(u32, i32), u64>,
+    /// Per updates partition, the event-time watermark after the batch.
+    pub watermarks: &'a BTreeMap<i32, u64>,
+    /// Late events to ship: outbox key ([`crate::window::late_key`]), encoded
+    /// `LateEvent`.
+    pub late: &'a [(String, Vec<u8>)],
+}
+
+/// What a batch of merged deltas applied of one remote region, per partition.
+#[derive(Clone, Copy)]
+pub struct RemoteApplied<'a> {
+    pub region: &'a RegionId,
+    /// The newest origin time applied from it there.
+    pub newest: &'a BTreeMap<i32, HlcTimestamp>,
+    /// The newest watermark its heartbeats there carried: every delta it will ever ship
+    /// for a slice closed at or before it is applied (kept, never moving back).
+    pub watermarks: &'a BTreeMap<i32, u64>,
 }
 
 /// An entry as [`Store::for_each_entry`] reads it and [`Store::load`] writes it: column
@@ -121,6 +139,8 @@ pub struct OutboxSnapshot {
     pub hlc_high_water: Option<HlcTimestamp>,
     /// Every fence (owned shard, updates partition) as of `offsets`.
     pub fences: BTreeMap<(u32, i32), u64>,
+    /// The partition's event-time watermark as of `offsets`.
+    pub watermarks: BTreeMap<i32, u64>,
 }
 
 /// The region's state: one [`PartitionStore`] per partition, `parts[p]` in `<dir>/p<p>`.
@@ -249,8 +269,15 @@ impl Store {
         &self.parts[self.index_of(key)]
     }
 
+    /// The instance of a state key (a window's slice: its windowed key's) or of a late
+    /// event's outbox entry (the partition it was read on).
     fn index_of(&self, key: &str) -> usize {
-        partition_of(key.as_bytes(), self.parts.len() as i32) as usize
+        match window::late_position(key) {
+            Some((p, _)) => usize::try_from(p).unwrap_or(0) % self.parts.len(),
+            None => {
+                partition_of(window::home_key(key).as_bytes(), self.parts.len() as i32) as usize
+            }
+        }
     }
 
     fn part(&self, partition: i32) -> Result<&PartitionStore, StoreError> {
@@ -428,6 +455,28 @@ impl Store {
         self.union(PartitionStore::fences)
     }
 
+    /// The event-time watermark of an updates partition's windowed records (`None`: none
+    /// yet): the one its next records' lateness is judged by.
+    pub fn watermark(&self, partition: i32) -> Result<Option<u64>, StoreError> {
+        self.part(partition)?.watermark(partition)
+    }
+
+    /// Per remote region, the newest watermark its heartbeats on `partition` carried.
+    pub fn remote_watermarks(&self, partition: i32) -> Result<BTreeMap<RegionId, u64>, StoreError> {
+        self.part(partition)?.remote_watermarks()
+    }
+
+    /// Every watermark, by updates partition.
+    pub fn watermarks(&self) -> Result<BTreeMap<i32, u64>, StoreError> {
+        self.union(PartitionStore::watermarks)
+    }
+
+    /// Removes partition `partition`'s late events read at or below `offset` from its
+    /// outbox: a committed shipping round covering the offset shipped them.
+    pub fn drop_late_through(&self, partition: i32, offset: i64) -> Result<usize, StoreError> {
+        self.part(partition)?.drop_late_through(offset)
+    }
+
     /// The idempotency ids most recently applied to `key`, oldest first.
     pub fn recent_ids(&self, key: &str) -> Result<VecDeque<String>, StoreError> {
         self.of(key).recent_ids(key)
@@ -565,9 +614,18 @@ impl Store {
         for (key, ids) in commit.recent_ids {
             split[self.index_of(key)].recent_ids.push((key, ids));
         }
+        for (key, late) in commit.late {
+            split[self.index_of(key)].late.push((key, late));
+        }
         for (&partition, &offset) in commit.offsets {
             self.part(partition)?;
             split[partition as usize].offsets.push((partition, offset));
+        }
+        for (&partition, &watermark) in commit.watermarks {
+            self.part(partition)?;
+            split[partition as usize]
+                .watermarks
+                .push((partition, watermark));
         }
         for (&(shard, partition), &epoch) in commit.fences {
             self.part(partition)?;
@@ -575,10 +633,15 @@ impl Store {
                 .fences
                 .insert((shard, partition), epoch);
         }
-        if let Some((region, newest)) = commit.remote_applied {
-            for (&partition, &at) in newest {
+        if let Some(remote) = commit.remote_applied {
+            for (&partition, &at) in remote.newest {
                 self.part(partition)?;
-                split[partition as usize].remote_applied = Some((region, at));
+                split[partition as usize].remote_applied = Some((remote.region, at));
+            }
+            for (&partition, &watermark) in remote.watermarks {
+                self.part(partition)?;
+                split[partition as usize].remote_watermark =
+                    Some((remote.region, partition, watermark));
             }
         }
         for (part, split) in self.parts.iter().zip(&split) {
@@ -638,13 +701,87 @@ mod tests {
                     VecDeque::from(["x".to_string(), "y".to_string()]),
                 )]),
                 hlc_high_water: HlcTimestamp::new(99, 2),
-                remote_applied: Some((
-                    &RegionId::new("eu-west-1").unwrap(),
-                    &BTreeMap::from([(1, HlcTimestamp::new(7, 0))]),
-                )),
+                remote_applied: Some(RemoteApplied {
+                    region: &RegionId::new("eu-west-1").unwrap(),
+                    newest: &BTreeMap::from([(1, HlcTimestamp::new(7, 0))]),
+                    watermarks: &BTreeMap::from([(1, 90_000)]),
+                }),
                 fences: &BTreeMap::from([((5, 1), 3)]),
+                watermarks: &BTreeMap::new(),
+                late: &[],
             })
             .unwrap();
+    }
+
+    /// A batch's watermark and late events are written with its offsets; reopened, the
+    /// watermark stands, and the late events wait in their partition's outbox until a
+    /// committed round is known to have shipped them.
+    #[test]
+    fn a_watermark_and_late_events_commit_with_the_batch() {
+        let dir = tempfile::tempdir().unwrap();
+        let late: Vec<(String, Vec<u8>)> = [(1, 40), (1, 41), (2, 5)]
+            .into_iter()
+            .map(|(p, o)| (window::late_key(p, o), vec![1, 2, 3]))
+            .collect();
+        {
+            let store = Store::open(dir.path(), PARTITIONS).unwrap();
+            store
+                .commit(&Commit {
+                    topic: "geostate.updates",
+                    states: &BTreeMap::new(),
+                    offsets: &BTreeMap::from([(1, 41), (2, 5)]),
+                    outbox: &[],
+                    recent_ids: &BTreeMap::new(),
+                    hlc_high_water: HlcTimestamp::new(99, 2),
+                    remote_applied: None,
+                    fences: &BTreeMap::new(),
+                    watermarks: &BTreeMap::from([(1, 120_000), (2, 60_000)]),
+                    late: &late,
+                })
+                .unwrap();
+        }
+        let store = Store::open(dir.path(), PARTITIONS).unwrap();
+        assert_eq!(store.watermark(1).unwrap(), Some(120_000));
+        assert_eq!(store.watermark(0).unwrap(), None);
+        let snapshot = store.outbox_snapshot(1, "geostate.updates").unwrap();
+        assert_eq!(snapshot.watermarks, BTreeMap::from([(1, 120_000)]));
+        let keys: Vec<&str> = snapshot.entries.iter().map(|e| e.key.as_str()).collect();
+        assert_eq!(keys, [late[0].0.as_str(), late[1].0.as_str()]);
+        assert_eq!(store.drop_late_through(1, 40).unwrap(), 1);
+        let left = store
+            .outbox_snapshot(1, "geostate.updates")
+            .unwrap()
+            .entries;
+        assert_eq!(left.len(), 1);
+        assert_eq!(left[0].key, late[1].0);
+        assert_eq!(store.outbox_len_in(&BTreeSet::from([2])), 1);
+
+        // a remote's heartbeat delivered again never moves its watermark back
+        let eu = RegionId::new("eu-west-1").unwrap();
+        for watermark in [50_000, 40_000] {
+            store
+                .commit(&Commit {
+                    topic: "remote/eu-west-1/geostate.deltas",
+                    states: &BTreeMap::new(),
+                    offsets: &BTreeMap::new(),
+                    outbox: &[],
+                    recent_ids: &BTreeMap::new(),
+                    hlc_high_water: HlcTimestamp::new(99, 2),
+                    remote_applied: Some(RemoteApplied {
+                        region: &eu,
+                        newest: &BTreeMap::new(),
+                        watermarks: &BTreeMap::from([(1, watermark)]),
+                    }),
+                    fences: &BTreeMap::new(),
+                    watermarks: &BTreeMap::new(),
+                    late: &[],
+                })
+                .unwrap();
+        }
+        assert_eq!(
+            store.remote_watermarks(1).unwrap(),
+            BTreeMap::from([(eu, 50_000)])
+        );
     }
 
     #[test]
@@ -669,6 +806,12 @@ mod tests {
             (3, 0)
         );
         assert_eq!(store.fences().unwrap(), BTreeMap::from([((5, 1), 3)]));
+        let eu = RegionId::new("eu-west-1").unwrap();
+        assert_eq!(
+            store.remote_watermarks(1).unwrap(),
+            BTreeMap::from([(eu, 90_000)])
+        );
+        assert!(store.remote_watermarks(0).unwrap().is_empty());
         assert_eq!(store.get(&a).unwrap(), Some(counter(3)));
         assert_eq!(store.get("requests/zzz").unwrap(), None);
         assert_eq!(
@@ -872,6 +1015,8 @@ mod tests {
                 hlc_high_water: HlcTimestamp::new(100, 0),
                 remote_applied: None,
                 fences: &BTreeMap::new(),
+                watermarks: &BTreeMap::new(),
+                late: &[],
             })
             .unwrap();
         let mut entries = Vec::new();

@@ -13,6 +13,7 @@ use rocksdb::{
 use super::{Commit, Entry, OutboxEntry, OutboxSnapshot, StoreError};
 use crate::clock::HlcTimestamp;
 use crate::crdt::{CrdtValue, Delta, RegionId, decode_value, encode_value};
+use crate::window;
 
 pub(super) const CF_STATE: &str = "state";
 pub(super) const CF_OFFSETS: &str = "offsets";
@@ -35,6 +36,12 @@ const META_REMOTE: &str = "remote/";
 /// `fence/<shard u32 BE><partition i32 BE>` → the highest lease epoch the region's own
 /// records on that updates partition applied for an owned shard (u64 BE).
 const META_FENCE: &str = "fence/";
+/// `remote-watermark/<region><partition i32 BE>` → the newest watermark the region's
+/// heartbeats on that partition carried (u64 BE).
+const META_REMOTE_WATERMARK: &str = "remote-watermark/";
+/// `watermark/<partition i32 BE>` → the event-time watermark of the updates partition's
+/// windowed records (milliseconds, u64 BE).
+const META_WATERMARK: &str = "watermark/";
 
 /// In-memory mirror of the outbox column family.
 #[derive(Default)]
@@ -397,6 +404,88 @@ impl PartitionStore {
         Ok(out)
     }
 
+    /// The event-time watermark of an updates partition's windowed records (`None`: no
+    /// windowed record yet).
+    pub(super) fn watermark(&self, partition: i32) -> Result<Option<u64>, StoreError> {
+        self.db
+            .get_cf(self.cf(CF_META), watermark_key(partition))?
+            .map(|v| decode_u64(&v, "watermark"))
+            .transpose()
+    }
+
+    /// Per remote region, the newest watermark its heartbeats carried (on this instance's
+    /// partition).
+    pub(super) fn remote_watermarks(&self) -> Result<BTreeMap<RegionId, u64>, StoreError> {
+        let mut out = BTreeMap::new();
+        let iter = self.db.iterator_cf(
+            self.cf(CF_META),
+            IteratorMode::From(META_REMOTE_WATERMARK.as_bytes(), Direction::Forward),
+        );
+        for item in iter {
+            let (k, v) = item?;
+            let Some(rest) = k.strip_prefix(META_REMOTE_WATERMARK.as_bytes()) else {
+                break;
+            };
+            let Some((region, _partition)) = rest.split_last_chunk::<4>() else {
+                continue;
+            };
+            if let Ok(region) = RegionId::new(String::from_utf8_lossy(region).into_owned()) {
+                out.insert(region, decode_u64(&v, "remote watermark")?);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Every watermark, by updates partition.
+    pub(super) fn watermarks(&self) -> Result<BTreeMap<i32, u64>, StoreError> {
+        self.watermarks_with(ReadOptions::default())
+    }
+
+    fn watermarks_with(&self, read: ReadOptions) -> Result<BTreeMap<i32, u64>, StoreError> {
+        let mut out = BTreeMap::new();
+        let iter = self.db.iterator_cf_opt(
+            self.cf(CF_META),
+            read,
+            IteratorMode::From(META_WATERMARK.as_bytes(), Direction::Forward),
+        );
+        for item in iter {
+            let (k, v) = item?;
+            let Some(partition) = k.strip_prefix(META_WATERMARK.as_bytes()) else {
+                break;
+            };
+            let partition = partition
+                .try_into()
+                .map(i32::from_be_bytes)
+                .map_err(|_| StoreError::BadLength { what: "watermark" })?;
+            out.insert(partition, decode_u64(&v, "watermark")?);
+        }
+        Ok(out)
+    }
+
+    /// Removes the late events read at or below `offset` from the outbox: a committed
+    /// shipping round covering that offset shipped them (a crash came before they were
+    /// cleared). Answers how many.
+    pub(super) fn drop_late_through(&self, offset: i64) -> Result<usize, StoreError> {
+        let mut outbox = self.lock_outbox();
+        let shipped: Vec<String> = outbox
+            .entries
+            .range(window::LATE_PREFIX.to_string()..)
+            .map(|(k, _)| k)
+            .take_while(|k| k.starts_with(window::LATE_PREFIX))
+            .filter(|k| window::late_position(k).is_some_and(|(_, o)| o <= offset))
+            .cloned()
+            .collect();
+        let mut batch = WriteBatch::default();
+        for key in &shipped {
+            batch.delete_cf(self.cf(CF_OUTBOX), key.as_bytes());
+        }
+        self.db.write(batch)?;
+        for key in &shipped {
+            outbox.entries.remove(key);
+        }
+        Ok(shipped.len())
+    }
+
     /// The idempotency ids most recently applied to `key`, oldest first.
     pub(super) fn recent_ids(&self, key: &str) -> Result<VecDeque<String>, StoreError> {
         let mut ids = VecDeque::new();
@@ -515,6 +604,11 @@ impl PartitionStore {
             offsets,
             hlc_high_water,
             fences: self.fences_with(read)?,
+            watermarks: {
+                let mut read = ReadOptions::default();
+                read.set_snapshot(&snapshot);
+                self.watermarks_with(read)?
+            },
         })
     }
 
@@ -572,6 +666,7 @@ impl PartitionStore {
             .outbox
             .iter()
             .map(|delta| (delta.key.as_str(), delta.encode()))
+            .chain(part.late.iter().map(|(k, v)| (*k, v.to_vec())))
             .collect();
         for (key, bytes) in &outbox_entries {
             batch.put_cf(outbox_cf, key.as_bytes(), bytes);
@@ -603,6 +698,26 @@ impl PartitionStore {
                 epoch.to_be_bytes(),
             );
         }
+        for &(partition, watermark) in &part.watermarks {
+            batch.put_cf(
+                self.cf(CF_META),
+                watermark_key(partition),
+                watermark.to_be_bytes(),
+            );
+        }
+        if let Some((region, partition, watermark)) = part.remote_watermark {
+            let key = remote_watermark_key(region, partition);
+            let stored = self.db.get_cf(self.cf(CF_META), &key)?;
+            let stored = stored
+                .map(|v| decode_u64(&v, "remote watermark"))
+                .transpose()?;
+            // a heartbeat delivered again (at least once) never moves it back
+            batch.put_cf(
+                self.cf(CF_META),
+                key,
+                watermark.max(stored.unwrap_or(0)).to_be_bytes(),
+            );
+        }
         if let Some((region, newest)) = part.remote_applied {
             let key = format!("{META_REMOTE}{region}");
             batch.put_cf(self.cf(CF_META), key.as_bytes(), encode_hlc(newest));
@@ -626,7 +741,11 @@ pub(super) struct PartCommit<'a> {
     pub outbox: Vec<&'a Delta>,
     pub recent_ids: Vec<(&'a str, &'a VecDeque<String>)>,
     pub fences: BTreeMap<(u32, i32), u64>,
+    pub watermarks: Vec<(i32, u64)>,
+    /// Late events' outbox entries: key, encoded `LateEvent`.
+    pub late: Vec<(&'a str, &'a [u8])>,
     pub remote_applied: Option<(&'a RegionId, HlcTimestamp)>,
+    pub remote_watermark: Option<(&'a RegionId, i32, u64)>,
 }
 
 impl PartCommit<'_> {
@@ -636,14 +755,17 @@ impl PartCommit<'_> {
             && self.outbox.is_empty()
             && self.recent_ids.is_empty()
             && self.fences.is_empty()
+            && self.watermarks.is_empty()
+            && self.late.is_empty()
             && self.remote_applied.is_none()
+            && self.remote_watermark.is_none()
     }
 }
 
 /// Where an entry read by [`PartitionStore::for_each_entry`] belongs in a store of several
 /// partitions (a savepoint restore).
 pub(super) enum Home {
-    /// The partition the entry names (an offset, a fence).
+    /// The partition the entry names (an offset, a fence, a watermark).
     Partition(i32),
     /// The partition of the state key.
     Key,
@@ -664,6 +786,8 @@ pub(super) fn home_of(cf: &str, key: &[u8]) -> Result<Home, StoreError> {
         CF_STATE | CF_OUTBOX | CF_DEDUP => Ok(Home::Key),
         CF_OFFSETS => named("offset key"),
         CF_META if key.starts_with(META_FENCE.as_bytes()) => named("fence"),
+        CF_META if key.starts_with(META_WATERMARK.as_bytes()) => named("watermark"),
+        CF_META if key.starts_with(META_REMOTE_WATERMARK.as_bytes()) => named("remote watermark"),
         CF_META if key == META_HLC || key.starts_with(META_REMOTE.as_bytes()) => Ok(Home::Newest),
         CF_META => Ok(Home::Every),
         other => Err(StoreError::UnknownColumnFamily(other.to_owned())),
@@ -675,6 +799,25 @@ pub(super) fn fence_key(shard: u32, partition: i32) -> Vec<u8> {
     k.extend_from_slice(&shard.to_be_bytes());
     k.extend_from_slice(&partition.to_be_bytes());
     k
+}
+
+fn remote_watermark_key(region: &RegionId, partition: i32) -> Vec<u8> {
+    let mut k = META_REMOTE_WATERMARK.as_bytes().to_vec();
+    k.extend_from_slice(region.as_str().as_bytes());
+    k.extend_from_slice(&partition.to_be_bytes());
+    k
+}
+
+fn watermark_key(partition: i32) -> Vec<u8> {
+    let mut k = META_WATERMARK.as_bytes().to_vec();
+    k.extend_from_slice(&partition.to_be_bytes());
+    k
+}
+
+fn decode_u64(v: &[u8], what: &'static str) -> Result<u64, StoreError> {
+    v.try_into()
+        .map(u64::from_be_bytes)
+        .map_err(|_| StoreError::BadLength { what })
 }
 
 pub(super) fn encode_hlc(ts: HlcTimestamp) -> Vec<u8> {

@@ -118,6 +118,73 @@ impl WindowSpec {
     }
 }
 
+/// Which window of a windowed key a read names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Selector {
+    /// The window holding the newest event time the key's partition has seen here.
+    Current,
+    /// The newest window final in every region.
+    LatestFinal,
+    /// The window starting at this time (rounded down to the slide).
+    Start(u64),
+}
+
+/// Why a selector names no window.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum NoWindow {
+    #[error("the key's partition has seen no windowed event in this region yet")]
+    NoEventYet,
+    #[error("no window is final yet: some region's watermark has not passed the first one's close")]
+    NoneFinal,
+}
+
+impl WindowSpec {
+    /// The window `selector` names, given this region's watermark on the key's partition
+    /// and the lowest watermark over every region (`None` if one has none yet).
+    pub fn select(
+        &self,
+        selector: Selector,
+        own: Option<u64>,
+        lowest: Option<u64>,
+        out_of_orderness_ms: u64,
+    ) -> Result<Window, NoWindow> {
+        match selector {
+            Selector::Start(start) => Ok(self.window_at(start)),
+            Selector::Current => own
+                .map(|w| self.newest_window_of(w.saturating_add(out_of_orderness_ms)))
+                .ok_or(NoWindow::NoEventYet),
+            Selector::LatestFinal => {
+                // the newest window whose end plus the lateness is at or below `lowest`
+                let latest_start = lowest
+                    .and_then(|w| w.checked_sub(self.allowed_lateness_ms))
+                    .and_then(|w| w.checked_sub(self.size_ms))
+                    .ok_or(NoWindow::NoneFinal)?;
+                Ok(self.window_at(latest_start))
+            }
+        }
+    }
+
+    /// The regions whose watermark has not passed `window`'s close: none, and the window
+    /// is final (its value the same in every region, for ever).
+    pub fn behind<'a, R>(
+        &self,
+        window: Window,
+        watermarks: &'a [(R, Option<u64>)],
+    ) -> Vec<&'a (R, Option<u64>)> {
+        let closes_at = self.closes_at(window);
+        watermarks
+            .iter()
+            .filter(|(_, w)| w.is_none_or(|w| w < closes_at))
+            .collect()
+    }
+
+    /// Whether `window` was final for the retention once every region's watermark is at
+    /// least `lowest`: its slices may be gone.
+    pub fn expired(&self, window: Window, lowest: Option<u64>) -> bool {
+        lowest.is_some_and(|w| w >= self.closes_at(window).saturating_add(self.retention_ms))
+    }
+}
+
 fn gcd(a: u64, b: u64) -> u64 {
     if b == 0 { a } else { gcd(b, a % b) }
 }
@@ -142,6 +209,21 @@ pub fn split_slice_key(stored: &str) -> (&str, Option<u64>) {
 /// The key whose partition a stored key lives in: a slice lives with its windowed key.
 pub fn home_key(stored: &str) -> &str {
     split_slice_key(stored).0
+}
+
+/// Outbox keys of late events start with this; no state key does (none starts with NUL).
+pub const LATE_PREFIX: &str = "\0late/";
+
+/// The outbox key of the late event read at `partition`/`offset` of the updates topic:
+/// unique per source record, so a replay that judges it late again writes the same entry.
+pub fn late_key(partition: i32, offset: i64) -> String {
+    format!("{LATE_PREFIX}{partition}/{offset:0SLICE_DIGITS$}")
+}
+
+/// The source position a late event's outbox key names.
+pub fn late_position(key: &str) -> Option<(i32, i64)> {
+    let (partition, offset) = key.strip_prefix(LATE_PREFIX)?.split_once('/')?;
+    Some((partition.parse().ok()?, offset.parse().ok()?))
 }
 
 /// A partition's watermark after an event at `t`: the largest event time seen less the
@@ -243,6 +325,52 @@ mod tests {
         assert!(spec.slice_expired(10 * MIN, 17 * MIN + 10_000));
     }
 
+    /// A read names the current window by this region's newest event time, the latest
+    /// final one by the lowest watermark over the regions; the certificate lists the
+    /// regions whose watermark is short of the window's close.
+    #[test]
+    fn a_selector_names_a_window_and_the_certificate_the_regions_behind() {
+        let spec = hopping(MIN, MIN, 10_000);
+        let current = spec.select(Selector::Current, Some(10 * MIN), None, 5_000);
+        assert_eq!(current.map(|w| w.start_ms), Ok(10 * MIN));
+        assert_eq!(
+            spec.select(Selector::Current, None, None, 5_000),
+            Err(NoWindow::NoEventYet)
+        );
+        // [8, 9) closes at 9:10; [9, 10) at 10:10
+        let latest = spec.select(Selector::LatestFinal, None, Some(10 * MIN), 0);
+        assert_eq!(latest.map(|w| w.start_ms), Ok(8 * MIN));
+        let latest = spec.select(Selector::LatestFinal, None, Some(10 * MIN + 10_000), 0);
+        assert_eq!(latest.map(|w| w.start_ms), Ok(9 * MIN));
+        assert_eq!(
+            spec.select(Selector::LatestFinal, None, Some(MIN), 0),
+            Err(NoWindow::NoneFinal)
+        );
+        assert_eq!(
+            spec.select(Selector::LatestFinal, None, None, 0),
+            Err(NoWindow::NoneFinal)
+        );
+        let at = spec
+            .select(Selector::Start(9 * MIN + 1), None, None, 0)
+            .unwrap();
+        assert_eq!(at.start_ms, 9 * MIN);
+
+        let watermarks = [
+            ("us-east-1", Some(10 * MIN + 10_000)),
+            ("eu-west-1", Some(10 * MIN + 9_999)),
+            ("ap-south-1", None),
+        ];
+        let behind: Vec<&str> = spec
+            .behind(at, &watermarks)
+            .iter()
+            .map(|(r, _)| *r)
+            .collect();
+        assert_eq!(behind, ["eu-west-1", "ap-south-1"]);
+        assert!(spec.behind(at, &watermarks[..1]).is_empty(), "final");
+        assert!(!spec.expired(at, Some(10 * MIN + 10_000)));
+        assert!(spec.expired(at, Some(20 * MIN + 10_000)));
+    }
+
     #[test]
     fn a_slice_key_sorts_by_key_then_time_and_splits_back() {
         let a = slice_key("requests/9q8yy", 60_000);
@@ -252,6 +380,9 @@ mod tests {
         assert_eq!(home_key(&a), "requests/9q8yy");
         assert_eq!(split_slice_key("requests/9q8yy"), ("requests/9q8yy", None));
         assert_eq!(split_slice_key("odd\0key"), ("odd\0key", None));
+        let late = late_key(3, 42);
+        assert_eq!(late_position(&late), Some((3, 42)));
+        assert_eq!(late_position("requests/9q8yy"), None);
     }
 
     #[test]

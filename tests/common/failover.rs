@@ -72,6 +72,7 @@ pub fn at_holder(key: &str) -> pb::GetRequest {
     pb::GetRequest {
         key: key.into(),
         leaseholder: true,
+        window: None,
     }
 }
 

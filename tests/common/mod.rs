@@ -388,6 +388,7 @@ pub struct Topics {
     pub updates: String,
     pub deltas: String,
     pub dlq: String,
+    pub late: String,
 }
 
 impl Topics {
@@ -397,10 +398,12 @@ impl Topics {
             updates: format!("{base}.updates"),
             deltas: format!("{base}.deltas"),
             dlq: format!("{base}.dlq"),
+            late: format!("{base}.late"),
         };
         create_topic(bootstrap, &topics.updates, partitions).await?;
         create_topic(bootstrap, &topics.deltas, partitions).await?;
         create_topic(bootstrap, &topics.dlq, 1).await?;
+        create_topic(bootstrap, &topics.late, 1).await?;
         Ok(topics)
     }
 }
@@ -451,6 +454,7 @@ impl Node {
             format!("kafka.updates-topic={:?}", topics.updates),
             format!("kafka.deltas-topic={:?}", topics.deltas),
             format!("kafka.dlq-topic={:?}", topics.dlq),
+            format!("kafka.late-topic={:?}", topics.late),
             format!("api.grpc-listen={grpc:?}"),
             format!("api.metrics-listen={metrics:?}"),
             "lease=".to_owned(),

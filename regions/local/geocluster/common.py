@@ -37,6 +37,7 @@ TOPICS = {
     "geostate.updates": (4, {}),
     "geostate.deltas": (4, {"cleanup.policy": "compact", "min.compaction.lag.ms": "60000"}),
     "geostate.dlq": (1, {}),
+    "geostate.late": (1, {}),
 }
 DELTAS_TOPIC = "geostate.deltas"
 

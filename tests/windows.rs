@@ -1,0 +1,305 @@
+//! Event-time windows across two regions, on real Kafka and RocksDB: events count in the
+//! window of their event time, wherever and in whatever order they arrive; a window is
+//! final once both regions' watermarks passed its close, and then reads the same in both;
+//! an event for a closed window is late: refused, kept once in the late topic with why,
+//! never counted, also after a restart (the watermark is stored with the state).
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail, ensure};
+use common::{Node, Topics, cluster, counter, produce_all, producer, unique};
+use geostate::ingest::event::{Op, Update};
+use geostate::pb;
+use geostate::pb::state_client::StateClient;
+use geostate::pb::window_selector::Which;
+use rdkafka::ClientConfig;
+use rdkafka::Message;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Headers;
+use tonic::Code;
+use tonic::transport::Channel;
+
+const MIN: u64 = 60_000;
+
+fn add(key: &str, n: i64, event_time_ms: u64, id: &str) -> pb::UpdateRequest {
+    pb::UpdateRequest {
+        key: key.into(),
+        op: Some(pb::update_request::Op::Add(n)),
+        id: id.into(),
+        event_time_ms,
+    }
+}
+
+fn at(start_ms: u64) -> Option<pb::WindowSelector> {
+    Some(pb::WindowSelector {
+        which: Some(Which::StartMs(start_ms)),
+    })
+}
+
+async fn window(
+    state: &mut StateClient<Channel>,
+    key: &str,
+    selector: Option<pb::WindowSelector>,
+) -> anyhow::Result<pb::Value> {
+    Ok(state
+        .get(pb::GetRequest {
+            key: key.into(),
+            leaseholder: false,
+            window: selector,
+        })
+        .await?
+        .into_inner())
+}
+
+/// Reads the window starting at `start_ms` until it is final (an error after `within`).
+async fn final_window(
+    state: &mut StateClient<Channel>,
+    key: &str,
+    start_ms: u64,
+    within: Duration,
+) -> anyhow::Result<pb::Value> {
+    let deadline = Instant::now() + within;
+    loop {
+        let v = window(state, key, at(start_ms)).await?;
+        if v.window.as_ref().is_some_and(|w| w.is_final) {
+            return Ok(v);
+        }
+        if Instant::now() > deadline {
+            bail!("the window at {start_ms} of {key} not final within {within:?}: {v:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Every record of a one-partition topic, read committed to its end: (key, headers).
+fn whole_topic(
+    kafka: &str,
+    topic: &str,
+) -> anyhow::Result<Vec<(String, BTreeMap<String, String>)>> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", kafka)
+        .set("group.id", unique("late-reader"))
+        .set("isolation.level", "read_committed")
+        .set("auto.offset.reset", "earliest")
+        .set("enable.auto.commit", "false")
+        .create()?;
+    let mut assignment = rdkafka::TopicPartitionList::new();
+    assignment.add_partition_offset(topic, 0, rdkafka::Offset::Beginning)?;
+    consumer.assign(&assignment)?;
+    let (_, high) = consumer.fetch_watermarks(topic, 0, Duration::from_secs(10))?;
+    let mut out = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let position = consumer
+            .position()?
+            .find_partition(topic, 0)
+            .and_then(|p| p.offset().to_raw());
+        if position.is_some_and(|p| p >= high) || high == 0 {
+            return Ok(out);
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "{topic} not read to {high} within 30 s"
+        );
+        if let Some(message) = consumer.poll(Duration::from_millis(200)) {
+            let message = message?;
+            let headers = message.headers().map_or_else(BTreeMap::new, |h| {
+                h.iter()
+                    .map(|h| {
+                        let v = h.value.map(String::from_utf8_lossy).unwrap_or_default();
+                        (h.key.to_owned(), v.into_owned())
+                    })
+                    .collect()
+            });
+            let key = message
+                .key()
+                .map(String::from_utf8_lossy)
+                .unwrap_or_default();
+            out.push((key.into_owned(), headers));
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn windows_close_alike_in_both_regions_and_late_events_are_kept_once() -> anyhow::Result<()> {
+    let cluster = cluster()?;
+    let kafka = cluster.regions["us-east-1"].kafka.clone();
+    let (ta, tb) = (
+        Topics::create(&kafka, "win-a", 2).await?,
+        Topics::create(&kafka, "win-b", 2).await?,
+    );
+    let (dir_a, dir_b) = (tempfile::tempdir()?, tempfile::tempdir()?);
+    let (mut a, mut b) = Node::pair(&kafka, (&ta, &tb), (dir_a.path(), dir_b.path()))?;
+    a.start().await?;
+    b.start().await?;
+    let (mut sa, mut sb) = (a.state().await?, b.state().await?);
+    let key = format!("demand/{}", unique("9q8yy"));
+
+    // minute 10 in both regions, out of order with minute 11
+    sa.update(add(&key, 1, 10 * MIN + 5, "a-1")).await?;
+    sa.update(add(&key, 2, 11 * MIN, "")).await?;
+    sa.update(add(&key, 4, 10 * MIN + 59_999, "")).await?;
+    // a retry of an acknowledged write counts once
+    sa.update(add(&key, 1, 10 * MIN + 5, "a-1")).await?;
+    sb.update(add(&key, 8, 10 * MIN + 30_000, "")).await?;
+    // minute 12 moves both watermarks past minute 10's close (11:10) and 11's (12:10)
+    sa.update(add(&key, 16, 12 * MIN + 20_000, "")).await?;
+    sb.update(add(&key, 32, 12 * MIN + 20_000, "")).await?;
+
+    // minute 10 is final, and the same, in both regions
+    for state in [&mut sa, &mut sb] {
+        let v = final_window(state, &key, 10 * MIN, Duration::from_secs(30)).await?;
+        ensure!(counter(&v) == 1 + 4 + 8, "minute 10: {v:?}");
+        let w = v.window.context("a window")?;
+        ensure!(
+            (w.start_ms, w.end_ms, w.closes_at_ms) == (10 * MIN, 11 * MIN, 11 * MIN + 10_000),
+            "{w:?}"
+        );
+        let v = final_window(state, &key, 11 * MIN, Duration::from_secs(30)).await?;
+        ensure!(counter(&v) == 2, "minute 11: {v:?}");
+    }
+    // minute 12 is open: each region's own watermark (12:15) is short of its close
+    let open = window(&mut sa, &key, at(12 * MIN)).await?;
+    let w = open.window.clone().context("a window")?;
+    let behind: Vec<&str> = w.behind.iter().map(|r| r.region.as_str()).collect();
+    ensure!(
+        !w.is_final && behind == ["us-east-1", "eu-west-1"],
+        "{open:?}"
+    );
+    // the current window is minute 12, the latest final one minute 11
+    let current = window(&mut sa, &key, None).await?;
+    ensure!(
+        current.window.map(|w| w.start_ms) == Some(12 * MIN),
+        "current"
+    );
+    let latest = window(
+        &mut sa,
+        &key,
+        Some(pb::WindowSelector {
+            which: Some(Which::LatestFinal(true)),
+        }),
+    )
+    .await?;
+    ensure!(
+        latest.window.map(|w| w.start_ms) == Some(11 * MIN),
+        "latest final"
+    );
+
+    // late: through the API (refused, saying why) and straight into the updates topic
+    let refused = sa
+        .update(add(&key, 64, 10 * MIN + 1, "late-1"))
+        .await
+        .expect_err("a late event is refused");
+    ensure!(
+        refused.code() == Code::FailedPrecondition && refused.message().contains("late"),
+        "{refused:?}"
+    );
+    let config = a.config()?;
+    let late = Update {
+        key: key.clone(),
+        op: Op::Add(128),
+        id: None,
+        event_time_ms: Some(11 * MIN + 1),
+        hlc: None,
+        epoch: None,
+    };
+    produce_all(
+        &producer(&kafka)?,
+        &ta.updates,
+        &[(key.clone(), late.encode(config.kafka.format))],
+    )
+    .await?;
+
+    // a restart keeps the watermark: minute 10 stays closed
+    a.terminate(Duration::from_secs(30)).await?;
+    a.start().await?;
+    let mut sa = a.state().await?;
+    let refused = sa.update(add(&key, 256, 10 * MIN + 2, "")).await;
+    ensure!(
+        refused
+            .as_ref()
+            .is_err_and(|s| s.code() == Code::FailedPrecondition),
+        "after a restart: {refused:?}"
+    );
+    sa.update(add(&key, 512, 12 * MIN + 1, "")).await?;
+
+    // the late events are in the late topic once each, with why; none counted
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let letters = loop {
+        let letters = whole_topic(&kafka, &ta.late)?;
+        if letters.len() >= 3 || Instant::now() > deadline {
+            break letters;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let times: Vec<&str> = letters
+        .iter()
+        .map(|(_, h)| h.get("geostate.event-time").map_or("", String::as_str))
+        .collect();
+    let expected = [10 * MIN + 1, 11 * MIN + 1, 10 * MIN + 2].map(|t| t.to_string());
+    ensure!(times == expected, "late topic: {letters:?}");
+    for (k, headers) in &letters {
+        ensure!(k == &key, "{k}");
+        ensure!(
+            headers.get("geostate.error.code").map(String::as_str) == Some("late")
+                && headers.contains_key("geostate.watermark")
+                && headers.contains_key("geostate.source"),
+            "{headers:?}"
+        );
+    }
+    for state in [&mut sa, &mut sb] {
+        let ten = window(state, &key, at(10 * MIN)).await?;
+        let eleven = window(state, &key, at(11 * MIN)).await?;
+        ensure!(
+            (counter(&ten), counter(&eleven)) == (13, 2),
+            "late events never count: {ten:?} {eleven:?}"
+        );
+    }
+
+    // a range reads one value per window, oldest first; a scan names the key, not slices
+    let range = sb
+        .batch_get(pb::BatchGetRequest {
+            keys: vec![key.clone()],
+            window: range_selector(10 * MIN, 13 * MIN),
+        })
+        .await?
+        .into_inner();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut values: Vec<i64> = range.values.iter().map(counter).collect();
+    while values != [13, 2, 16 + 32 + 512] {
+        ensure!(Instant::now() < deadline, "range: {values:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let again = sb
+            .batch_get(pb::BatchGetRequest {
+                keys: vec![key.clone()],
+                window: range_selector(10 * MIN, 13 * MIN),
+            })
+            .await?
+            .into_inner();
+        values = again.values.iter().map(counter).collect();
+    }
+    let page = sb
+        .scan(pb::ScanRequest {
+            prefix: key.clone(),
+            page_token: String::new(),
+            limit: 10,
+            window: None,
+        })
+        .await?
+        .into_inner();
+    let keys: Vec<&str> = page.values.iter().map(|v| v.key.as_str()).collect();
+    ensure!(keys == [key.as_str()], "scan: {keys:?}");
+
+    a.terminate(Duration::from_secs(30)).await?;
+    b.terminate(Duration::from_secs(30)).await?;
+    Ok(())
+}
+
+fn range_selector(from_ms: u64, to_ms: u64) -> Option<pb::WindowSelector> {
+    Some(pb::WindowSelector {
+        which: Some(Which::Range(pb::WindowRange { from_ms, to_ms })),
+    })
+}
