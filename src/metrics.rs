@@ -54,6 +54,9 @@ pub const DELTAS_SHIPPED: &str = "geostate_deltas_shipped_total";
 pub const DELTA_BYTES_SHIPPED: &str = "geostate_delta_bytes_shipped_total";
 /// Remote deltas merged, label `region` (counter).
 pub const DELTAS_MERGED: &str = "geostate_deltas_merged_total";
+/// Remote deltas of window slices past their retention, not merged, label `region`
+/// (counter).
+pub const DELTAS_EXPIRED: &str = "geostate_deltas_expired_total";
 /// Remote deltas refused, labels `region`, `reason` (counter).
 pub const DELTAS_REFUSED: &str = "geostate_deltas_refused_total";
 /// Times a remote partition was held at a delta stamped too far ahead, to be read again

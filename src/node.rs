@@ -174,6 +174,8 @@ async fn open(config: Arc<Config>) -> Result<Opened, NodeError> {
     let (data_dir, count) = (config.data_dir.clone(), partitions.len());
     let store =
         Arc::new(tokio::task::spawn_blocking(move || Store::open(&data_dir, count)).await??);
+    let remotes = config.replication.remotes.iter().map(|r| r.region.clone());
+    store.expire_with(remotes.collect(), config.namespaces.expiry());
     let hlc = Arc::new(Hlc::new(clock.clone(), config.max_clock_offset));
     if let Some(high_water) = store.hlc_high_water()? {
         hlc.advance_past(high_water);

@@ -185,6 +185,20 @@ pub struct Namespace {
     pub window: Option<crate::window::WindowSpec>,
 }
 
+impl Namespaces {
+    /// Whether a stored slice of a windowed key expired, by the lowest watermark over
+    /// every region on its partition (the store's retention rule).
+    pub fn expiry(&self) -> crate::store::Expiry {
+        let namespaces = self.clone();
+        std::sync::Arc::new(move |key: &str, slice: u64, lowest: u64| {
+            namespaces
+                .lookup(key)
+                .and_then(|ns| ns.window)
+                .is_some_and(|spec| spec.slice_expired(slice, lowest))
+        })
+    }
+}
+
 /// Key namespaces; no prefix is a prefix of another, so a key has at most one namespace.
 #[derive(Clone, Debug, Default)]
 pub struct Namespaces(Vec<Namespace>);

@@ -244,6 +244,11 @@ pub trait StateSource {
     fn watermark(&self, _partition: i32) -> Result<Option<u64>, Self::Error> {
         Ok(None)
     }
+    /// Whether a stored key is a slice past its retention: a delta for it is not merged
+    /// (it would bring back part of a deleted slice).
+    fn expired(&self, _key: &str) -> bool {
+        false
+    }
 }
 
 /// An in-memory source: the stored states, no id windows (tests of pure batch logic, and

@@ -727,6 +727,9 @@ impl StateSource for Store {
     fn watermark(&self, partition: i32) -> Result<Option<u64>, StoreError> {
         Store::watermark(self, partition)
     }
+    fn expired(&self, key: &str) -> bool {
+        Store::expired(self, key)
+    }
 }
 
 #[cfg(test)]

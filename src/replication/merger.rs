@@ -111,6 +111,8 @@ pub struct Merged {
     /// Per partition, the newest origin time among the merged deltas.
     pub newest: BTreeMap<i32, HlcTimestamp>,
     pub merged: usize,
+    /// Deltas of slices past their retention, not merged.
+    pub expired: usize,
     /// Per partition, the newest heartbeat among the records (not a delta: never merged).
     pub heartbeats: BTreeMap<i32, u64>,
     /// Per partition, the highest watermark those heartbeats carried.
@@ -174,6 +176,10 @@ pub fn merge_batch<S: StateSource>(
                 continue;
             }
         };
+        if source.expired(&delta.key) {
+            out.expired += 1;
+            continue;
+        }
         if !loaded.contains_key(&delta.key) {
             let current = source.state(&delta.key)?;
             loaded.insert(delta.key.clone(), current);
@@ -622,6 +628,10 @@ impl Merger {
             .refused
             .fetch_add(merged.refused.len() as u64, Ordering::Relaxed);
         let region = self.remote().region.to_string();
+        if merged.expired > 0 {
+            metrics::counter!(m::DELTAS_EXPIRED, "region" => region.clone())
+                .increment(merged.expired as u64);
+        }
         metrics::counter!(m::DELTAS_MERGED, "region" => region.clone())
             .increment(merged.merged as u64);
         for (partition, offset, why) in &merged.refused {
@@ -799,6 +809,42 @@ mod tests {
         assert!(out.states.is_empty(), "{:?}", out.states);
         let refused: Vec<_> = out.refused.iter().map(|r| (r.1, r.2.code())).collect();
         assert_eq!(refused, [(1, "type_mismatch"), (2, "type_mismatch")]);
+    }
+
+    /// A store whose slices of minute 0 are past their retention.
+    struct Expired;
+    impl StateSource for Expired {
+        type Error = std::convert::Infallible;
+        fn state(&self, _key: &str) -> Result<Option<CrdtValue>, Self::Error> {
+            Ok(None)
+        }
+        fn recent_ids(&self, _key: &str) -> Result<VecDeque<String>, Self::Error> {
+            Ok(VecDeque::new())
+        }
+        fn expired(&self, key: &str) -> bool {
+            crate::window::split_slice_key(key).1 == Some(0)
+        }
+    }
+
+    /// A re-shipped delta of a deleted slice would bring part of it back: not merged.
+    #[test]
+    fn a_delta_of_an_expired_slice_is_not_merged() {
+        let hlc = Hlc::new(
+            Arc::new(ManualClock::new(100 * SEC)),
+            Duration::from_millis(500),
+        );
+        let remote = RegionId::new("eu-west-1").unwrap();
+        let (old, new) = (
+            crate::window::slice_key("demand/a", 0),
+            crate::window::slice_key("demand/a", 60_000),
+        );
+        let records = [
+            delta("eu-west-1", &old, 2, 1),
+            delta("eu-west-1", &new, 3, 2),
+        ];
+        let out = merge(&records, &Expired, &remote, &hlc).unwrap();
+        assert_eq!((out.merged, out.expired), (1, 1));
+        assert!(out.states.contains_key(&new) && !out.states.contains_key(&old));
     }
 
     #[test]

@@ -31,6 +31,7 @@
 //! instance.)
 
 mod partition;
+mod retention;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::path::{Path, PathBuf};
@@ -41,6 +42,7 @@ use crate::log::partition_of;
 use crate::window;
 pub use partition::COLUMN_FAMILIES;
 use partition::{Home, PartCommit, PartitionStore};
+pub use retention::Expiry;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -466,6 +468,25 @@ impl Store {
         self.part(partition)?.remote_watermarks()
     }
 
+    /// Deletes, from now on, the stored slices `rule` says expired, judged by the lowest
+    /// watermark over this region and `expected` on their partition (RocksDB's
+    /// compactions drop them).
+    pub fn expire_with(&self, expected: Vec<RegionId>, rule: Expiry) {
+        for part in &self.parts {
+            part.expire_with(expected.clone(), rule.clone());
+        }
+    }
+
+    /// Whether a stored key is a slice past its retention (deleted, or soon).
+    pub fn expired(&self, key: &str) -> bool {
+        self.of(key).expired(key)
+    }
+
+    /// Compacts every partition's state: expired slices are dropped now.
+    pub fn compact(&self) {
+        self.parts.iter().for_each(PartitionStore::compact);
+    }
+
     /// Every watermark, by updates partition.
     pub fn watermarks(&self) -> Result<BTreeMap<i32, u64>, StoreError> {
         self.union(PartitionStore::watermarks)
@@ -657,6 +678,7 @@ impl Store {
 mod tests {
     use super::*;
     use crate::crdt::{Actor, GCounter, RegionId};
+    use std::sync::Arc;
 
     const PARTITIONS: usize = 4;
 
@@ -711,6 +733,71 @@ mod tests {
                 late: &[],
             })
             .unwrap();
+    }
+
+    /// Slices expire by the lowest watermark over this region and every expected remote
+    /// one on their partition: compaction drops them, the other keys stay.
+    #[test]
+    fn compaction_drops_slices_expired_by_every_regions_watermark() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), 1).unwrap();
+        let eu = RegionId::new("eu-west-1").unwrap();
+        // a slice expires 1000 ms after its start
+        store.expire_with(
+            vec![eu.clone()],
+            Arc::new(|_, slice, lowest| slice + 1000 <= lowest),
+        );
+        let (old, new) = (
+            window::slice_key("demand/a", 0),
+            window::slice_key("demand/a", 5000),
+        );
+        let states = BTreeMap::from([
+            (old.clone(), counter(1)),
+            (new.clone(), counter(2)),
+            ("requests/a".to_string(), counter(3)),
+        ]);
+        let none = BTreeMap::new();
+        let commit = |watermarks: &BTreeMap<i32, u64>, remote: Option<u64>| {
+            let remote = remote.map(|w| BTreeMap::from([(0, w)]));
+            store
+                .commit(&Commit {
+                    topic: "geostate.updates",
+                    states: &states,
+                    offsets: &BTreeMap::new(),
+                    outbox: &[],
+                    recent_ids: &BTreeMap::new(),
+                    hlc_high_water: HlcTimestamp::new(1, 0),
+                    remote_applied: remote.as_ref().map(|watermarks| RemoteApplied {
+                        region: &eu,
+                        newest: &none,
+                        watermarks,
+                    }),
+                    fences: &BTreeMap::new(),
+                    watermarks,
+                    late: &[],
+                })
+                .unwrap();
+        };
+        // this region is far past, the remote has said nothing: nothing expires
+        commit(&BTreeMap::from([(0, 9_000)]), None);
+        store.compact();
+        assert!(!store.expired(&old));
+        assert_eq!(store.get(&old).unwrap(), Some(counter(1)));
+        // the remote passes 1000: the first slice expires, and compaction drops it
+        commit(&BTreeMap::new(), Some(1_000));
+        assert!(store.expired(&old) && !store.expired(&new));
+        store.compact();
+        assert_eq!(store.get(&old).unwrap(), None);
+        assert_eq!(store.get(&new).unwrap(), Some(counter(2)));
+        assert_eq!(store.get("requests/a").unwrap(), Some(counter(3)));
+        // reopened, the stored watermarks judge alike
+        drop(store);
+        let store = Store::open(dir.path(), 1).unwrap();
+        store.expire_with(
+            vec![eu],
+            Arc::new(|_, slice, lowest| slice + 1000 <= lowest),
+        );
+        assert!(store.expired(&old) && !store.expired(&new));
     }
 
     /// A batch's watermark and late events are written with its offsets; reopened, the

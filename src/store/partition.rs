@@ -10,10 +10,12 @@ use rocksdb::{
     WriteBatch,
 };
 
+use super::retention::{Expiry, Retention};
 use super::{Commit, Entry, OutboxEntry, OutboxSnapshot, StoreError};
 use crate::clock::HlcTimestamp;
 use crate::crdt::{CrdtValue, Delta, RegionId, decode_value, encode_value};
 use crate::window;
+use std::sync::Arc;
 
 pub(super) const CF_STATE: &str = "state";
 pub(super) const CF_OFFSETS: &str = "offsets";
@@ -60,6 +62,8 @@ pub struct PartitionStore {
     outbox: std::sync::Mutex<Outbox>,
     /// The store's incarnation (0: none yet), recorded as the outbox's writer.
     incarnation: std::sync::atomic::AtomicU32,
+    /// The watermarks expired slices are judged by, read by the compaction filter.
+    retention: Arc<Retention>,
 }
 
 impl PartitionStore {
@@ -69,7 +73,14 @@ impl PartitionStore {
         opts.create_if_missing(true);
         opts.create_missing_column_families(true);
         opts.set_compression_type(rocksdb::DBCompressionType::Lz4);
-        let cfs = COLUMN_FAMILIES.map(|name| ColumnFamilyDescriptor::new(name, opts.clone()));
+        let retention = Arc::new(Retention::default());
+        let cfs = COLUMN_FAMILIES.map(|name| {
+            let mut cf = opts.clone();
+            if name == CF_STATE || name == CF_DEDUP {
+                cf.set_compaction_filter("expired-slices", Retention::filter(&retention));
+            }
+            ColumnFamilyDescriptor::new(name, cf)
+        });
         let db = DB::open_cf_descriptors(&opts, dir, cfs)?;
         let mut outbox = Outbox::default();
         if let Some(cf) = db.cf_handle(CF_OUTBOX) {
@@ -86,9 +97,16 @@ impl PartitionStore {
             db,
             outbox: std::sync::Mutex::new(outbox),
             incarnation: Default::default(),
+            retention,
         };
         if let Some(i) = this.incarnation()? {
             this.incarnation.store(i, Ordering::Relaxed);
+        }
+        for (_, w) in this.watermarks()? {
+            this.retention.own(w);
+        }
+        for (region, w) in this.remote_watermarks()? {
+            this.retention.remote(&region, w);
         }
         Ok(this)
     }
@@ -100,6 +118,7 @@ impl PartitionStore {
             db,
             outbox: std::sync::Mutex::new(Outbox::default()),
             incarnation: Default::default(),
+            retention: Arc::default(),
         })
     }
 
@@ -307,6 +326,7 @@ impl PartitionStore {
         }
         self.db.write(batch)?;
         outbox.entries.clear();
+        self.retention.reset();
         Ok(())
     }
 
@@ -434,6 +454,25 @@ impl PartitionStore {
             }
         }
         Ok(out)
+    }
+
+    /// Deletes, from now on, the slices `rule` says expired (by the lowest watermark over
+    /// this region and `expected`).
+    pub(super) fn expire_with(&self, expected: Vec<RegionId>, rule: Expiry) {
+        self.retention.set_rule(expected, rule);
+    }
+
+    /// Whether a stored key is a slice past its retention.
+    pub(super) fn expired(&self, key: &str) -> bool {
+        self.retention.expired(key.as_bytes())
+    }
+
+    /// Compacts the state and id column families: expired slices are dropped.
+    pub(super) fn compact(&self) {
+        for name in [CF_STATE, CF_DEDUP] {
+            self.db
+                .compact_range_cf(self.cf(name), None::<&[u8]>, None::<&[u8]>);
+        }
     }
 
     /// Every watermark, by updates partition.
@@ -724,6 +763,12 @@ impl PartitionStore {
         }
         let mut outbox = self.lock_outbox();
         self.db.write(batch)?;
+        for &(_, watermark) in &part.watermarks {
+            self.retention.own(watermark);
+        }
+        if let Some((region, _, watermark)) = part.remote_watermark {
+            self.retention.remote(region, watermark);
+        }
         for (key, bytes) in outbox_entries {
             let version = outbox.next_version;
             outbox.next_version += 1;
