@@ -28,6 +28,7 @@ use crate::checkpoint::{self, CheckpointError, CheckpointStatus, Checkpointer};
 use crate::clock::{Clock, Hlc, ShiftedClock, SystemClock};
 use crate::config::Config;
 use crate::crdt::Actor;
+use crate::ingest::idle::IdleWatermarks;
 use crate::ingest::ingestor::{IngestShared, Ingestor};
 use crate::keeper::{Copies, Keeper, Standby};
 use crate::lease::leases::Leases;
@@ -541,16 +542,32 @@ impl Opened {
         // than the lost node had merged could fail where the lost node's succeeded (and
         // was acknowledged).
         let (bootstrapping, remotes_read) = (self.bootstrapping, all_caught_up(remotes));
-        let mut stop = stop.clone();
+        let mut ingest_stop = stop.clone();
         tasks.spawn("ingest", OnStop::Finish, async move {
             if bootstrapping {
                 tokio::select! {
                     () = remotes_read => {}
-                    () = stopped(&mut stop) => return Ok(()),
+                    () = stopped(&mut ingest_stop) => return Ok(()),
                 }
             }
-            ingest.run(stop).await
+            ingest.run(ingest_stop).await
         });
+        if config.namespaces.any_windowed() {
+            let idle = IdleWatermarks {
+                config: config.clone(),
+                store: self.store.clone(),
+                shared: shared.clone(),
+                producer: Arc::new(log::RenewingProducer::new(
+                    &config.kafka,
+                    Duration::from_secs(10),
+                )?),
+            };
+            tasks.spawn(
+                "the idle partitions' watermarks",
+                OnStop::Abort,
+                idle.run(stop.clone()),
+            );
+        }
         Ok(())
     }
 

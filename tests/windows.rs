@@ -298,6 +298,44 @@ async fn windows_close_alike_in_both_regions_and_late_events_are_kept_once() -> 
     Ok(())
 }
 
+/// Region B never writes the key's partition: its watermark there would never move, and
+/// would hold the window open in both regions. B's node moves the idle partition to A's
+/// watermark for it (a watermark record in B's log), and the window closes everywhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_window_closes_though_one_region_never_writes_its_partition() -> anyhow::Result<()> {
+    let cluster = cluster()?;
+    let kafka = cluster.regions["us-east-1"].kafka.clone();
+    let (ta, tb) = (
+        Topics::create(&kafka, "idle-a", 2).await?,
+        Topics::create(&kafka, "idle-b", 2).await?,
+    );
+    let (dir_a, dir_b) = (tempfile::tempdir()?, tempfile::tempdir()?);
+    let (mut a, mut b) = Node::pair(&kafka, (&ta, &tb), (dir_a.path(), dir_b.path()))?;
+    for node in [&mut a, &mut b] {
+        node.set("watermark.idle-after", "\"1s\"");
+        node.start().await?;
+    }
+    let (mut sa, mut sb) = (a.state().await?, b.state().await?);
+    let key = format!("demand/{}", unique("idle"));
+    sa.update(add(&key, 3, 10 * MIN, "")).await?;
+    sa.update(add(&key, 5, 12 * MIN, "")).await?;
+    for state in [&mut sa, &mut sb] {
+        let v = final_window(state, &key, 10 * MIN, Duration::from_secs(30)).await?;
+        ensure!(counter(&v) == 3, "{v:?}");
+    }
+    // B judges by the watermark it took: an event for minute 10 is late there too
+    let refused = sb.update(add(&key, 7, 10 * MIN + 1, "")).await;
+    ensure!(
+        refused
+            .as_ref()
+            .is_err_and(|s| s.code() == Code::FailedPrecondition),
+        "{refused:?}"
+    );
+    a.terminate(Duration::from_secs(30)).await?;
+    b.terminate(Duration::from_secs(30)).await?;
+    Ok(())
+}
+
 fn range_selector(from_ms: u64, to_ms: u64) -> Option<pb::WindowSelector> {
     Some(pb::WindowSelector {
         which: Some(Which::Range(pb::WindowRange { from_ms, to_ms })),

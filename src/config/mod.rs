@@ -186,6 +186,11 @@ pub struct Namespace {
 }
 
 impl Namespaces {
+    /// Whether some namespace is windowed.
+    pub fn any_windowed(&self) -> bool {
+        self.0.iter().any(|ns| ns.window.is_some())
+    }
+
     /// Whether a stored slice of a windowed key expired, by the lowest watermark over
     /// every region on its partition (the store's retention rule).
     pub fn expiry(&self) -> crate::store::Expiry {

@@ -85,12 +85,17 @@ pub struct WatermarkConfig {
     /// The watermark is the largest event time seen less this: how far out of order
     /// events may arrive and still count in their window without lateness.
     pub out_of_orderness: Duration,
+    /// A partition whose watermark has not moved for this long is idle: its owner moves
+    /// it to what the region's other partitions and the other regions' watermarks for it
+    /// say (`ingest::idle`).
+    pub idle_after: Duration,
 }
 
 impl Default for WatermarkConfig {
     fn default() -> Self {
         Self {
             out_of_orderness: Duration::from_secs(5),
+            idle_after: Duration::from_secs(10),
         }
     }
 }
@@ -101,16 +106,22 @@ impl Default for WatermarkConfig {
 pub(super) struct RawWatermark {
     #[serde(default = "default_out_of_orderness")]
     out_of_orderness: String,
+    #[serde(default = "default_idle_after")]
+    idle_after: String,
 }
 
 fn default_out_of_orderness() -> String {
     "5s".into()
+}
+fn default_idle_after() -> String {
+    "10s".into()
 }
 
 impl Default for RawWatermark {
     fn default() -> Self {
         Self {
             out_of_orderness: default_out_of_orderness(),
+            idle_after: default_idle_after(),
         }
     }
 }
@@ -122,6 +133,7 @@ impl RawWatermark {
                 "watermark.out-of-orderness",
                 &self.out_of_orderness,
             )?),
+            idle_after: Duration::from_millis(millis("watermark.idle-after", &self.idle_after)?),
         })
     }
 }

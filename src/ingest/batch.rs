@@ -281,10 +281,7 @@ impl Applied {
             let key = update.key.clone();
             return Ok(Err(Rejection::NoEventTime { key }));
         };
-        let watermark = match self.watermarks.get(&record.partition) {
-            Some(&w) => Some(w),
-            None => source.watermark(record.partition)?,
-        };
+        let watermark = self.watermark(source, record.partition)?;
         let slice = spec.slice_of(t);
         if spec.is_late(t, watermark) {
             return Ok(Err(Rejection::Late {
@@ -299,6 +296,35 @@ impl Applied {
         }
         update.key = window::slice_key(&update.key, slice);
         Ok(Ok(()))
+    }
+
+    /// A partition's watermark as the batch's records so far left it.
+    fn watermark<S: StateSource>(
+        &self,
+        source: &S,
+        partition: i32,
+    ) -> Result<Option<u64>, S::Error> {
+        match self.watermarks.get(&partition) {
+            Some(&w) => Ok(Some(w)),
+            None => source.watermark(partition),
+        }
+    }
+
+    /// A watermark record ([`window::WATERMARK_KEY`]) raises its partition's watermark to
+    /// its value (never lowers it).
+    fn raise<S: StateSource>(&mut self, source: &S, record: Record) -> Result<(), S::Error> {
+        let Some(w) = record.payload.as_deref().and_then(window::decode_watermark) else {
+            let why = Rejection::Malformed("a watermark record's value is 8 bytes".into());
+            self.rejected.push((record, why));
+            return Ok(());
+        };
+        if self
+            .watermark(source, record.partition)?
+            .is_none_or(|current| w > current)
+        {
+            self.watermarks.insert(record.partition, w);
+        }
+        Ok(())
     }
 
     /// Stops the batch before `records` (the first names `epoch` of `shard`, which the
@@ -354,6 +380,10 @@ pub fn apply_batch<S: StateSource>(
             record.partition,
             before.map_or(record.offset, |o| o.max(record.offset)),
         );
+        if record.key.as_deref() == Some(window::WATERMARK_KEY) {
+            out.raise(source, record)?;
+            continue;
+        }
         let (mut update, crdt, ownership, window) = match checked(&record, ctx) {
             Ok(ok) => ok,
             Err(why) => {
@@ -755,6 +785,48 @@ mod tests {
         assert_eq!(late, [0]);
         assert_eq!(out.applied, 1);
         assert_eq!(out.watermarks, BTreeMap::from([(1, 10 * MIN - 5_000)]));
+    }
+
+    /// A watermark record (an idle partition's owner appended it) raises its partition's
+    /// watermark where it stands in the log, never lowers it, and a later event behind it
+    /// is late.
+    #[test]
+    fn a_watermark_record_raises_its_partitions_watermark_in_log_order() {
+        let mark = |offset, w: u64| Record {
+            key: Some(window::WATERMARK_KEY.to_vec()),
+            payload: Some(window::encode_watermark(w)),
+            ..record(0, offset, "")
+        };
+        let event = |offset, t: u64| {
+            record(
+                0,
+                offset,
+                &format!(r#"{{"key":"demand/a","add":1,"event_time":{t}}}"#),
+            )
+        };
+        let out = run(
+            vec![
+                event(1, 10 * MIN),
+                mark(2, 12 * MIN),
+                mark(3, 11 * MIN),
+                event(4, 10 * MIN + 1),
+                Record {
+                    payload: Some(vec![1, 2]),
+                    ..mark(5, 0)
+                },
+            ],
+            &BTreeMap::new(),
+        );
+        assert_eq!(out.watermarks, BTreeMap::from([(0, 12 * MIN)]));
+        let late: Vec<i64> = out.late.iter().map(|(r, _)| r.offset).collect();
+        assert_eq!(late, [4]);
+        let refused: Vec<_> = out
+            .rejected
+            .iter()
+            .map(|(r, why)| (r.offset, why.code()))
+            .collect();
+        assert_eq!(refused, [(5, "malformed")]);
+        assert_eq!((out.applied, out.offsets[&0]), (1, 5));
     }
 
     /// A windowed write with an id must carry its event time (a retry stamped anew would

@@ -617,6 +617,7 @@ impl Ingestor {
                 key: letter.key,
                 payload: letter.payload,
                 headers: &headers,
+                partition: None,
             };
             loop {
                 match self.dlq.append(&out, Duration::from_secs(30)).await {

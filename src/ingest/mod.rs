@@ -3,4 +3,5 @@
 
 pub mod batch;
 pub mod event;
+pub mod idle;
 pub mod ingestor;

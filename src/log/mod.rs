@@ -149,6 +149,8 @@ pub struct Out<'a> {
     pub key: Option<&'a [u8]>,
     pub payload: &'a [u8],
     pub headers: &'a [(&'a str, &'a str)],
+    /// The partition to write to (`None`: the key's).
+    pub partition: Option<i32>,
 }
 
 /// A record [`RenewingProducer::queue_made`] makes under its lock.
@@ -181,6 +183,9 @@ impl RenewingProducer {
             .headers(headers);
         if let Some(key) = out.key {
             record = record.key(key);
+        }
+        if let Some(p) = out.partition {
+            record = record.partition(p);
         }
         let (generation, producer) = self.lock().clone();
         let sent = producer.send(record, queue_timeout).await;

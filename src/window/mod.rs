@@ -211,6 +211,20 @@ pub fn home_key(stored: &str) -> &str {
     split_slice_key(stored).0
 }
 
+/// The Kafka key of a watermark record: a partition's owner appends one to an idle
+/// partition of the updates topic (`ingest::idle`), and ingest raises the partition's
+/// watermark to its value where it meets it in the log, so a replay does the same.
+pub const WATERMARK_KEY: &[u8] = b"\0geostate.watermark";
+
+/// A watermark record's value: the watermark's eight big-endian bytes.
+pub fn encode_watermark(watermark_ms: u64) -> Vec<u8> {
+    watermark_ms.to_be_bytes().to_vec()
+}
+
+pub fn decode_watermark(bytes: &[u8]) -> Option<u64> {
+    Some(u64::from_be_bytes(bytes.try_into().ok()?))
+}
+
 /// Outbox keys of late events start with this; no state key does (none starts with NUL).
 pub const LATE_PREFIX: &str = "\0late/";
 
