@@ -336,6 +336,162 @@ async fn a_window_closes_though_one_region_never_writes_its_partition() -> anyho
     Ok(())
 }
 
+/// What an uninterrupted run decides for `events` (event times of one key, in log
+/// order) with the region file's windows (1 min tumbling, 10 s lateness) and watermark
+/// (5 s out of order): the count per window start, and how many are late.
+fn uninterrupted(events: &[u64]) -> (BTreeMap<u64, i64>, usize) {
+    let (mut counts, mut late, mut watermark) = (BTreeMap::new(), 0, None::<u64>);
+    for &t in events {
+        let start = t - t % MIN;
+        if watermark.is_some_and(|w| w >= start + MIN + 10_000) {
+            late += 1;
+            continue;
+        }
+        *counts.entry(start).or_default() += 1;
+        watermark = Some(watermark.unwrap_or(0).max(t.saturating_sub(5_000)));
+    }
+    (counts, late)
+}
+
+/// Windowed events with skewed event times, some late, into a node that checkpoints to
+/// S3 every second; it is killed mid-stream, its disk wiped, and it restores the newest
+/// checkpoint: every window reads what an uninterrupted run counts, and every late event
+/// is in the late topic exactly once (the restored outbox's late events that a committed
+/// round had shipped are not shipped again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restore_mid_window_counts_as_an_uninterrupted_run() -> anyhow::Result<()> {
+    let cluster = cluster()?;
+    let kafka = cluster.regions["us-east-1"].kafka.clone();
+    let topics = Topics::create(&kafka, "win-ckpt", 2).await?;
+    let dir = tempfile::tempdir()?;
+    let mut node = Node::configure(dir.path(), &kafka, &topics)?;
+    node.set("checkpoint.interval", "\"1s\"");
+    node.set("checkpoint.restore-on-empty", "true");
+    node.checkpoint_to_s3(
+        &cluster.s3,
+        &cluster.s3.endpoint,
+        &format!("{}/", unique("win")),
+    );
+    let format = node.config()?.kafka.format;
+
+    // 200 ms apart in event time, each up to 3 s early, one in ten up to 90 s: late
+    let base = 1_700_000_000_000 - 1_700_000_000_000 % MIN;
+    let mut rng = geostate::workload::Rng(0x005e_ed0f_1a7e);
+    let times: Vec<u64> = (0..6_000u64)
+        .map(|i| {
+            let early = if rng.below(10) == 0 { 90_000 } else { 3_000 };
+            base + 90_000 + i * 200 - rng.below(early)
+        })
+        .collect();
+    let (expected, late) = uninterrupted(&times);
+    ensure!(late > 50, "the events hold late ones: {late}");
+    let key = format!("demand/{}", unique("ckpt"));
+    let records: Vec<(String, Vec<u8>)> = times
+        .iter()
+        .map(|&t| {
+            let update = Update {
+                key: key.clone(),
+                op: Op::Add(1),
+                id: None,
+                event_time_ms: Some(t),
+                hlc: None,
+                epoch: None,
+            };
+            (key.clone(), update.encode(format))
+        })
+        .collect();
+    let (first, second) = records.split_at(4_000);
+
+    node.start().await?;
+    let producer = producer(&kafka)?;
+    let feed = {
+        let (producer, topic, first) = (producer.clone(), topics.updates.clone(), first.to_vec());
+        tokio::spawn(async move {
+            for chunk in first.chunks(100) {
+                produce_all(&producer, &topic, chunk).await?;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            anyhow::Ok(())
+        })
+    };
+    let until = Instant::now() + Duration::from_secs(120);
+    loop {
+        let status = node.status().await?;
+        let taken = status.checkpoint.as_ref().map_or(0, |c| c.taken);
+        if taken >= 2 && status.events_applied >= 1_500 {
+            break;
+        }
+        ensure!(
+            Instant::now() < until,
+            "no two checkpoints within 120 s: {status:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    node.kill9();
+    std::fs::remove_dir_all(dir.path().join("data"))?;
+    feed.await??;
+    node.start().await?;
+    let restored = node
+        .status()
+        .await?
+        .checkpoint
+        .context("checkpoint status")?;
+    ensure!(
+        restored.restored_from.starts_with("checkpoint "),
+        "not restored from a checkpoint: {restored:?}"
+    );
+    produce_all(&producer, &topics.updates, second).await?;
+    node.caught_up(Duration::from_secs(120)).await?;
+
+    let mut state = node.state().await?;
+    let (from, to) = (
+        *expected.keys().next().context("a window")?,
+        *expected.keys().last().context("a window")? + MIN,
+    );
+    let read = state
+        .batch_get(pb::BatchGetRequest {
+            keys: vec![key.clone()],
+            window: range_selector(from, to),
+        })
+        .await?
+        .into_inner();
+    let got: BTreeMap<u64, i64> = read
+        .values
+        .iter()
+        .filter_map(|v| Some((v.window.as_ref()?.start_ms, counter(v))))
+        .filter(|(_, n)| *n != 0)
+        .collect();
+    ensure!(
+        got == expected,
+        "windows after the restore {got:?}, uninterrupted {expected:?}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let letters = whole_topic(&kafka, &topics.late)?;
+        let sources: std::collections::BTreeSet<&str> = letters
+            .iter()
+            .filter_map(|(_, h)| h.get("geostate.source").map(String::as_str))
+            .collect();
+        ensure!(
+            sources.len() == letters.len(),
+            "a late event shipped twice: {} records, {} distinct",
+            letters.len(),
+            sources.len()
+        );
+        if letters.len() == late {
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "{} late events in the late topic, {late} expected",
+            letters.len()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    node.terminate(Duration::from_secs(30)).await?;
+    Ok(())
+}
+
 fn range_selector(from_ms: u64, to_ms: u64) -> Option<pb::WindowSelector> {
     Some(pb::WindowSelector {
         which: Some(Which::Range(pb::WindowRange { from_ms, to_ms })),
