@@ -96,6 +96,9 @@ mod tests {
 
     fn ev(process: u64, kind: EventType, region: &str, ms: u64) -> Event {
         Event {
+            event_time: None,
+            window: None,
+            is_final: None,
             process,
             kind,
             f: Function::Add,

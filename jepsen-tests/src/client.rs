@@ -16,16 +16,23 @@ use tokio::sync::Mutex;
 use tonic::Code;
 use tonic::transport::Channel;
 
-use crate::Workload;
+use crate::{WINDOW_MS, Workload};
 
 pub(crate) struct Run {
     pub(crate) started: Instant,
     pub(crate) history: Mutex<Vec<Event>>,
+    /// Windowed workload: the event time of the run's start (the wall clock then); event
+    /// times follow the run's own clock from there, whatever the nodes' clocks say.
+    pub(crate) event_base_ms: u64,
 }
 
 impl Run {
     pub(crate) fn now_ns(&self) -> u64 {
         self.started.elapsed().as_nanos() as u64
+    }
+
+    pub(crate) fn event_time_now(&self) -> u64 {
+        self.event_base_ms + self.started.elapsed().as_millis() as u64
     }
 
     pub(crate) async fn record(&self, event: Event) {
@@ -106,6 +113,9 @@ impl Client {
             expected: None,
             list: None,
             stamp: None,
+            event_time: None,
+            window: None,
+            is_final: None,
         }
     }
 
@@ -129,7 +139,27 @@ impl Client {
                     let v = self.rng.below(5) as i64 + 1;
                     let negative = self.workload == Workload::PnCounter && dice < 2;
                     let v = if negative { -v } else { v };
-                    self.add(&mut client, process, &key, v, n).await
+                    self.add(&mut client, process, &key, v, n, None).await
+                }
+                Workload::WindowedCounter if dice < 5 => {
+                    let v = self.rng.below(5) as i64 + 1;
+                    let early = if self.rng.below(10) == 0 {
+                        80_000
+                    } else {
+                        2_000
+                    };
+                    let t = self
+                        .run
+                        .event_time_now()
+                        .saturating_sub(self.rng.below(early));
+                    self.add(&mut client, process, &key, v, n, Some(t)).await
+                }
+                Workload::WindowedCounter => {
+                    let back = self.rng.below(4) * WINDOW_MS;
+                    let t = self.run.event_time_now().saturating_sub(back);
+                    self.read_window(&mut client, process, &key, t - t % WINDOW_MS)
+                        .await;
+                    false
                 }
                 Workload::SharedRegister if dice < 3 => {
                     self.write(&mut client, process, &key, unique, None).await
@@ -207,19 +237,61 @@ impl Client {
         key: &str,
         v: i64,
         n: u64,
+        event_time: Option<u64>,
     ) -> bool {
-        let invoke = self.event(p, EventType::Invoke, Function::Add, key, Some(v));
+        let mut invoke = self.event(p, EventType::Invoke, Function::Add, key, Some(v));
+        invoke.event_time = event_time;
         self.run.record(invoke.clone()).await;
         let result = client
             .update(pb::UpdateRequest {
                 key: key.into(),
                 op: Some(pb::update_request::Op::Add(v)),
                 id: format!("{}-{p}-{n}", self.region),
-                event_time_ms: 0,
+                event_time_ms: event_time.unwrap_or(0),
             })
             .await
             .map(|r| r.into_inner());
         self.complete(invoke, result).await
+    }
+
+    /// A read of the window starting at `start` (windowed workload): its value and
+    /// whether it was final.
+    pub(crate) async fn read_window(
+        &self,
+        client: &mut StateClient<Channel>,
+        p: u64,
+        key: &str,
+        start: u64,
+    ) {
+        let mut e = self.event(p, EventType::Invoke, Function::Read, key, None);
+        e.window = Some(start);
+        self.run.record(e.clone()).await;
+        let result = client
+            .get(pb::GetRequest {
+                key: key.into(),
+                leaseholder: false,
+                window: Some(pb::WindowSelector {
+                    which: Some(pb::window_selector::Which::StartMs(start)),
+                }),
+            })
+            .await;
+        e.time_ns = self.run.now_ns();
+        match result {
+            Ok(v) => {
+                let v = v.into_inner();
+                e.kind = EventType::Ok;
+                e.value = match v.value {
+                    Some(pb::value::Value::Counter(n)) => Some(n),
+                    _ => None,
+                };
+                e.is_final = v.window.map(|w| w.is_final);
+            }
+            Err(s) => {
+                self.failed(&s);
+                e.kind = EventType::Fail;
+            }
+        }
+        self.run.record(e).await;
     }
 
     /// A write of `v`, or with `expected` a compare-and-set; true if indeterminate.

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use geostate_jepsen::control::{grpc, read_cluster};
 use geostate_jepsen::history::Stamp;
+use geostate_jepsen::windowed;
 use geostate_proto::pb;
 use geostate_proto::pb::state_client::StateClient;
 
@@ -23,6 +24,68 @@ pub(crate) struct FinalRead {
 
 /// The final read of every key in every region: key → region → read.
 pub(crate) type Finals = BTreeMap<String, BTreeMap<String, FinalRead>>;
+
+/// Windowed workload: every window starting in `[from, to)` of every key that is final in
+/// every region, read in every region until the regions agree on each (or `within`
+/// passes), under [`windowed::window_key`].
+pub(crate) async fn windows(
+    cluster_json: &Path,
+    regions: &[String],
+    keys: &[String],
+    (from_ms, to_ms): (u64, u64),
+    within: Duration,
+) -> anyhow::Result<Finals> {
+    let cluster = read_cluster(cluster_json)?;
+    let deadline = Instant::now() + within;
+    loop {
+        let mut finals: Finals = BTreeMap::new();
+        let mut not_final: BTreeMap<String, usize> = BTreeMap::new();
+        for region in regions {
+            let mut state = StateClient::connect(grpc(&cluster.regions[region])?).await?;
+            let values = state
+                .batch_get(pb::BatchGetRequest {
+                    keys: keys.to_vec(),
+                    window: Some(pb::WindowSelector {
+                        which: Some(pb::window_selector::Which::Range(pb::WindowRange {
+                            from_ms,
+                            to_ms,
+                        })),
+                    }),
+                })
+                .await?
+                .into_inner();
+            for v in values.values {
+                let Some(w) = v.window else { continue };
+                let key = windowed::window_key(&v.key, w.start_ms);
+                if !w.is_final {
+                    *not_final.entry(key).or_default() += 1;
+                    continue;
+                }
+                let value = match v.value {
+                    Some(pb::value::Value::Counter(n)) => Some(n),
+                    _ => None,
+                };
+                let read = FinalRead {
+                    value,
+                    list: Vec::new(),
+                    stamp: None,
+                };
+                finals.entry(key).or_default().insert(region.clone(), read);
+            }
+        }
+        // judged only where final in every region
+        finals.retain(|k, by| !not_final.contains_key(k) && by.len() == regions.len());
+        let agreed = finals.values().all(|by_region| {
+            let mut seen = by_region.values();
+            let first = seen.next();
+            seen.all(|v| Some(v) == first)
+        });
+        if agreed || Instant::now() > deadline {
+            return Ok(finals);
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
 
 /// Reads every key in every region until all regions agree (or `within` passes).
 pub(crate) async fn converge(

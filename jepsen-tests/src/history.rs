@@ -68,6 +68,15 @@ pub struct Event {
     /// Registers: the order stamp of the value written or read.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stamp: Option<Stamp>,
+    /// Windowed counters: an add's event time (ms since the Unix epoch).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event_time: Option<u64>,
+    /// Windowed counters: the start of the window a read read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window: Option<u64>,
+    /// Windowed counters: whether the window read was final.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub is_final: Option<bool>,
 }
 
 /// One operation: its invocation and how it ended (`None` while it never completed,

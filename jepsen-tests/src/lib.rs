@@ -11,3 +11,4 @@ pub mod fencing;
 pub mod history;
 pub mod lww;
 pub mod register;
+pub mod windowed;

@@ -52,11 +52,19 @@ enum Workload {
     /// owned lists, from every region: leaseholder reads, and appends of unique elements
     /// by read-then-compare-and-set at the holder.
     OwnedAppend,
+    /// `add` of 1..5 with unique ids to windowed g-counters (1-minute tumbling windows,
+    /// `demand/`), each with an event time near the run's clock, one in ten up to 80 s
+    /// early (some late), and reads of recent windows, in every region.
+    WindowedCounter,
 }
+
+/// The windows of `demand/` in the region files.
+pub(crate) const WINDOW_MS: u64 = 60_000;
 
 impl Workload {
     fn prefix(self) -> &'static str {
         match self {
+            Workload::WindowedCounter => "demand/",
             Workload::PnCounter => "drivers/",
             Workload::GCounter => "requests/",
             Workload::SharedRegister => "zones/",
@@ -70,6 +78,10 @@ impl Workload {
 
     fn counter(self) -> bool {
         matches!(self, Workload::PnCounter | Workload::GCounter)
+    }
+
+    fn windowed(self) -> bool {
+        self == Workload::WindowedCounter
     }
 }
 
@@ -177,32 +189,45 @@ async fn run(args: Args) -> anyhow::Result<bool> {
     // the ownership shard of each key, as the server maps it
     let shards = Arc::new(control::shards_of(&cluster.regions[&regions[0]], &keys).await?);
 
+    // event times on a cluster never go back: a run starts after the last one's closers
+    let event_clock = args.cluster.with_file_name("jepsen-event-time");
+    let last: Option<u64> = std::fs::read_to_string(&event_clock)
+        .ok()
+        .and_then(|s| s.trim().parse().ok());
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_millis() as u64;
     let run = Arc::new(Run {
         started: Instant::now(),
         history: Mutex::new(Vec::new()),
+        event_base_ms: last.map_or(now_ms, |l| now_ms.max(l + WINDOW_MS)),
     });
     let deadline = Instant::now() + Duration::from_secs(args.seconds);
     let (stop_clients, clients_stop) = tokio::sync::watch::channel(false);
+    let stride = regions.len() as u64 * args.clients_per_region;
+    let client = |region: &String, process: u64, at: usize| -> anyhow::Result<Client> {
+        Ok(Client {
+            run: run.clone(),
+            region: region.clone(),
+            at,
+            addrs: control::node_grpcs(&cluster.regions[region])?,
+            cluster: args.cluster.clone(),
+            refused: Default::default(),
+            keys: keys.clone(),
+            workload: args.workload,
+            shards: shards.clone(),
+            stride,
+            rng: Rng(args.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (process + 1)),
+            last_read: BTreeMap::new(),
+        })
+    };
     let mut clients = Vec::new();
     for (r, region) in regions.iter().enumerate() {
-        let addrs = control::node_grpcs(&cluster.regions[region])?;
+        let nodes = control::node_grpcs(&cluster.regions[region])?.len();
         for c in 0..args.clients_per_region {
             let first_process = (r as u64) * args.clients_per_region + c;
-            let client = Client {
-                run: run.clone(),
-                region: region.clone(),
-                // the region's clients spread over its nodes
-                at: c as usize % addrs.len(),
-                addrs: addrs.clone(),
-                cluster: args.cluster.clone(),
-                refused: Default::default(),
-                keys: keys.clone(),
-                workload: args.workload,
-                shards: shards.clone(),
-                stride: regions.len() as u64 * args.clients_per_region,
-                rng: Rng(args.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (first_process + 1)),
-                last_read: BTreeMap::new(),
-            };
+            // the region's clients spread over its nodes
+            let client = client(region, first_process, c as usize % nodes)?;
             clients.push(tokio::spawn(
                 client.run(first_process, clients_stop.clone()),
             ));
@@ -219,7 +244,38 @@ async fn run(args: Args) -> anyhow::Result<bool> {
 
     // heal everything, then let the regions converge
     heal(&args.cluster).await?;
-    let finals = converge(&args.cluster, &regions, &keys, Duration::from_secs(90)).await?;
+    if args.workload.windowed() {
+        // one add per key and region two windows ahead: every watermark passes the run's
+        // windows, which then close everywhere
+        let ahead = run.event_time_now() + 2 * WINDOW_MS;
+        std::fs::write(&event_clock, format!("{ahead}\n"))?;
+        for (r, region) in regions.iter().enumerate() {
+            let process = stride * 1_000 + r as u64;
+            let closer = client(region, process, 0)?;
+            let mut state = closer
+                .connect()
+                .with_context(|| format!("a client of {region}"))?;
+            for (n, key) in keys.iter().enumerate() {
+                closer
+                    .add(&mut state, process, key, 1, n as u64, Some(ahead))
+                    .await;
+            }
+        }
+    }
+    let finals = if args.workload.windowed() {
+        // reads went back up to three windows before the first add
+        let (from, to) = (run.event_base_ms - 4 * WINDOW_MS, run.event_time_now());
+        converge::windows(
+            &args.cluster,
+            &regions,
+            &keys,
+            (from, to),
+            Duration::from_secs(90),
+        )
+        .await?
+    } else {
+        converge(&args.cluster, &regions, &keys, Duration::from_secs(90)).await?
+    };
     let history = run.history.lock().await.clone();
     report::write(&args, &history, &faults, &finals)
 }

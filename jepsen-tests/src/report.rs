@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use geostate_jepsen::history::{Event, EventType};
-use geostate_jepsen::{append, availability, counter, fencing, lww, register};
+use geostate_jepsen::{append, availability, counter, fencing, lww, register, windowed};
 use serde::Serialize;
 
 use crate::converge::{FinalRead, Finals};
@@ -54,6 +54,14 @@ pub(crate) fn verdict(
     if workload.counter() {
         v.anomalies.extend(counters(history, finals));
     }
+    if workload.windowed() {
+        if finals.is_empty() {
+            v.anomalies
+                .push("coverage: no window was final in every region: nothing checked".into());
+        }
+        v.anomalies
+            .extend(windowed::check(history, &values(finals), crate::WINDOW_MS));
+    }
     if workload.owned() {
         for f in fencing::check(history) {
             v.anomalies
@@ -73,15 +81,19 @@ pub(crate) fn verdict(
     v
 }
 
-fn counters(history: &[Event], finals: &Finals) -> Vec<String> {
-    let counters: BTreeMap<String, BTreeMap<String, i64>> = finals
+/// Every final read's counter value: key → region → value.
+fn values(finals: &Finals) -> BTreeMap<String, BTreeMap<String, i64>> {
+    finals
         .iter()
         .map(|(k, by)| {
             let reads = by.iter().map(|(r, f)| (r.clone(), f.value.unwrap_or(0)));
             (k.clone(), reads.collect())
         })
-        .collect();
-    counter::check(history, &counters)
+        .collect()
+}
+
+fn counters(history: &[Event], finals: &Finals) -> Vec<String> {
+    counter::check(history, &values(finals))
         .into_iter()
         .flat_map(|verdict| {
             let key = verdict.key;
@@ -121,7 +133,7 @@ fn registers(workload: Workload, history: &[Event], finals: &Finals) -> Vec<Stri
             found.extend(append::check(history, &lists));
             found
         }
-        Workload::PnCounter | Workload::GCounter => Vec::new(),
+        Workload::PnCounter | Workload::GCounter | Workload::WindowedCounter => Vec::new(),
     }
 }
 
@@ -186,7 +198,14 @@ pub(crate) fn write(
         args.out.join("results.json"),
         serde_json::to_string_pretty(&results)? + "\n",
     )?;
-    let summary = summary(args, &results, &verdict, faults) + &table;
+    let mut summary = summary(args, &results, &verdict, faults);
+    if args.workload.windowed() {
+        summary += &format!(
+            "windows final in every region, checked: {} (key, window) pairs\n\n",
+            finals.len()
+        );
+    }
+    let summary = summary + &table;
     std::fs::write(args.out.join("summary.md"), &summary)?;
     print!("{summary}");
     Ok(verdict.valid())

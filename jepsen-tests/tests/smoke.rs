@@ -1,6 +1,6 @@
-//! The Jepsen smoke of `make test`: the harness (the real `jepsen` binary) runs the counter
-//! and owned-register workloads for 50 s each and the owned-append workload for 40 s
-//! against the test cluster,
+//! The Jepsen smoke of `make test`: the harness (the real `jepsen` binary) runs the counter,
+//! owned-register and windowed-counter workloads for 50 s each and the owned-append
+//! workload for 40 s against the test cluster,
 //! with a region cut off the network (iptables), the holder paused past its lease, a node
 //! killed and restarted, a node's data dir wiped so it restores from S3 and its own deltas
 //! (for the owned workloads: a key's holder, with writes it acknowledged and had not
@@ -67,4 +67,5 @@ fn counters_and_owned_keys_survive_partitions_pauses_kills_wipes_and_a_stopped_m
         "partition,pause-holder,wipe,kill,mirror",
     );
     run("owned-append", "13", "40", "partition,pause-holder,wipe");
+    run("windowed-counter", "14", "50", "kill,wipe,mirror");
 }
