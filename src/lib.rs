@@ -25,6 +25,7 @@
 //!  lease        the lease group (openraft storage, gRPC network, member, witness), the
 //!               region's lease manager and clock check; PURE table, holdings, invariants
 //!  checkpoint   incremental checkpoints to S3 or a folder, restore, savepoints
+//!  replay       `geostate dlq replay`: late or dead-lettered records back into the log
 //!  store        RocksDB column families and the one-WriteBatch commit
 //!  log          Kafka clients, positioning, consumed records, dead-letter headers
 //!  config       TOML → validated Config
@@ -51,6 +52,7 @@ pub mod metrics;
 pub mod node;
 pub mod peers;
 pub use geostate_proto::pb;
+pub mod replay;
 pub mod replication;
 pub mod shutdown;
 pub mod store;

@@ -138,6 +138,11 @@ enum Command {
         #[arg(long)]
         key: String,
     },
+    /// Dead-lettered and late records.
+    Dlq {
+        #[command(subcommand)]
+        action: DlqAction,
+    },
     /// Hand a shard this region holds to another region (planned handoff).
     TransferLease {
         #[command(flatten)]
@@ -146,6 +151,28 @@ enum Command {
         shard: u32,
         #[arg(long)]
         to: String,
+    },
+}
+
+#[derive(Subcommand)]
+enum DlqAction {
+    /// Re-ingest every record of the late topic (or `--topic`, e.g. the dead-letter topic)
+    /// into the updates topic at the event time given (windowed keys: into that window),
+    /// each under the id `replay:<topic>/<partition>/<offset>`, so a second replay into
+    /// the same window counts it once.
+    Replay {
+        #[command(flatten)]
+        config: ConfigArgs,
+        /// The topic to read (default: `kafka.late-topic`).
+        #[arg(long)]
+        topic: Option<String>,
+        /// The event time to give each record, ms since the Unix epoch: a window still
+        /// open (default: now).
+        #[arg(long)]
+        event_time: Option<u64>,
+        /// Count what would be replayed; append nothing.
+        #[arg(long)]
+        dry_run: bool,
     },
 }
 
@@ -207,7 +234,35 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
         Command::Leases { node, key } => leases(node, key).await,
         Command::Route { node, key } => route(node, key).await,
         Command::TransferLease { node, shard, to } => transfer_lease(node, shard, to).await,
+        Command::Dlq {
+            action:
+                DlqAction::Replay {
+                    config,
+                    topic,
+                    event_time,
+                    dry_run,
+                },
+        } => dlq_replay(config, topic, event_time, dry_run).await,
     }
+}
+
+async fn dlq_replay(
+    config: ConfigArgs,
+    topic: Option<String>,
+    event_time: Option<u64>,
+    dry_run: bool,
+) -> anyhow::Result<()> {
+    let config = geostate::config::Config::load_with(&config.config, &config.set)?;
+    let topic = topic.unwrap_or_else(|| config.kafka.late_topic.clone());
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?;
+    let event_time = event_time.unwrap_or(now.as_millis() as u64);
+    let done = geostate::replay::replay(&config.kafka, &topic, event_time, dry_run).await?;
+    let verb = if dry_run { "would replay" } else { "replayed" };
+    println!(
+        "{verb} {} records of {topic} into {} at event time {event_time} ms; {} skipped (not update records)",
+        done.appended, config.kafka.updates_topic, done.skipped
+    );
+    Ok(())
 }
 
 async fn run(config: ConfigArgs, role: Role) -> anyhow::Result<()> {
