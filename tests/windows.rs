@@ -293,6 +293,29 @@ async fn windows_close_alike_in_both_regions_and_late_events_are_kept_once() -> 
     let keys: Vec<&str> = page.values.iter().map(|v| v.key.as_str()).collect();
     ensure!(keys == [key.as_str()], "scan: {keys:?}");
 
+    // the operator replays the late events into minute 12, still open: they count once,
+    // however often replayed
+    for _ in 0..2 {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_geostate"))
+            .args(["dlq", "replay", "--config"])
+            .arg(&a.config)
+            .args(a.set_args())
+            .args(["--event-time", &(12 * MIN + 30_000).to_string()])
+            .output()?;
+        let said = String::from_utf8_lossy(&out.stdout);
+        ensure!(
+            out.status.success() && said.contains("replayed 3 records"),
+            "dlq replay: {said} {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        a.caught_up(Duration::from_secs(30)).await?;
+        let twelve = window(&mut sa, &key, at(12 * MIN)).await?;
+        ensure!(
+            counter(&twelve) == 16 + 32 + 512 + 64 + 128 + 256,
+            "after the replay: {twelve:?}"
+        );
+    }
+
     a.terminate(Duration::from_secs(30)).await?;
     b.terminate(Duration::from_secs(30)).await?;
     Ok(())
@@ -300,7 +323,8 @@ async fn windows_close_alike_in_both_regions_and_late_events_are_kept_once() -> 
 
 /// Region B never writes the key's partition: its watermark there would never move, and
 /// would hold the window open in both regions. B's node moves the idle partition to A's
-/// watermark for it (a watermark record in B's log), and the window closes everywhere.
+/// watermark for it (a watermark record in B's log), and the window closes everywhere;
+/// B's `Watch` reports it final.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_window_closes_though_one_region_never_writes_its_partition() -> anyhow::Result<()> {
     let cluster = cluster()?;
@@ -317,12 +341,35 @@ async fn a_window_closes_though_one_region_never_writes_its_partition() -> anyho
     }
     let (mut sa, mut sb) = (a.state().await?, b.state().await?);
     let key = format!("demand/{}", unique("idle"));
+    // B's watchers hear when the window closes
+    let mut watch = sb
+        .watch(pb::WatchRequest {
+            prefix: key.clone(),
+        })
+        .await?
+        .into_inner();
     sa.update(add(&key, 3, 10 * MIN, "")).await?;
     sa.update(add(&key, 5, 12 * MIN, "")).await?;
     for state in [&mut sa, &mut sb] {
         let v = final_window(state, &key, 10 * MIN, Duration::from_secs(30)).await?;
         ensure!(counter(&v) == 3, "{v:?}");
     }
+    let closed = tokio::time::timeout(Duration::from_secs(10), async {
+        while let Some(v) = watch.message().await? {
+            if v.window.as_ref().is_some_and(|w| w.is_final) {
+                return anyhow::Ok(v);
+            }
+        }
+        bail!("the watch ended")
+    })
+    .await
+    .context("no final window watched within 10 s")??;
+    ensure!(
+        closed.key == key
+            && counter(&closed) == 3
+            && closed.window.as_ref().map(|w| w.start_ms) == Some(10 * MIN),
+        "watched {closed:?}"
+    );
     // B judges by the watermark it took: an event for minute 10 is late there too
     let refused = sb.update(add(&key, 7, 10 * MIN + 1, "")).await;
     ensure!(

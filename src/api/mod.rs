@@ -1162,6 +1162,16 @@ impl State for Handler {
         drop(theirs);
         let handler = self.clone();
         let mut check = tokio::time::interval(WATCH_OWNERS_EVERY);
+        // per owned partition, the lowest watermark over the regions when last looked:
+        // windows that close as it rises are reported final
+        let windowed = self.0.config.namespaces.iter().any(|ns| {
+            ns.window.is_some()
+                && (ns.prefix.starts_with(&prefix) || prefix.starts_with(&ns.prefix))
+        });
+        let mut lowest: BTreeMap<i32, Option<u64>> = BTreeMap::new();
+        for &p in owned.iter().filter(|_| windowed) {
+            lowest.insert(p, self.watermarks(p).map_err(Status::from)?.lowest);
+        }
         // one slot more than the queue: the reason a watcher is cut off always fits
         let (tx, rx) = mpsc::channel(WATCH_QUEUE + 1);
         tokio::spawn(async move {
@@ -1188,6 +1198,22 @@ impl State for Handler {
                         if moved {
                             let _ = tx.try_send(Err(failed("Watch", ApiError::WatchMoved)));
                             return;
+                        }
+                        if lowest.is_empty() {
+                            continue;
+                        }
+                        let (reader, prefix, seen) = (handler.clone(), prefix.clone(), lowest.clone());
+                        let closed = tokio::task::spawn_blocking(move || reader.windows_closed_since(&prefix, seen))
+                            .await
+                            .unwrap_or_else(|e| windows::Closed {
+                                risen: BTreeMap::new(),
+                                values: vec![Err(ApiError::Internal(e.to_string()))],
+                            });
+                        lowest.extend(closed.risen);
+                        for value in closed.values {
+                            if !watched(&tx, value.map_err(|e| failed("Watch", e))) {
+                                return;
+                            }
                         }
                         continue;
                     }

@@ -7,11 +7,29 @@
 //!                                   every region's watermark ──► WindowInfo { is_final, behind }
 //! ```
 
+use std::collections::{BTreeMap, BTreeSet};
+
 use super::{ApiError, Handler, convert};
 use crate::crdt::CrdtType;
 use crate::pb;
 use crate::pb::window_selector::Which;
 use crate::window::{self, NoWindow, Selector, Window, WindowSpec};
+
+/// Every region's watermark on a partition, this region's first; and the lowest (`None`:
+/// one has none yet).
+pub(super) struct Watermarks {
+    pub regions: Vec<(String, Option<u64>)>,
+    pub lowest: Option<u64>,
+}
+
+/// What [`Handler::windows_closed_since`] found.
+#[derive(Default)]
+pub(super) struct Closed {
+    /// Per partition whose lowest watermark rose, the lowest now.
+    pub risen: BTreeMap<i32, Option<u64>>,
+    /// The windows that became final meanwhile, read whole.
+    pub values: Vec<Result<pb::Value, ApiError>>,
+}
 
 /// The most windows one read of a range answers per key.
 pub const MAX_RANGE_WINDOWS: u64 = 1000;
@@ -28,24 +46,11 @@ impl Handler {
     ) -> Result<Vec<pb::Value>, ApiError> {
         let api = &self.0;
         let partition = self.partition_of(key);
-        let own = api.store.watermark(partition)?;
-        let remotes = api.store.remote_watermarks(partition)?;
-        // this region first, then every region it merges
-        let watermarks: Vec<(String, Option<u64>)> =
-            std::iter::once((api.config.region.to_string(), own))
-                .chain(
-                    api.config
-                        .replication
-                        .remotes
-                        .iter()
-                        .map(|r| (r.region.to_string(), remotes.get(&r.region).copied())),
-                )
-                .collect();
-        let lowest = watermarks
-            .iter()
-            .map(|(_, w)| *w)
-            .collect::<Option<Vec<u64>>>()
-            .and_then(|all| all.into_iter().min());
+        let Watermarks {
+            regions: watermarks,
+            lowest,
+        } = self.watermarks(partition)?;
+        let own = watermarks[0].1;
         let out_of_orderness = api.config.watermark.out_of_orderness.as_millis() as u64;
         let chosen = |s| {
             spec.select(s, own, lowest, out_of_orderness)
@@ -96,6 +101,118 @@ impl Handler {
 }
 
 impl Handler {
+    /// Every region's watermark on `partition`, this region's first, then every region it
+    /// merges (`None`: none known yet); and the lowest (`None`: one has none yet).
+    pub(super) fn watermarks(&self, partition: i32) -> Result<Watermarks, ApiError> {
+        let api = &self.0;
+        let own = api.store.watermark(partition)?;
+        let remotes = api.store.remote_watermarks(partition)?;
+        let watermarks: Vec<(String, Option<u64>)> =
+            std::iter::once((api.config.region.to_string(), own))
+                .chain(
+                    api.config
+                        .replication
+                        .remotes
+                        .iter()
+                        .map(|r| (r.region.to_string(), remotes.get(&r.region).copied())),
+                )
+                .collect();
+        let lowest = watermarks
+            .iter()
+            .map(|(_, w)| *w)
+            .collect::<Option<Vec<u64>>>()
+            .and_then(|all| all.into_iter().min());
+        Ok(Watermarks {
+            regions: watermarks,
+            lowest,
+        })
+    }
+
+    /// For `Watch`: per partition of `seen` (the lowest watermark over the regions when
+    /// last looked), the lowest now where it rose, and the values of the windows of keys
+    /// under `prefix` that became final meanwhile.
+    pub(super) fn windows_closed_since(
+        &self,
+        prefix: &str,
+        seen: BTreeMap<i32, Option<u64>>,
+    ) -> Closed {
+        let mut closed = Closed::default();
+        for (partition, before) in seen {
+            let now = match self.watermarks(partition) {
+                Ok(w) => w.lowest,
+                Err(e) => {
+                    closed.values.push(Err(e));
+                    continue;
+                }
+            };
+            if let Some(to) = now.filter(|&to| before.is_none_or(|b| to > b)) {
+                let values = self.closed_windows(partition, prefix, (before.unwrap_or(0), to));
+                closed.values.extend(values);
+                closed.risen.insert(partition, now);
+            }
+        }
+        closed
+    }
+
+    /// For `Watch`: the windows of keys under `prefix` in `partition` that became final as
+    /// the lowest watermark over the regions rose from `from` to `to`, each read whole.
+    pub(super) fn closed_windows(
+        &self,
+        partition: i32,
+        prefix: &str,
+        (from, to): (u64, u64),
+    ) -> Vec<Result<pb::Value, ApiError>> {
+        let mut out = Vec::new();
+        let namespaces = self.0.config.namespaces.iter();
+        for ns in
+            namespaces.filter(|ns| ns.prefix.starts_with(prefix) || prefix.starts_with(&ns.prefix))
+        {
+            let Some(spec) = ns.window else {
+                continue;
+            };
+            let closing = closing_between(&spec, from, to);
+            if closing.is_empty() {
+                continue;
+            }
+            // the longer of the two prefixes: the keys under both
+            let under = if prefix.len() > ns.prefix.len() {
+                prefix
+            } else {
+                &ns.prefix
+            };
+            let partitions = BTreeSet::from([partition]);
+            let stored = match self.0.store.scan_in(&partitions, under, None, usize::MAX) {
+                Ok(stored) => stored,
+                Err(e) => {
+                    out.push(Err(e.into()));
+                    continue;
+                }
+            };
+            let mut found: BTreeSet<(String, u64)> = BTreeSet::new();
+            for (key, _) in &stored {
+                let (home, Some(slice)) = window::split_slice_key(key) else {
+                    continue;
+                };
+                for w in closing
+                    .iter()
+                    .filter(|w| w.start_ms <= slice && slice < w.end_ms)
+                {
+                    found.insert((home.to_owned(), w.start_ms));
+                }
+            }
+            for (key, start) in found {
+                let selector = pb::WindowSelector {
+                    which: Some(Which::StartMs(start)),
+                };
+                match self.read_windows(&key, &spec, ns.crdt, Some(&selector)) {
+                    Ok(values) => out.extend(values.into_iter().map(Ok)),
+                    Err(e) => out.push(Err(e)),
+                }
+            }
+        }
+        out
+    }
+
     /// For `Watch`: per changed slice (windowed key, slice start), the value of the key's
     /// newest window holding it.
     pub(super) fn changed_windows(
@@ -120,6 +237,28 @@ impl Handler {
         }
         out
     }
+}
+
+/// The windows whose close (end plus lateness) is in `(from, to]`, at most
+/// [`MAX_RANGE_WINDOWS`] (the newest).
+fn closing_between(spec: &WindowSpec, from: u64, to: u64) -> Vec<Window> {
+    let before_close = spec.size_ms.saturating_add(spec.allowed_lateness_ms);
+    // start = close - size - lateness, on the slide grid
+    let last = match to.checked_sub(before_close) {
+        Some(start) => spec.window_at(start),
+        None => return Vec::new(),
+    };
+    let mut out = Vec::new();
+    let mut start = last.start_ms;
+    while spec.closes_at(spec.window_at(start)) > from && (out.len() as u64) < MAX_RANGE_WINDOWS {
+        out.push(spec.window_at(start));
+        match start.checked_sub(spec.slide_ms) {
+            Some(earlier) => start = earlier,
+            None => break,
+        }
+    }
+    out.reverse();
+    out
 }
 
 /// The windows starting in `[from_ms, to_ms)`, at most [`MAX_RANGE_WINDOWS`].
@@ -157,4 +296,33 @@ fn no_window(key: &str, why: NoWindow, watermarks: &[(String, Option<u64>)]) -> 
         "{key:?}: {why} (watermarks on its partition: {})",
         known.join(", ")
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIN: u64 = 60_000;
+
+    #[test]
+    fn the_windows_closing_as_the_watermark_rises_are_those_whose_close_it_passed() {
+        let spec = WindowSpec {
+            size_ms: MIN,
+            slide_ms: MIN,
+            allowed_lateness_ms: 10_000,
+            retention_ms: 60 * MIN,
+        };
+        let starts = |from, to| -> Vec<u64> {
+            closing_between(&spec, from, to)
+                .iter()
+                .map(|w| w.start_ms / MIN)
+                .collect()
+        };
+        // [10, 11) closes at 11:10, [11, 12) at 12:10
+        assert_eq!(starts(11 * MIN, 11 * MIN + 9_999), Vec::<u64>::new());
+        assert_eq!(starts(11 * MIN, 11 * MIN + 10_000), [10]);
+        assert_eq!(starts(11 * MIN + 10_000, 12 * MIN + 10_000), [11]);
+        assert_eq!(starts(11 * MIN, 13 * MIN + 10_000), [10, 11, 12]);
+        assert_eq!(starts(0, 5_000), Vec::<u64>::new());
+    }
 }
