@@ -51,6 +51,8 @@ started=$(date +%s)
   echo
   cargo bench --locked --bench scale "$@"
   echo
+  cargo bench --locked --bench windows "$@"
+  echo
   echo "Chart: [latest.png](latest.png); figures: [latest.json](latest.json). The benchmarks took $(( $(date +%s) - started )) s."
 } | tee "$report"
 

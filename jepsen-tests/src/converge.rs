@@ -25,6 +25,15 @@ pub(crate) struct FinalRead {
 /// The final read of every key in every region: key → region → read.
 pub(crate) type Finals = BTreeMap<String, BTreeMap<String, FinalRead>>;
 
+/// Whether every key reads the same in every region.
+fn agreed(finals: &Finals) -> bool {
+    finals.values().all(|by_region| {
+        let mut seen = by_region.values();
+        let first = seen.next();
+        seen.all(|v| Some(v) == first)
+    })
+}
+
 /// Windowed workload: every window starting in `[from, to)` of every key that is final in
 /// every region, read in every region until the regions agree on each (or `within`
 /// passes), under [`windowed::window_key`].
@@ -75,12 +84,7 @@ pub(crate) async fn windows(
         }
         // judged only where final in every region
         finals.retain(|k, by| !not_final.contains_key(k) && by.len() == regions.len());
-        let agreed = finals.values().all(|by_region| {
-            let mut seen = by_region.values();
-            let first = seen.next();
-            seen.all(|v| Some(v) == first)
-        });
-        if agreed || Instant::now() > deadline {
+        if agreed(&finals) || Instant::now() > deadline {
             return Ok(finals);
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -133,12 +137,7 @@ pub(crate) async fn converge(
                     .insert(region.clone(), read);
             }
         }
-        let agreed = finals.values().all(|by_region| {
-            let mut seen = by_region.values();
-            let first = seen.next();
-            seen.all(|v| Some(v) == first)
-        });
-        if agreed || Instant::now() > deadline {
+        if agreed(&finals) || Instant::now() > deadline {
             return Ok(finals);
         }
         tokio::time::sleep(Duration::from_millis(500)).await;

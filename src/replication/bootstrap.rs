@@ -27,7 +27,12 @@ use crate::log::{self, LogError};
 use crate::metrics as m;
 use crate::store::{Commit, Store, StoreError};
 
-const BATCH: usize = 1000;
+/// How every read here gathers its batches: up to 1000 records, whatever has arrived.
+const BATCHING: log::Batching = log::Batching {
+    max: 1000,
+    linger: Duration::ZERO,
+    idle: None,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum BootstrapError {
@@ -190,15 +195,10 @@ pub async fn catch_up_remote(
         role: "standby",
     };
     let mut reader = log::Reader::start(spec, &store.source_offsets(&id)?).await?;
-    let batching = log::Batching {
-        max: BATCH,
-        linger: Duration::ZERO,
-        idle: None,
-    };
     let (_running, mut never_stopped) = tokio::sync::watch::channel(false);
     let mut merged = 0;
     loop {
-        let Some(batch) = reader.next_batch(batching, &mut never_stopped).await else {
+        let Some(batch) = reader.next_batch(BATCHING, &mut never_stopped).await else {
             return Ok(merged);
         };
         if let Some(source) = batch.failed {
@@ -225,6 +225,27 @@ pub async fn catch_up_remote(
 /// Reads the own deltas topic's `partitions` to their end (from where the copy holds
 /// them, or the beginning) and merges them; stops at the first delta that cannot be
 /// merged and is not superseded. Records how far each partition was read.
+/// A reader of `partitions` of this region's own deltas topic, from where the copy holds
+/// every delta up to (`Store::own_deltas_through`).
+async fn own_deltas(
+    kafka: &KafkaConfig,
+    region: &RegionId,
+    store: &Arc<Store>,
+    partitions: Vec<i32>,
+    role: &'static str,
+) -> Result<log::Reader, BootstrapError> {
+    let from = store.bootstrap_offsets(&kafka.deltas_topic)?;
+    let spec = log::ConsumerSpec {
+        kafka: kafka.clone(),
+        group: format!("geostate-bootstrap-{region}"),
+        report_end: true,
+        topic: kafka.deltas_topic.clone(),
+        partitions,
+        role,
+    };
+    Ok(log::Reader::start(spec, &from).await?)
+}
+
 /// The resume points committed on `partition` of this region's own deltas topic after
 /// the position its copy holds every delta up to (`Store::own_deltas_through`), absorbed:
 /// how far the rounds committed since cover. Reads to the end; merges nothing.
@@ -235,25 +256,11 @@ pub async fn committed_resume(
     partition: i32,
 ) -> Result<Option<ResumePoint>, BootstrapError> {
     let topic = kafka.deltas_topic.clone();
-    let from = store.bootstrap_offsets(&topic)?;
-    let spec = log::ConsumerSpec {
-        kafka: kafka.clone(),
-        group: format!("geostate-bootstrap-{region}"),
-        report_end: true,
-        topic: topic.clone(),
-        partitions: vec![partition],
-        role: "shipper",
-    };
-    let mut reader = log::Reader::start(spec, &from).await?;
-    let batching = log::Batching {
-        max: BATCH,
-        linger: Duration::ZERO,
-        idle: None,
-    };
+    let mut reader = own_deltas(kafka, region, store, vec![partition], "shipper").await?;
     let (_running, mut never_stopped) = tokio::sync::watch::channel(false);
     let mut resume = None;
     loop {
-        let Some(batch) = reader.next_batch(batching, &mut never_stopped).await else {
+        let Some(batch) = reader.next_batch(BATCHING, &mut never_stopped).await else {
             return Ok(resume);
         };
         if let Some(source) = batch.failed {
@@ -280,28 +287,15 @@ async fn merge_own_topic(
     partitions: Vec<i32>,
 ) -> Result<Recovered, BootstrapError> {
     let topic = config.kafka.deltas_topic.clone();
-    let from = store.bootstrap_offsets(&topic)?;
-    let spec = log::ConsumerSpec {
-        kafka: config.kafka.clone(),
-        group: format!("geostate-bootstrap-{}", config.region),
-        report_end: true,
-        topic: topic.clone(),
-        partitions: partitions.clone(),
-        role: "bootstrap",
-    };
-    let mut reader = log::Reader::start(spec, &from).await?;
-    let batching = log::Batching {
-        max: BATCH,
-        linger: Duration::ZERO,
-        idle: None,
-    };
+    let (kafka, region) = (&config.kafka, &config.region);
+    let mut reader = own_deltas(kafka, region, store, partitions.clone(), "bootstrap").await?;
     // bootstrap runs before the node's tasks: nothing stops it but an error
     let (_running, mut never_stopped) = tokio::sync::watch::channel(false);
     let (mut at_end, mut keys) = (BTreeSet::new(), BTreeSet::new());
     let mut through: BTreeMap<i32, i64> = BTreeMap::new();
     let mut recovered = Recovered::default();
     while at_end.len() < partitions.len() {
-        let Some(batch) = reader.next_batch(batching, &mut never_stopped).await else {
+        let Some(batch) = reader.next_batch(BATCHING, &mut never_stopped).await else {
             break;
         };
         for (p, next) in &batch.at_end {
