@@ -2,9 +2,10 @@
 //! outcome in one RocksDB `WriteBatch`.
 //!
 //! ```text
-//!  records ─decode─check─► per key: current state (read once) ─apply ops─► new state
-//!     │                                                      └─own_part──► outbox delta
-//!     └─ refused ──► dead letters          last offset per partition ──► source offsets
+//!  records ─decode─check─(windowed: slice key, or late)─► per key: current state (read
+//!     │   once) ─apply ops─► new state ─own_part──► outbox delta
+//!     ├─ refused ──► dead letters          last offset per partition ──► source offsets
+//!     └─ late ──► late outbox entries      watermark per partition ──► stored with them
 //! ```
 
 use std::collections::{BTreeMap, VecDeque};
@@ -362,10 +363,12 @@ struct Working {
 }
 
 /// Applies `records` on top of what `source` holds; reads each touched key once. Per
-/// record, in log order: decode and check ([`checked`]), the lease epoch granted
-/// ([`Grants`]; an epoch to ask about stops the batch), the fence, the idempotency id,
-/// the compare-and-set, the operation ([`apply_one`]); then every changed key's state,
-/// own-part delta and ids ([`finish`]).
+/// record, in log order: a watermark record raises its partition's watermark
+/// ([`Applied::raise`]); otherwise decode and check ([`checked`]), the lease epoch granted
+/// ([`Grants`]; an epoch to ask about stops the batch), a windowed record's slice or
+/// lateness ([`Applied::slice`]), the fence, the idempotency id, the compare-and-set, the
+/// operation ([`apply_one`]); then every changed key's state, own-part delta and ids
+/// ([`finish`]).
 pub fn apply_batch<S: StateSource>(
     records: Vec<Record>,
     source: &S,
