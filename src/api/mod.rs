@@ -1164,14 +1164,19 @@ impl State for Handler {
         let mut check = tokio::time::interval(WATCH_OWNERS_EVERY);
         // per owned partition, the lowest watermark over the regions when last looked:
         // windows that close as it rises are reported final
-        let windowed = self.0.config.namespaces.iter().any(|ns| {
-            ns.window.is_some()
-                && (ns.prefix.starts_with(&prefix) || prefix.starts_with(&ns.prefix))
-        });
-        let mut lowest: BTreeMap<i32, Option<u64>> = BTreeMap::new();
-        for &p in owned.iter().filter(|_| windowed) {
-            lowest.insert(p, self.watermarks(p).map_err(Status::from)?.lowest);
-        }
+        let windowed =
+            (self.0.config.namespaces.iter()).any(|ns| ns.window.is_some() && ns.overlaps(&prefix));
+        // RocksDB reads: off the async threads
+        let (reader, partitions) = (self.clone(), owned.clone());
+        let mut lowest = tokio::task::spawn_blocking(move || {
+            let mut lowest: BTreeMap<i32, Option<u64>> = BTreeMap::new();
+            for p in partitions.into_iter().filter(|_| windowed) {
+                lowest.insert(p, reader.watermarks(p)?.lowest);
+            }
+            Ok::<_, ApiError>(lowest)
+        })
+        .await
+        .map_err(|e| Status::from(ApiError::Internal(e.to_string())))??;
         // one slot more than the queue: the reason a watcher is cut off always fits
         let (tx, rx) = mpsc::channel(WATCH_QUEUE + 1);
         tokio::spawn(async move {

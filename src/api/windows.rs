@@ -164,9 +164,7 @@ impl Handler {
     ) -> Vec<Result<pb::Value, ApiError>> {
         let mut out = Vec::new();
         let namespaces = self.0.config.namespaces.iter();
-        for ns in
-            namespaces.filter(|ns| ns.prefix.starts_with(prefix) || prefix.starts_with(&ns.prefix))
-        {
+        for ns in namespaces.filter(|ns| ns.overlaps(prefix)) {
             let Some(spec) = ns.window else {
                 continue;
             };

@@ -185,6 +185,13 @@ pub struct Namespace {
     pub window: Option<crate::window::WindowSpec>,
 }
 
+impl Namespace {
+    /// Whether some key under `prefix` can be in this namespace.
+    pub fn overlaps(&self, prefix: &str) -> bool {
+        self.prefix.starts_with(prefix) || prefix.starts_with(&self.prefix)
+    }
+}
+
 impl Namespaces {
     /// Whether some namespace is windowed.
     pub fn any_windowed(&self) -> bool {
