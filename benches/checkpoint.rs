@@ -59,7 +59,7 @@ async fn run() -> anyhow::Result<()> {
     let producer = producer(&kafka)?;
     let events: Vec<(String, Vec<u8>)> = (0..KEYS)
         .map(|i| {
-            let key = format!("requests/k{i:07}");
+            let key = format!("trips/k{i:07}");
             let payload = format!(r#"{{"key":"{key}","add":1}}"#).into_bytes();
             (key, payload)
         })
@@ -77,7 +77,7 @@ async fn run() -> anyhow::Result<()> {
 
     let changed: Vec<(String, Vec<u8>)> = (0..CHANGED)
         .map(|i| {
-            let key = format!("requests/k{:07}", (i * 7919) % KEYS);
+            let key = format!("trips/k{:07}", (i * 7919) % KEYS);
             let payload = format!(r#"{{"key":"{key}","add":1}}"#).into_bytes();
             (key, payload)
         })
@@ -120,7 +120,7 @@ async fn run() -> anyhow::Result<()> {
         let mut state = node.state().await?;
         state
             .get(pb::GetRequest {
-                key: "requests/k0000000".into(),
+                key: "trips/k0000000".into(),
                 ..Default::default()
             })
             .await?;

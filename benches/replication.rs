@@ -115,7 +115,7 @@ async fn run() -> anyhow::Result<()> {
             .map(|i| {
                 let k = zipf.sample(rng.unit());
                 let (key, add) = if i % 2 == 0 {
-                    (format!("requests/z{k:05}"), 1)
+                    (format!("trips/z{k:05}"), 1)
                 } else {
                     (format!("drivers/z{k:05}"), (rng.next_u64() % 3) as i64 - 1)
                 };
@@ -169,7 +169,7 @@ async fn lag(
     origin: StateClient<Channel>,
     mut remote: StateClient<Channel>,
 ) -> anyhow::Result<Vec<Duration>> {
-    let prefix = format!("requests/{}/", unique("lag"));
+    let prefix = format!("trips/{}/", unique("lag"));
     let mut stream = remote
         .watch(pb::WatchRequest {
             prefix: prefix.clone(),

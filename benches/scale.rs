@@ -122,7 +122,7 @@ async fn before_move(both: &[Node; 2], standby: usize, base: &str) -> anyhow::Re
         .iter()
         .filter_map(|&p| {
             (0..MOVE_KEYS)
-                .map(|i| format!("requests/{base}-{i}"))
+                .map(|i| format!("trips/{base}-{i}"))
                 .find(|k| geostate::log::partition_of(k.as_bytes(), 4) == p)
         })
         .collect();
@@ -137,7 +137,7 @@ async fn before_move(both: &[Node; 2], standby: usize, base: &str) -> anyhow::Re
 fn increments(base: &str, events: usize, keys: usize) -> Vec<(String, Vec<u8>)> {
     (0..events)
         .map(|i| {
-            let key = format!("requests/{base}-{}", i % keys);
+            let key = format!("trips/{base}-{}", i % keys);
             let payload = format!(r#"{{"key":"{key}","add":1}}"#).into_bytes();
             (key, payload)
         })

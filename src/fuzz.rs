@@ -246,7 +246,7 @@ fn write_corpus() {
     let region = |r: &str| RegionId::new(r).unwrap_or_else(|e| panic!("{e}"));
     let updates = [
         Update {
-            key: "requests/9q8yy".into(),
+            key: "trips/9q8yy".into(),
             op: Op::Add(3),
             id: Some("evt-1".into()),
             event_time_ms: Some(1_700_000_000_000),
@@ -309,7 +309,7 @@ fn write_corpus() {
         },
     );
     let states = [
-        ("requests/9q8yy", CrdtValue::GCounter(g)),
+        ("trips/9q8yy", CrdtValue::GCounter(g)),
         ("drivers/9q8yy", CrdtValue::PnCounter(pn)),
         ("surge/9q8yy", CrdtValue::LwwRegister(reg)),
     ];

@@ -115,7 +115,7 @@ mod tests {
     fn a_replayed_record_gets_the_new_event_time_and_an_id_naming_its_source() {
         for format in [RecordFormat::Json, RecordFormat::Protobuf] {
             let late = Update {
-                key: "demand/9q8yy".into(),
+                key: "requests/9q8yy".into(),
                 op: Op::Add(3),
                 id: Some("r-1".into()),
                 event_time_ms: Some(600_000),

@@ -29,7 +29,7 @@ fn increments(
         .map(|_| {
             let k = rng.below(keys);
             let (key, add) = if rng.below(2) == 0 {
-                (format!("requests/c{k}"), 1 + rng.below(3) as i64)
+                (format!("trips/c{k}"), 1 + rng.below(3) as i64)
             } else {
                 (format!("drivers/c{k}"), rng.below(7) as i64 - 3)
             };
@@ -424,7 +424,7 @@ async fn a_savepoint_restores_identical_state_and_a_truncated_one_is_refused() -
     for i in 0..200i64 {
         let (key, op) = match i % 3 {
             0 => (
-                format!("requests/{}", i % 11),
+                format!("trips/{}", i % 11),
                 pb::update_request::Op::Add(1 + i % 5),
             ),
             1 => (

@@ -40,7 +40,7 @@ fn grpcurl_lists_the_services_and_a_write_reads_back_in_every_region() -> anyhow
                 "{region}: {service} missing in {services}"
             );
         }
-        let key = format!("requests/{}", unique("grpcurl"));
+        let key = format!("trips/{}", unique("grpcurl"));
         let update = format!(r#"{{"key":"{key}","add":7}}"#);
         grpcurl(
             &cluster.tools.grpcurl,
@@ -84,7 +84,7 @@ async fn writes_in_both_regions_meet_through_mirrormaker2() -> anyhow::Result<()
     use geostate::pb::state_client::StateClient;
 
     let cluster = cluster()?;
-    let key = format!("requests/{}", unique("mm2"));
+    let key = format!("trips/{}", unique("mm2"));
     let mut clients = Vec::new();
     for (i, node) in cluster.regions.values().enumerate() {
         let grpc = node.grpc.as_deref().context("a node per region")?;
@@ -154,8 +154,8 @@ async fn aborted_deltas_are_never_mirrored() -> anyhow::Result<()> {
         .encode())
     };
     let (aborted, committed) = (
-        format!("requests/{}", unique("aborted")),
-        format!("requests/{}", unique("committed")),
+        format!("trips/{}", unique("aborted")),
+        format!("trips/{}", unique("committed")),
     );
     let producer: FutureProducer = ClientConfig::new()
         .set("bootstrap.servers", &cluster.regions[source].kafka)

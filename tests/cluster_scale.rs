@@ -123,7 +123,7 @@ async fn everywhere(
                     continue;
                 };
                 for i in 0..KEYS {
-                    let key = format!("requests/{base}-{i}");
+                    let key = format!("trips/{base}-{i}");
                     match state.get(replica(&key)).await {
                         Ok(v) if counter(v.get_ref()) == want(i) => {}
                         Ok(v) => wrong.push(format!(
@@ -167,7 +167,7 @@ async fn two_nodes_per_region_count_every_write_across_regions_through_a_kill() 
             for i in (0..KEYS).filter(|i| i % 2 == n % 2) {
                 state
                     .update(pb::UpdateRequest {
-                        key: format!("requests/{base}-{i}"),
+                        key: format!("trips/{base}-{i}"),
                         op: Some(pb::update_request::Op::Add(2 * (i as i64 + 1))),
                         id: String::new(),
                         event_time_ms: 0,
@@ -184,7 +184,7 @@ async fn two_nodes_per_region_count_every_write_across_regions_through_a_kill() 
     let mut records = Vec::new();
     for _ in 0..50 {
         for i in 0..KEYS {
-            let key = format!("requests/{base}-{i}");
+            let key = format!("trips/{base}-{i}");
             records.push((
                 key.clone(),
                 format!(r#"{{"key":"{key}","add":1}}"#).into_bytes(),

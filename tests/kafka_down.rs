@@ -37,14 +37,14 @@ async fn a_frozen_broker_gives_unavailable_and_the_node_recovers() -> anyhow::Re
     node.set("checkpoint.interval", "\"0s\"");
     node.start().await?;
     let mut state = node.state().await?;
-    state.update(add("requests/frozen", 1)).await?;
+    state.update(add("trips/frozen", 1)).await?;
 
     // resumed however the test ends
     let frozen = Frozen::new(region.kafka_pid)?;
     let asked = Instant::now();
     let answer = tokio::time::timeout(
         Duration::from_secs(40),
-        state.update(add("requests/frozen", 10)),
+        state.update(add("trips/frozen", 10)),
     )
     .await?;
     let waited = asked.elapsed();
@@ -58,7 +58,7 @@ async fn a_frozen_broker_gives_unavailable_and_the_node_recovers() -> anyhow::Re
     // the node serves writes again once the broker is back
     let until = Instant::now() + Duration::from_secs(60);
     loop {
-        match state.update(add("requests/frozen", 100)).await {
+        match state.update(add("trips/frozen", 100)).await {
             Ok(_) => break,
             Err(e) if Instant::now() < until => {
                 println!("not yet: {e}");
@@ -68,7 +68,7 @@ async fn a_frozen_broker_gives_unavailable_and_the_node_recovers() -> anyhow::Re
         }
     }
     node.caught_up(Duration::from_secs(60)).await?;
-    let total = counter(&state.get(replica("requests/frozen")).await?.into_inner());
+    let total = counter(&state.get(replica("trips/frozen")).await?.into_inner());
     assert!(
         total == 101 || total == 111,
         "the acknowledged writes add to 101 (111 if the timed-out one was appended after all); got {total}"
@@ -76,7 +76,7 @@ async fn a_frozen_broker_gives_unavailable_and_the_node_recovers() -> anyhow::Re
 
     // every cluster node takes a write (applied before it is acknowledged) and merges the
     // others' writes
-    let key = format!("requests/{}", unique("after-freeze"));
+    let key = format!("trips/{}", unique("after-freeze"));
     let mut nodes = Vec::new();
     for r in cluster.regions.values() {
         let grpc = r.grpc.clone().expect("make test starts a node per region");

@@ -22,7 +22,7 @@ async fn mirrormaker_2_stopped_then_restarted_loses_nothing() -> anyhow::Result<
         clients.push(StateClient::connect(format!("http://{grpc}")).await?);
     }
     let keys: Vec<String> = (0..5)
-        .map(|i| format!("requests/{}-{i}", unique("mm2-stop")))
+        .map(|i| format!("trips/{}-{i}", unique("mm2-stop")))
         .collect();
 
     cluster_script(&["mirror", "stop"])?;

@@ -42,7 +42,7 @@ async fn kill_9_during_ingest_loses_nothing_and_applies_nothing_twice() -> anyho
     for _ in 0..EVENTS {
         let k = rng.below(KEYS as u64);
         let (key, n) = if rng.below(2) == 0 {
-            (format!("requests/k{k}"), 1 + rng.below(3) as i64)
+            (format!("trips/k{k}"), 1 + rng.below(3) as i64)
         } else {
             (format!("drivers/k{k}"), rng.below(7) as i64 - 3)
         };
@@ -129,7 +129,7 @@ async fn bad_records_are_dead_lettered_and_the_partition_keeps_flowing() -> anyh
 
     let oversize = format!(r#"{{"key":"zones/big","set":"{}"}}"#, "x".repeat(70_000));
     let long_id = format!(
-        r#"{{"key":"requests/after","add":1,"id":"{}"}}"#,
+        r#"{{"key":"trips/after","add":1,"id":"{}"}}"#,
         "i".repeat(70_000)
     );
     let huge = format!(
@@ -139,7 +139,7 @@ async fn bad_records_are_dead_lettered_and_the_partition_keeps_flowing() -> anyh
     let bad = [
         ("{not json", "malformed"),
         (r#"{"key":"nowhere/x","add":1}"#, "no_namespace"),
-        (r#"{"key":"requests/x","set":"1"}"#, "wrong_op"),
+        (r#"{"key":"trips/x","set":"1"}"#, "wrong_op"),
         (oversize.as_str(), "value_too_large"),
         (long_id.as_str(), "id_too_long"),
         (huge.as_str(), "value_too_large"),
@@ -159,8 +159,7 @@ async fn bad_records_are_dead_lettered_and_the_partition_keeps_flowing() -> anyh
     }
     producer
         .send(
-            FutureRecord::<(), _>::to(&topics.updates)
-                .payload(r#"{"key":"requests/after","add":5}"#),
+            FutureRecord::<(), _>::to(&topics.updates).payload(r#"{"key":"trips/after","add":5}"#),
             Duration::from_secs(10),
         )
         .await
@@ -170,7 +169,7 @@ async fn bad_records_are_dead_lettered_and_the_partition_keeps_flowing() -> anyh
     let value = node
         .state()
         .await?
-        .get(replica("requests/after"))
+        .get(replica("trips/after"))
         .await?
         .into_inner();
     assert_eq!(
@@ -233,7 +232,7 @@ async fn a_record_off_its_keys_partition_is_dead_lettered_and_counted() -> anyho
     let dir = tempfile::tempdir()?;
     let mut node = Node::configure(dir.path(), &kafka, &topics)?;
     node.start().await?;
-    let key = format!("requests/{}", common::unique("misrouted"));
+    let key = format!("trips/{}", common::unique("misrouted"));
     let home = geostate::log::partition_of(key.as_bytes(), PARTITIONS);
     let off = (home + 1) % PARTITIONS;
     for partition in [home, off] {
@@ -285,7 +284,7 @@ async fn route_answers_the_keys_partition_and_the_node_serving_it() -> anyhow::R
         }
         node.start().await?;
         let mut admin = pb::admin_client::AdminClient::connect(node.grpc.clone()).await?;
-        for key in ["requests/a", "surge/9q8yy", "zones/x"] {
+        for key in ["trips/a", "surge/9q8yy", "zones/x"] {
             let r = admin
                 .route(pb::RouteRequest { key: key.into() })
                 .await?
@@ -363,7 +362,7 @@ async fn update_then_get_reads_the_write_and_watch_sees_it() -> anyhow::Result<(
 
     // a retried write with the same idempotency id counts once
     for _ in 0..2 {
-        let mut retried = update("requests/idem", pb::update_request::Op::Add(2));
+        let mut retried = update("trips/idem", pb::update_request::Op::Add(2));
         retried.id = "order-17".into();
         state.update(retried).await?;
     }
@@ -387,12 +386,12 @@ async fn update_then_get_reads_the_write_and_watch_sees_it() -> anyhow::Result<(
     assert_eq!(counter(&full), i64::MAX);
     assert!(!full.saturated);
     // an id longer than `ingest.max-id-bytes` is refused, nothing applied
-    let mut long_id = update("requests/idem", pb::update_request::Op::Add(2));
+    let mut long_id = update("trips/idem", pb::update_request::Op::Add(2));
     long_id.id = "i".repeat(257);
     let refused = state.update(long_id).await.expect_err("an id too long");
     assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused}");
     assert!(refused.message().contains("idempotency id"), "{refused}");
-    let value = state.get(replica("requests/idem")).await?.into_inner();
+    let value = state.get(replica("trips/idem")).await?.into_inner();
     assert_eq!(counter(&value), 2);
 
     let seen = tokio::time::timeout(Duration::from_secs(10), watch.next())
@@ -410,7 +409,7 @@ async fn update_then_get_reads_the_write_and_watch_sees_it() -> anyhow::Result<(
         code(
             state
                 .update(update(
-                    "requests/x",
+                    "trips/x",
                     pb::update_request::Op::Set(b"1".to_vec())
                 ))
                 .await
@@ -428,7 +427,7 @@ async fn update_then_get_reads_the_write_and_watch_sees_it() -> anyhow::Result<(
     assert_eq!(
         code(
             state
-                .update(update("requests/x", pb::update_request::Op::Add(0)))
+                .update(update("trips/x", pb::update_request::Op::Add(0)))
                 .await
         ),
         tonic::Code::InvalidArgument
@@ -446,7 +445,7 @@ async fn update_then_get_reads_the_write_and_watch_sees_it() -> anyhow::Result<(
     );
     let missing = state.get(replica("zones/never")).await;
     assert_eq!(missing.unwrap_err().code(), tonic::Code::NotFound);
-    let untouched = state.get(replica("requests/never")).await?.into_inner();
+    let untouched = state.get(replica("trips/never")).await?.into_inner();
     assert_eq!(counter(&untouched), 0);
 
     let page = state
@@ -474,7 +473,7 @@ async fn update_then_get_reads_the_write_and_watch_sees_it() -> anyhow::Result<(
             .iter()
             .map(|v| v.key.as_str())
             .collect::<Vec<_>>(),
-        ["drivers/full", "requests/idem", "zones/9q8yy"]
+        ["drivers/full", "trips/idem", "zones/9q8yy"]
     );
     assert!(rest.next_page_token.is_empty());
 
@@ -501,8 +500,8 @@ async fn applied_keys_ship_their_own_part_to_the_deltas_topic() -> anyhow::Resul
     node.start().await?;
     let mut state = node.state().await?;
     for (key, op) in [
-        ("requests/a", pb::update_request::Op::Add(2)),
-        ("requests/a", pb::update_request::Op::Add(3)),
+        ("trips/a", pb::update_request::Op::Add(2)),
+        ("trips/a", pb::update_request::Op::Add(3)),
         ("drivers/b", pb::update_request::Op::Add(-1)),
         ("zones/c", pb::update_request::Op::Set(b"x".to_vec())),
     ] {
@@ -531,7 +530,7 @@ async fn applied_keys_ship_their_own_part_to_the_deltas_topic() -> anyhow::Resul
         let every_key_resumed = newest
             .keys()
             .all(|k| resumed.contains_key(&geostate::log::partition_of(k.as_bytes(), 2)));
-        matches!(value("requests/a"), Some(CrdtValue::GCounter(c)) if c.value() == 5)
+        matches!(value("trips/a"), Some(CrdtValue::GCounter(c)) if c.value() == 5)
             && matches!(value("drivers/b"), Some(CrdtValue::PnCounter(c)) if c.value() == -1)
             && matches!(value("zones/c"), Some(CrdtValue::LwwRegister(r)) if r.value() == b"x")
             && every_key_resumed
@@ -597,7 +596,7 @@ async fn requests_and_streams_are_bounded() -> anyhow::Result<()> {
     let mut state = node.state().await?;
 
     let keys = |n: usize| pb::BatchGetRequest {
-        keys: (0..n).map(|i| format!("requests/k{i}")).collect(),
+        keys: (0..n).map(|i| format!("trips/k{i}")).collect(),
         window: None,
     };
     let ten = state.batch_get(keys(10)).await?.into_inner();
@@ -608,7 +607,7 @@ async fn requests_and_streams_are_bounded() -> anyhow::Result<()> {
 
     let err = state
         .scan(pb::ScanRequest {
-            prefix: "requests/".into(),
+            prefix: "trips/".into(),
             page_token: "zones/z".into(),
             limit: 10,
             window: None,
@@ -619,7 +618,7 @@ async fn requests_and_streams_are_bounded() -> anyhow::Result<()> {
 
     // two watchers, and a third: refused
     let watch = || pb::WatchRequest {
-        prefix: "requests/".into(),
+        prefix: "trips/".into(),
     };
     let mut stalled = state.watch(watch()).await?.into_inner();
     let other = state.watch(watch()).await?.into_inner();
@@ -631,7 +630,7 @@ async fn requests_and_streams_are_bounded() -> anyhow::Result<()> {
     // far more changes than the stalled watcher's queue and its connection's buffers hold
     let updates: Vec<(String, Vec<u8>)> = (0..20_000)
         .map(|i| {
-            let key = format!("requests/w{i}");
+            let key = format!("trips/w{i}");
             let payload = format!(r#"{{"key":"{key}","add":1}}"#).into_bytes();
             (key, payload)
         })

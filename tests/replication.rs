@@ -84,7 +84,7 @@ async fn concurrent_writes_in_two_regions_converge_and_count_every_increment() -
             let k = x % KEYS as u64;
             let (key, op) = match i % 3 {
                 0 => (
-                    format!("requests/{k}"),
+                    format!("trips/{k}"),
                     pb::update_request::Op::Add(1 + (x % 5) as i64),
                 ),
                 1 => (
@@ -164,7 +164,7 @@ async fn concurrent_writes_in_two_regions_converge_and_count_every_increment() -
     }
 
     // reads carry freshness: the other region's newest merged delta
-    let value = sa.get(replica("requests/0")).await?.into_inner();
+    let value = sa.get(replica("trips/0")).await?.into_inner();
     let remotes = value.freshness.unwrap_or_default().remotes;
     assert_eq!(remotes.len(), 1);
     assert_eq!(remotes[0].region, "eu-west-1");
@@ -250,7 +250,7 @@ async fn replayed_reordered_deltas_change_nothing_and_a_clock_ahead_delta_is_hel
     for i in 0..300 {
         let (key, op) = match i % 3 {
             0 => (
-                format!("requests/{}", i % 7),
+                format!("trips/{}", i % 7),
                 pb::update_request::Op::Add(1 + i % 4),
             ),
             1 => (
@@ -306,7 +306,7 @@ async fn replayed_reordered_deltas_change_nothing_and_a_clock_ahead_delta_is_hel
     ahead.increment(&Actor::new(RegionId::new("us-east-1")?, 1), 5)?;
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?;
     let ahead = Delta {
-        key: "requests/ahead".into(),
+        key: "trips/ahead".into(),
         origin: RegionId::new("us-east-1")?,
         state: CrdtValue::GCounter(ahead),
         origin_time: geostate::clock::HlcTimestamp::new(now.as_nanos() as u64 + 5_000_000_000, 0),
@@ -336,7 +336,7 @@ async fn replayed_reordered_deltas_change_nothing_and_a_clock_ahead_delta_is_hel
         "the hold is not counted by reason: {metrics}"
     );
     let mut after = everything(&mut sb).await?;
-    let held = after.remove("requests/ahead");
+    let held = after.remove("trips/ahead");
     assert_eq!(before, after, "replaying deltas changed the state");
     assert_eq!(
         held.and_then(|v| v.value),
@@ -381,7 +381,7 @@ async fn a_node_on_an_empty_disk_comes_back_with_exact_totals_in_both_regions() 
             .map(|_| {
                 let k = rng.below(KEYS);
                 let (key, add) = if rng.below(2) == 0 {
-                    (format!("requests/k{k}"), 1 + rng.below(3) as i64)
+                    (format!("trips/k{k}"), 1 + rng.below(3) as i64)
                 } else {
                     (format!("drivers/k{k}"), rng.below(7) as i64 - 3)
                 };
@@ -566,7 +566,7 @@ async fn a_backlog_ships_in_bounded_rounds() -> anyhow::Result<()> {
     let started = Instant::now();
     let records: Vec<(String, Vec<u8>)> = (0..keys)
         .map(|i| {
-            let key = format!("requests/backlog-{i}");
+            let key = format!("trips/backlog-{i}");
             let payload = format!(r#"{{"key":"{key}","add":1}}"#).into_bytes();
             (key, payload)
         })

@@ -94,7 +94,7 @@ struct Remote {
 fn events(base: &str, round: usize) -> Vec<(String, Vec<u8>)> {
     let mut out = Vec::new();
     for i in 0..KEYS {
-        let key = format!("requests/{base}-{i}");
+        let key = format!("trips/{base}-{i}");
         for n in 0..=i {
             let id = format!("{round}-{n}");
             out.push((
@@ -166,7 +166,7 @@ async fn exact(node: &Node, base: &str, rounds: usize, within: Duration) -> anyh
         let mut state = node.state().await?;
         let mut wrong = BTreeMap::new();
         for i in 0..KEYS {
-            let key = format!("requests/{base}-{i}");
+            let key = format!("trips/{base}-{i}");
             let want = (rounds * (i + 1)) as i64;
             match state.get(replica(&key)).await {
                 Ok(v) if counter(v.get_ref()) == want => {}
@@ -240,16 +240,16 @@ async fn counts_stay_exact_as_nodes_join_and_leave() -> anyhow::Result<()> {
     exact(&b, &base, 2, wait).await?;
     // a Scan at either node pages through the keys of both
     let want: BTreeMap<String, i64> = (0..KEYS)
-        .map(|i| (format!("requests/{base}-{i}"), (2 * (i + 1)) as i64))
+        .map(|i| (format!("trips/{base}-{i}"), (2 * (i + 1)) as i64))
         .collect();
     for node in [&a, &b] {
-        assert_eq!(scan_all(node, &format!("requests/{base}-")).await?, want);
+        assert_eq!(scan_all(node, &format!("trips/{base}-")).await?, want);
     }
 
     let route = pb::admin_client::AdminClient::connect(b.grpc.clone())
         .await?
         .route(pb::RouteRequest {
-            key: format!("requests/{base}-0"),
+            key: format!("trips/{base}-0"),
         })
         .await?
         .into_inner();
@@ -407,7 +407,7 @@ async fn watch_at_one_node_sees_every_partition_and_ends_when_partitions_move() 
         .state()
         .await?
         .watch(pb::WatchRequest {
-            prefix: format!("requests/{base}-"),
+            prefix: format!("trips/{base}-"),
         })
         .await?
         .into_inner();
@@ -543,7 +543,7 @@ async fn a_reads_freshness_is_its_partitions_also_after_a_move() -> anyhow::Resu
     let base = region.base.clone();
     let key_on = |p: i32| {
         (0..KEYS)
-            .map(|i| format!("requests/{base}-{i}"))
+            .map(|i| format!("trips/{base}-{i}"))
             .find(|k| geostate::log::partition_of(k.as_bytes(), PARTITIONS) == p)
     };
     let (Some(hot), Some(cold)) = (key_on(mine[0]), key_on(mine[1])) else {
@@ -838,7 +838,7 @@ fn read_while(
                 if now == "done" {
                     return Ok(reads);
                 }
-                let key = format!("requests/{base}-{i}");
+                let key = format!("trips/{base}-{i}");
                 match state.get(replica(&key)).await {
                     Ok(v) => {
                         let count = counter(v.get_ref());

@@ -136,7 +136,7 @@ async fn windows_close_alike_in_both_regions_and_late_events_are_kept_once() -> 
     a.start().await?;
     b.start().await?;
     let (mut sa, mut sb) = (a.state().await?, b.state().await?);
-    let key = format!("demand/{}", unique("9q8yy"));
+    let key = format!("requests/{}", unique("9q8yy"));
 
     // minute 10 in both regions, out of order with minute 11
     sa.update(add(&key, 1, 10 * MIN + 5, "a-1")).await?;
@@ -340,7 +340,7 @@ async fn a_window_closes_though_one_region_never_writes_its_partition() -> anyho
         node.start().await?;
     }
     let (mut sa, mut sb) = (a.state().await?, b.state().await?);
-    let key = format!("demand/{}", unique("idle"));
+    let key = format!("requests/{}", unique("idle"));
     // B's watchers hear when the window closes
     let mut watch = sb
         .watch(pb::WatchRequest {
@@ -432,7 +432,7 @@ async fn a_restore_mid_window_counts_as_an_uninterrupted_run() -> anyhow::Result
         .collect();
     let (expected, late) = uninterrupted(&times);
     ensure!(late > 50, "the events hold late ones: {late}");
-    let key = format!("demand/{}", unique("ckpt"));
+    let key = format!("requests/{}", unique("ckpt"));
     let records: Vec<(String, Vec<u8>)> = times
         .iter()
         .map(|&t| {

@@ -79,7 +79,7 @@ async fn an_acknowledged_owned_write_survives_its_holders_disk_loss() -> anyhow:
     let unwritable = Unwritable::new(&node.kafka, &config.kafka.deltas_topic).await?;
     let backlog: Vec<(String, Vec<u8>)> = (0..BACKLOG)
         .map(|i| {
-            let key = format!("requests/{label}-{}", i % 1000);
+            let key = format!("trips/{label}-{}", i % 1000);
             let event = Update {
                 key: key.clone(),
                 op: Op::Add(1),

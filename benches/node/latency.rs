@@ -15,7 +15,7 @@ pub(crate) async fn update_latencies(
         tokio::time::sleep_until(scheduled.into()).await;
         tasks.push(tokio::spawn(async move {
             let request = pb::UpdateRequest {
-                key: format!("requests/lat{:04}", i % 1000),
+                key: format!("trips/lat{:04}", i % 1000),
                 op: Some(pb::update_request::Op::Add(1)),
                 id: String::new(),
                 event_time_ms: 0,
@@ -48,7 +48,7 @@ pub(crate) async fn max_update_rate(
             let mut acked = 0u64;
             while Instant::now() < deadline {
                 let request = pb::UpdateRequest {
-                    key: format!("requests/lat{:04}", (w as u64 * 7919 + acked) % 1000),
+                    key: format!("trips/lat{:04}", (w as u64 * 7919 + acked) % 1000),
                     op: Some(pb::update_request::Op::Add(1)),
                     id: String::new(),
                     event_time_ms: 0,
@@ -160,7 +160,7 @@ pub(crate) async fn gets(node: &Node, streams: usize) -> anyhow::Result<Vec<Dura
             let mut latencies = Vec::new();
             let mut rng = Rng(0x2545_f491_4f6c_dd1d ^ s as u64);
             while Instant::now() < deadline {
-                let key = format!("requests/lat{:04}", rng.below(1000));
+                let key = format!("trips/lat{:04}", rng.below(1000));
                 let t = Instant::now();
                 if client
                     .get(pb::GetRequest {
@@ -199,7 +199,7 @@ pub(crate) async fn ingest_load(
     let mut deliveries = Vec::new();
     while !stop.load(std::sync::atomic::Ordering::Relaxed) {
         tokio::time::sleep_until(schedule(started, rate, sent).into()).await;
-        let key = format!("requests/load/cell-{:05}", rng.below(10_000));
+        let key = format!("trips/load/cell-{:05}", rng.below(10_000));
         let payload = format!(r#"{{"key":"{key}","add":1}}"#);
         deliveries.push(
             producer

@@ -152,7 +152,7 @@ pub(crate) async fn converge_marker(
     tag: &str,
 ) -> anyhow::Result<Option<Duration>> {
     let healed = Instant::now();
-    let key = format!("requests/{tag}-marker");
+    let key = format!("trips/{tag}-marker");
     for region in regions {
         let mut state = state_client(&grpc(&cluster.regions[region])?)?;
         let add = pb::UpdateRequest {

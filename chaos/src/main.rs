@@ -125,7 +125,7 @@ async fn drill(args: Args) -> anyhow::Result<bool> {
         args.cluster.display()
     );
     let tag = format!("chaos-{}", std::process::id());
-    let counters: Vec<String> = (0..KEYS).map(|i| format!("requests/{tag}-{i}")).collect();
+    let counters: Vec<String> = (0..KEYS).map(|i| format!("trips/{tag}-{i}")).collect();
     let owned: Vec<String> = (0..KEYS).map(|i| format!("surge/{tag}-{i}")).collect();
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);

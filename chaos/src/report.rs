@@ -490,15 +490,15 @@ mod tests {
         let mut ops = Vec::new();
         for t in 0..30 {
             for region in ["eu-west-1", "us-east-1"] {
-                ops.push(op(Kind::Write, region, "requests/k", t, Outcome::Ok));
-                ops.push(op(Kind::Read, region, "requests/k", t, Outcome::Ok));
+                ops.push(op(Kind::Write, region, "trips/k", t, Outcome::Ok));
+                ops.push(op(Kind::Read, region, "trips/k", t, Outcome::Ok));
             }
             ops.push(op(Kind::OwnedWrite, "eu-west-1", "surge/k", t, Outcome::Ok));
         }
         let acked = ops.iter().filter(|o| o.kind == Kind::Write).count() as i64;
         let last = acked - i64::from(lost_at.is_some());
         let finals = BTreeMap::from([(
-            "requests/k".to_string(),
+            "trips/k".to_string(),
             BTreeMap::from([
                 ("eu-west-1".to_string(), last),
                 ("us-east-1".to_string(), last),
@@ -537,8 +537,8 @@ mod tests {
     fn a_partition_that_stops_longer_than_a_move_fails_the_drill() {
         let mut ops = Vec::new();
         for t in 0..30 {
-            for key in ["requests/a", "requests/b"] {
-                if key == "requests/b" && (11..18).contains(&t) {
+            for key in ["trips/a", "trips/b"] {
+                if key == "trips/b" && (11..18).contains(&t) {
                     let mut refused = op(Kind::Write, "us-east-1", key, t, Outcome::Info);
                     refused.error = Some("Unavailable: partition 1 is moving".into());
                     ops.push(refused);
@@ -547,13 +547,13 @@ mod tests {
                 }
             }
             ops.push(op(Kind::OwnedWrite, "us-east-1", "surge/k", t, Outcome::Ok));
-            ops.push(op(Kind::Read, "us-east-1", "requests/a", t, Outcome::Ok));
+            ops.push(op(Kind::Read, "us-east-1", "trips/a", t, Outcome::Ok));
         }
         let acked = |key: &str| {
             let writes = ops.iter().filter(|o| o.kind == Kind::Write && o.key == key);
             writes.filter(|o| o.outcome == Outcome::Ok).count() as i64
         };
-        let finals = ["requests/a", "requests/b"]
+        let finals = ["trips/a", "trips/b"]
             .map(|k| {
                 (
                     k.to_string(),
@@ -567,7 +567,7 @@ mod tests {
             target: "us-east-1".into(),
             affected: vec![],
             owned_budget: None,
-            partitions: BTreeMap::from([("requests/a".into(), 0), ("requests/b".into(), 1)]),
+            partitions: BTreeMap::from([("trips/a".into(), 0), ("trips/b".into(), 1)]),
         };
         let s = 1_000_000_000;
         let regions = ["us-east-1".to_string()];

@@ -53,20 +53,20 @@ enum Workload {
     /// by read-then-compare-and-set at the holder.
     OwnedAppend,
     /// `add` of 1..5 with unique ids to windowed g-counters (1-minute tumbling windows,
-    /// `demand/`), each with an event time near the run's clock, one in ten up to 80 s
+    /// `requests/`), each with an event time near the run's clock, one in ten up to 80 s
     /// early (some late), and reads of recent windows, in every region.
     WindowedCounter,
 }
 
-/// The windows of `demand/` in the region files.
+/// The windows of `requests/` in the region files.
 pub(crate) const WINDOW_MS: u64 = 60_000;
 
 impl Workload {
     fn prefix(self) -> &'static str {
         match self {
-            Workload::WindowedCounter => "demand/",
+            Workload::WindowedCounter => "requests/",
             Workload::PnCounter => "drivers/",
-            Workload::GCounter => "requests/",
+            Workload::GCounter => "trips/",
             Workload::SharedRegister => "zones/",
             Workload::OwnedRegister | Workload::OwnedAppend => "surge/",
         }

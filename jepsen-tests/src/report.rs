@@ -306,7 +306,7 @@ mod tests {
 
     fn finals(by_region: &[(&str, i64)]) -> Finals {
         let reads = by_region.iter().map(|(r, v)| (r.to_string(), read(*v)));
-        BTreeMap::from([("requests/k".to_string(), reads.collect())])
+        BTreeMap::from([("trips/k".to_string(), reads.collect())])
     }
 
     fn fault(nemesis: Nemesis) -> Fault {
@@ -352,7 +352,7 @@ mod tests {
         assert!(
             v.anomalies
                 .iter()
-                .any(|a| a.starts_with("requests/k: regions disagree")),
+                .any(|a| a.starts_with("trips/k: regions disagree")),
             "{v:?}"
         );
     }

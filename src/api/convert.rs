@@ -156,7 +156,7 @@ mod tests {
     #[test]
     fn an_update_requests_event_time_is_carried_into_the_log_record() {
         let request = |event_time_ms| pb::UpdateRequest {
-            key: "requests/9q8yy".into(),
+            key: "trips/9q8yy".into(),
             op: Some(pb::update_request::Op::Add(1)),
             id: "r-1".into(),
             event_time_ms,

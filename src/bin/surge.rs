@@ -1,6 +1,6 @@
-//! The surge-pricing workload (`make demo`): riders' requests and available drivers per
-//! geohash are written in every region at once, with a skewed (Zipf 0.99) choice of
-//! geohash; each region publishes the surge multiplier (`surge/<geohash>`, an owned
+//! The surge-pricing workload (`make demo`): riders' requests (counted per minute of their
+//! event time, `requests/` being a windowed namespace) and available drivers per geohash
+//! are written in every region at once, with a skewed (Zipf 0.99) choice of geohash; each region publishes the surge multiplier (`surge/<geohash>`, an owned
 //! namespace) of the geohashes whose lease it holds, and is refused the others; probes measure
 //! how long a write in one region takes to be read in the other. Ends with a table and
 //! whether every region holds identical state. Uses only the public gRPC API.
@@ -10,7 +10,7 @@ use std::hash::{Hash, Hasher};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, bail};
 use clap::Parser;
@@ -85,6 +85,12 @@ async fn run(args: Args) -> anyhow::Result<()> {
         args.seconds
     );
     let deadline = Instant::now() + Duration::from_secs(args.seconds);
+    // every window the run's requests can fall in, for the digest
+    let started_ms = now_ms();
+    let windows = pb::WindowRange {
+        from_ms: started_ms.saturating_sub(120_000),
+        to_ms: started_ms + (args.seconds + 120) * 1000,
+    };
     let counts: BTreeMap<String, Arc<Counts>> = regions
         .iter()
         .map(|r| (r.clone(), Arc::new(Counts::default())))
@@ -112,7 +118,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     for t in tasks {
         t.await?;
     }
-    let digests = settled(&mut clients).await?;
+    let digests = settled(&mut clients, &windows).await?;
     report(&cluster, &counts, &digests, lags).await
 }
 
@@ -157,12 +163,17 @@ impl Writer {
         }
     }
 
-    /// Six in ten a rider's request, three a driver coming or going, one a surge
-    /// multiplier (accepted only where the geohash's lease is held).
+    /// Six in ten a rider's request (its event time the rider's clock: this one's), three a
+    /// driver coming or going, one a surge multiplier (accepted only where the geohash's
+    /// lease is held).
     fn next_update(&mut self, i: u64) -> pb::UpdateRequest {
         let gh = geohash(self.zipf.sample(self.rng.unit()));
+        let mut event_time_ms = 0;
         let (key, op) = match self.rng.next_u64() % 10 {
-            0..=5 => (format!("requests/{gh}"), pb::update_request::Op::Add(1)),
+            0..=5 => {
+                event_time_ms = now_ms();
+                (format!("requests/{gh}"), pb::update_request::Op::Add(1))
+            }
             6..=8 => {
                 let change = if self.rng.next_u64().is_multiple_of(2) {
                     1
@@ -184,9 +195,15 @@ impl Writer {
             key,
             op: Some(op),
             id: String::new(),
-            event_time_ms: 0,
+            event_time_ms,
         }
     }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// Until `deadline`: a write in each region, timed until the next region reads it; and
@@ -221,7 +238,7 @@ async fn probe_until(
 
 /// One probe: add 1 to `from`'s probe key there; the time until `to` reads that count.
 async fn probe(clients: &Clients, from: &str, to: &str) -> anyhow::Result<Duration> {
-    let key = format!("requests/probe-{from}");
+    let key = format!("trips/probe-{from}");
     let mut writer = clients[from].clone();
     let request = pb::UpdateRequest {
         key: key.clone(),
@@ -245,12 +262,15 @@ async fn probe(clients: &Clients, from: &str, to: &str) -> anyhow::Result<Durati
 }
 
 /// Every region's digest, once they agree or 30 s have passed.
-async fn settled(clients: &mut Clients) -> anyhow::Result<BTreeMap<String, (usize, u64)>> {
+async fn settled(
+    clients: &mut Clients,
+    windows: &pb::WindowRange,
+) -> anyhow::Result<BTreeMap<String, (usize, u64)>> {
     let settle = Instant::now();
     loop {
         let mut digests = BTreeMap::new();
         for (r, c) in clients.iter_mut() {
-            digests.insert(r.clone(), digest(c).await?);
+            digests.insert(r.clone(), digest(c, windows).await?);
         }
         let first = digests.values().next().cloned();
         if digests.values().all(|d| Some(d) == first.as_ref())
@@ -326,11 +346,18 @@ async fn probe_value(client: &mut StateClient<Channel>, key: &str) -> anyhow::Re
     })
 }
 
-/// Number of keys and a hash of every (key, value) under the workload's prefixes.
-async fn digest(client: &mut StateClient<Channel>) -> anyhow::Result<(usize, u64)> {
+/// Number of values and a hash of every (key, window, value) under the workload's
+/// prefixes; `requests/` is read for every window in `windows`, final or not.
+async fn digest(
+    client: &mut StateClient<Channel>,
+    windows: &pb::WindowRange,
+) -> anyhow::Result<(usize, u64)> {
     let mut hasher = DefaultHasher::new();
     let mut keys = 0;
-    for prefix in ["requests/", "drivers/", "zones/", "surge/"] {
+    for prefix in ["requests/", "trips/", "drivers/", "zones/", "surge/"] {
+        let window = (prefix == "requests/").then_some(pb::WindowSelector {
+            which: Some(pb::window_selector::Which::Range(*windows)),
+        });
         let mut page_token = String::new();
         loop {
             let page = client
@@ -338,13 +365,14 @@ async fn digest(client: &mut StateClient<Channel>) -> anyhow::Result<(usize, u64
                     prefix: prefix.into(),
                     page_token,
                     limit: 1000,
-                    window: None,
+                    window,
                 })
                 .await?
                 .into_inner();
             for v in &page.values {
                 keys += 1;
                 v.key.hash(&mut hasher);
+                v.window.as_ref().map(|w| w.start_ms).hash(&mut hasher);
                 match &v.value {
                     Some(pb::value::Value::Counter(n)) => n.hash(&mut hasher),
                     Some(pb::value::Value::Register(b)) => b.hash(&mut hasher),

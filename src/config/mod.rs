@@ -785,7 +785,7 @@ mod tests {
         grpc-listen = "127.0.0.1:0"
         metrics-listen = "127.0.0.1:0"
         [[namespace]]
-        prefix = "requests/"
+        prefix = "trips/"
         type = "g_counter"
         ownership = "shared"
         [[namespace]]
@@ -832,7 +832,7 @@ mod tests {
             let c = Config::load(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
             assert_eq!(c.region.as_str(), region);
             for (prefix, crdt, ownership) in [
-                ("requests/", CrdtType::GCounter, Ownership::Shared),
+                ("trips/", CrdtType::GCounter, Ownership::Shared),
                 ("drivers/", CrdtType::PnCounter, Ownership::Shared),
                 ("zones/", CrdtType::LwwRegister, Ownership::Shared),
                 ("surge/", CrdtType::LwwRegister, Ownership::Owned),
@@ -853,7 +853,7 @@ mod tests {
     #[test]
     fn overlapping_namespaces_are_refused() {
         let text = format!(
-            "{MINIMAL}\n[[namespace]]\nprefix = \"requests/vip/\"\ntype = \"g_counter\"\nownership = \"shared\"\n"
+            "{MINIMAL}\n[[namespace]]\nprefix = \"trips/vip/\"\ntype = \"g_counter\"\nownership = \"shared\"\n"
         );
         let err = Config::parse(&text).unwrap_err().to_string();
         assert!(err.contains("overlap"), "{err}");

@@ -696,7 +696,7 @@ mod tests {
         }
     }
 
-    /// `demand/` counts per minute of event time with 10 s of allowed lateness, and the
+    /// `requests/` counts per minute of event time with 10 s of allowed lateness, and the
     /// watermark trails the largest event time by 5 s: an event counts in its minute's
     /// slice until the watermark passes that minute's end plus 10 s, then it is late,
     /// kept apart, and changes nothing. Without an event time, the Kafka timestamp is the
@@ -705,7 +705,11 @@ mod tests {
     fn windowed_events_count_per_slice_by_event_time_and_late_ones_are_kept_apart() {
         let add = |offset, n, t: Option<u64>| {
             let at = t.map_or(String::new(), |t| format!(r#","event_time":{t}"#));
-            record(0, offset, &format!(r#"{{"key":"demand/a","add":{n}{at}}}"#))
+            record(
+                0,
+                offset,
+                &format!(r#"{{"key":"requests/a","add":{n}{at}}}"#),
+            )
         };
         let out = run(
             vec![
@@ -722,12 +726,12 @@ mod tests {
             &BTreeMap::new(),
         );
         assert!(out.rejected.is_empty(), "{:?}", out.rejected);
-        assert_eq!(counted(&out, "demand/a", 10 * MIN), 1);
-        assert_eq!(counted(&out, "demand/a", 11 * MIN), 2 + 8);
+        assert_eq!(counted(&out, "requests/a", 10 * MIN), 1);
+        assert_eq!(counted(&out, "requests/a", 11 * MIN), 2 + 8);
         let kafka_slice = 1_700_000_000_000 - 1_700_000_000_000 % MIN;
-        assert_eq!(counted(&out, "demand/a", kafka_slice), 16);
+        assert_eq!(counted(&out, "requests/a", kafka_slice), 16);
         assert!(
-            !out.states.contains_key("demand/a"),
+            !out.states.contains_key("requests/a"),
             "only slices are stored"
         );
         let late: Vec<(i64, &Rejection)> =
@@ -738,7 +742,7 @@ mod tests {
                 (
                     3,
                     &Rejection::Late {
-                        key: "demand/a".into(),
+                        key: "requests/a".into(),
                         event_time_ms: 10 * MIN + 100,
                         watermark_ms: 11 * MIN + 15_000,
                         closed_at_ms: 11 * MIN + 10_000,
@@ -747,7 +751,7 @@ mod tests {
                 (
                     6,
                     &Rejection::Late {
-                        key: "demand/a".into(),
+                        key: "requests/a".into(),
                         event_time_ms: 11 * MIN + 2,
                         watermark_ms: 1_700_000_000_000 - 5_000,
                         closed_at_ms: 12 * MIN + 10_000,
@@ -782,7 +786,10 @@ mod tests {
     /// replay after a restart decides as the first run did), each partition by its own.
     #[test]
     fn the_stored_watermark_judges_the_next_batch_per_partition() {
-        let json = format!(r#"{{"key":"demand/a","add":1,"event_time":{}}}"#, 10 * MIN);
+        let json = format!(
+            r#"{{"key":"requests/a","add":1,"event_time":{}}}"#,
+            10 * MIN
+        );
         let out = run(vec![record(0, 1, &json), record(1, 1, &json)], &Watermarked);
         let late: Vec<i32> = out.late.iter().map(|(r, _)| r.partition).collect();
         assert_eq!(late, [0]);
@@ -804,7 +811,7 @@ mod tests {
             record(
                 0,
                 offset,
-                &format!(r#"{{"key":"demand/a","add":1,"event_time":{t}}}"#),
+                &format!(r#"{{"key":"requests/a","add":1,"event_time":{t}}}"#),
             )
         };
         let out = run(
@@ -838,17 +845,17 @@ mod tests {
     fn a_windowed_write_needs_an_event_time_with_an_id_and_a_key_without_nul() {
         let out = run(
             vec![
-                record(0, 1, r#"{"key":"demand/a","add":1,"id":"r-1"}"#),
-                record(0, 2, r#"{"key":"demand/a\u0000b","add":1}"#),
+                record(0, 1, r#"{"key":"requests/a","add":1,"id":"r-1"}"#),
+                record(0, 2, r#"{"key":"requests/a\u0000b","add":1}"#),
                 record(
                     0,
                     3,
-                    r#"{"key":"demand/a","add":1,"id":"r-1","event_time":5}"#,
+                    r#"{"key":"requests/a","add":1,"id":"r-1","event_time":5}"#,
                 ),
                 record(
                     0,
                     4,
-                    r#"{"key":"demand/a","add":1,"id":"r-1","event_time":5}"#,
+                    r#"{"key":"requests/a","add":1,"id":"r-1","event_time":5}"#,
                 ),
             ],
             &BTreeMap::new(),
@@ -863,7 +870,7 @@ mod tests {
             [(1, "id_without_event_time"), (2, "nul_in_windowed_key")]
         );
         assert_eq!((out.applied, out.duplicates), (1, 1));
-        assert_eq!(out.recent_ids[&window::slice_key("demand/a", 0)], ["r-1"]);
+        assert_eq!(out.recent_ids[&window::slice_key("requests/a", 0)], ["r-1"]);
     }
 
     /// A record's own stamp may lead its Kafka timestamp by max-clock-offset (500 ms here)
@@ -958,7 +965,7 @@ mod tests {
                     2,
                     r#"{"key":"surge/a","set":"2","epoch":18446744073709551615}"#,
                 ),
-                record(1, 7, r#"{"key":"requests/x","add":1}"#),
+                record(1, 7, r#"{"key":"trips/x","add":1}"#),
                 record(0, 3, r#"{"key":"surge/a","set":"3","epoch":3}"#),
             ]
         };
@@ -1141,7 +1148,7 @@ mod tests {
     /// client (murmur2); one that is not is applied, and counted, with the first named.
     #[test]
     fn records_off_their_keys_partition_are_refused_and_counted() {
-        let keys = ["requests/a", "requests/b", "requests/c", "requests/d"];
+        let keys = ["trips/a", "trips/b", "trips/c", "trips/d"];
         let records: Vec<Record> = keys
             .iter()
             .zip(1..)
@@ -1170,7 +1177,7 @@ mod tests {
             vec![
                 record(0, 10, r#"{"key":"drivers/a","add":3}"#),
                 record(1, 7, r#"{"key":"drivers/a","add":-1}"#),
-                record(0, 11, r#"{"key":"requests/a","add":2}"#),
+                record(0, 11, r#"{"key":"trips/a","add":2}"#),
                 record(0, 12, "garbage"),
                 record(1, 8, r#"{"key":"zones/a","set":"x"}"#),
             ],
@@ -1191,19 +1198,19 @@ mod tests {
     fn a_repeated_idempotency_id_applies_once_within_the_window() {
         let out = run(
             vec![
-                record(0, 1, r#"{"key":"requests/a","add":5,"id":"x"}"#),
-                record(0, 2, r#"{"key":"requests/a","add":5,"id":"x"}"#),
-                record(0, 3, r#"{"key":"requests/a","add":1,"id":"y"}"#),
-                record(0, 4, r#"{"key":"requests/b","add":1,"id":"x"}"#),
+                record(0, 1, r#"{"key":"trips/a","add":5,"id":"x"}"#),
+                record(0, 2, r#"{"key":"trips/a","add":5,"id":"x"}"#),
+                record(0, 3, r#"{"key":"trips/a","add":1,"id":"y"}"#),
+                record(0, 4, r#"{"key":"trips/b","add":1,"id":"x"}"#),
             ],
             &BTreeMap::new(),
         );
         assert_eq!((out.applied, out.duplicates), (3, 1));
-        match &out.states["requests/a"] {
+        match &out.states["trips/a"] {
             CrdtValue::GCounter(c) => assert_eq!(c.value(), 6),
             other => panic!("{other:?}"),
         }
-        assert_eq!(out.recent_ids["requests/a"], ["x", "y"]);
+        assert_eq!(out.recent_ids["trips/a"], ["x", "y"]);
     }
 
     /// A source whose keys all had ids "x" and "y" applied.
@@ -1222,9 +1229,9 @@ mod tests {
     fn every_delta_carries_its_keys_whole_id_window() {
         let out = run(
             vec![
-                record(0, 1, r#"{"key":"requests/a","add":1,"id":"z"}"#),
-                record(0, 2, r#"{"key":"requests/b","add":1}"#),
-                record(0, 3, r#"{"key":"requests/c","add":1,"id":"x"}"#),
+                record(0, 1, r#"{"key":"trips/a","add":1,"id":"z"}"#),
+                record(0, 2, r#"{"key":"trips/b","add":1}"#),
+                record(0, 3, r#"{"key":"trips/c","add":1,"id":"x"}"#),
             ],
             &Windowed,
         );
@@ -1236,11 +1243,11 @@ mod tests {
         assert_eq!(
             windows,
             BTreeMap::from([
-                ("requests/a", &["x", "y", "z"].map(String::from)[..]),
+                ("trips/a", &["x", "y", "z"].map(String::from)[..]),
                 // no id in this batch: the stored window all the same
-                ("requests/b", &["x", "y"].map(String::from)[..]),
+                ("trips/b", &["x", "y"].map(String::from)[..]),
             ]),
-            "requests/c's record is a duplicate: nothing changed, nothing ships"
+            "trips/c's record is a duplicate: nothing changed, nothing ships"
         );
         assert_eq!(out.duplicates, 1);
     }
@@ -1248,10 +1255,10 @@ mod tests {
     #[test]
     fn a_refused_record_leaves_the_key_untouched() {
         let first = run(
-            vec![record(0, 0, r#"{"key":"requests/a","add":5}"#)],
+            vec![record(0, 0, r#"{"key":"trips/a","add":5}"#)],
             &BTreeMap::new(),
         );
-        let huge = format!(r#"{{"key":"requests/a","add":{}}}"#, i64::MAX);
+        let huge = format!(r#"{{"key":"trips/a","add":{}}}"#, i64::MAX);
         let refused = run(vec![record(0, 1, &huge)], &first.states);
         assert_eq!(refused.rejected.len(), 1, "5 + i64::MAX leaves int64");
         assert!(refused.states.is_empty() && refused.outbox.is_empty());
@@ -1294,14 +1301,14 @@ mod tests {
     #[test]
     fn a_batch_builds_on_stored_state() {
         let first = run(
-            vec![record(0, 0, r#"{"key":"requests/a","add":5}"#)],
+            vec![record(0, 0, r#"{"key":"trips/a","add":5}"#)],
             &BTreeMap::new(),
         );
         let second = run(
-            vec![record(0, 1, r#"{"key":"requests/a","add":2}"#)],
+            vec![record(0, 1, r#"{"key":"trips/a","add":2}"#)],
             &first.states,
         );
-        match &second.states["requests/a"] {
+        match &second.states["trips/a"] {
             CrdtValue::GCounter(c) => assert_eq!(c.value(), 7),
             other => panic!("{other:?}"),
         }

@@ -404,7 +404,7 @@ mod tests {
             Ok(CrdtType::PnCounter)
         );
         assert_eq!(
-            check(r#"{"key":"requests/9q8yy","add":1,"id":"r-1","event_time":17}"#),
+            check(r#"{"key":"trips/9q8yy","add":1,"id":"r-1","event_time":17}"#),
             Ok(CrdtType::GCounter)
         );
         assert_eq!(
@@ -424,10 +424,10 @@ mod tests {
         );
         assert_eq!(code(r#"{"key":"drivers/x","ad":1}"#), "malformed");
         assert_eq!(code(r#"{"key":"nowhere/x","add":1}"#), "no_namespace");
-        assert_eq!(code(r#"{"key":"requests/x","set":"1"}"#), "wrong_op");
+        assert_eq!(code(r#"{"key":"trips/x","set":"1"}"#), "wrong_op");
         assert_eq!(code(r#"{"key":"zones/x","add":1}"#), "wrong_op");
         assert_eq!(
-            code(r#"{"key":"requests/x","add":0}"#),
+            code(r#"{"key":"trips/x","add":0}"#),
             "non_positive_increment"
         );
         assert_eq!(

@@ -730,10 +730,10 @@ mod tests {
         local
             .increment(&Actor::new(RegionId::new("us-east-1").unwrap(), 1), 4)
             .unwrap();
-        let stored = BTreeMap::from([("requests/a".to_string(), CrdtValue::GCounter(local))]);
+        let stored = BTreeMap::from([("trips/a".to_string(), CrdtValue::GCounter(local))]);
         let in_order = [
-            delta("eu-west-1", "requests/a", 2, 1),
-            delta("eu-west-1", "requests/a", 5, 2),
+            delta("eu-west-1", "trips/a", 2, 1),
+            delta("eu-west-1", "trips/a", 5, 2),
         ];
         let shuffled = [
             in_order[1].clone(),
@@ -743,7 +743,7 @@ mod tests {
         let a = merge(&in_order, &stored, &remote, &hlc).unwrap();
         let b = merge(&shuffled, &stored, &remote, &hlc).unwrap();
         assert_eq!(a.states, b.states);
-        match &a.states["requests/a"] {
+        match &a.states["trips/a"] {
             CrdtValue::GCounter(c) => assert_eq!(c.value(), 9, "local 4 + remote 5"),
             other => panic!("{other:?}"),
         }
@@ -761,7 +761,7 @@ mod tests {
         let origin = RegionId::new("us-east-1").unwrap();
         let with_ids = |count, at, ids: Vec<String>| {
             let mut d = Delta::decode(
-                delta("us-east-1", "requests/a", count, at)
+                delta("us-east-1", "trips/a", count, at)
                     .payload
                     .as_deref()
                     .unwrap(),
@@ -781,7 +781,7 @@ mod tests {
         ];
         let out = merge(&records, &BTreeMap::new(), &origin, &hlc).unwrap();
         assert_eq!(out.merged, 2);
-        assert_eq!(out.recent_ids["requests/a"], &many[3..]);
+        assert_eq!(out.recent_ids["trips/a"], &many[3..]);
         let refused: Vec<_> = out.refused.iter().map(|r| (r.1, r.2.code())).collect();
         assert_eq!(refused, [(3, "too_large")]);
     }
@@ -800,10 +800,10 @@ mod tests {
         other
             .add(&Actor::new(RegionId::new("us-east-1").unwrap(), 1), 7)
             .unwrap();
-        let stored = BTreeMap::from([("requests/a".to_string(), CrdtValue::PnCounter(other))]);
+        let stored = BTreeMap::from([("trips/a".to_string(), CrdtValue::PnCounter(other))]);
         let records = [
-            delta("eu-west-1", "requests/a", 2, 1),
-            delta("eu-west-1", "requests/a", 5, 2),
+            delta("eu-west-1", "trips/a", 2, 1),
+            delta("eu-west-1", "trips/a", 5, 2),
         ];
         let out = merge(&records, &stored, &remote, &hlc).unwrap();
         assert!(out.states.is_empty(), "{:?}", out.states);
@@ -835,8 +835,8 @@ mod tests {
         );
         let remote = RegionId::new("eu-west-1").unwrap();
         let (old, new) = (
-            crate::window::slice_key("demand/a", 0),
-            crate::window::slice_key("demand/a", 60_000),
+            crate::window::slice_key("requests/a", 0),
+            crate::window::slice_key("requests/a", 60_000),
         );
         let records = [
             delta("eu-west-1", &old, 2, 1),
@@ -870,7 +870,7 @@ mod tests {
             ),
         };
         let records = [
-            delta("eu-west-1", "requests/a", 2, 1),
+            delta("eu-west-1", "trips/a", 2, 1),
             beat("eu-west-1", 0, 2, 7 * SEC),
             beat("eu-west-1", 1, 0, 9 * SEC),
             beat("eu-west-1", 0, 3, 8 * SEC),
@@ -964,7 +964,7 @@ mod tests {
             Duration::from_millis(500),
         );
         let remote = RegionId::new("eu-west-1").unwrap();
-        let mut garbage = delta("eu-west-1", "requests/a", 1, 1);
+        let mut garbage = delta("eu-west-1", "trips/a", 1, 1);
         garbage.payload = Some(b"\xff\xff".to_vec());
         // a counter delta that also carries another region's entry (it would inflate it)
         let mut c = GCounter::new();
@@ -974,7 +974,7 @@ mod tests {
         }
         let foreign = record(
             &Delta {
-                key: "requests/b".into(),
+                key: "trips/b".into(),
                 origin: remote.clone(),
                 state: CrdtValue::GCounter(c),
                 origin_time: HlcTimestamp::new(5, 0),
@@ -983,18 +983,18 @@ mod tests {
             },
             5,
         );
-        let mut rekeyed = delta("eu-west-1", "requests/a", 1, 6);
-        rekeyed.key = Some(b"requests/other".to_vec());
-        let long_key = format!("requests/{}", "k".repeat(2000));
+        let mut rekeyed = delta("eu-west-1", "trips/a", 1, 6);
+        rekeyed.key = Some(b"trips/other".to_vec());
+        let long_key = format!("trips/{}", "k".repeat(2000));
         let records = [
             garbage,
-            delta("ap-south-1", "requests/a", 1, 2),
+            delta("ap-south-1", "trips/a", 1, 2),
             delta("eu-west-1", "nowhere/a", 1, 3),
             delta("eu-west-1", "zones/a", 1, 4),
             foreign,
             rekeyed,
             delta("eu-west-1", &long_key, 1, 7),
-            delta("eu-west-1", "requests/a", 1, 100 * SEC + 400_000_000),
+            delta("eu-west-1", "trips/a", 1, 100 * SEC + 400_000_000),
         ];
         let out = merge(&records, &BTreeMap::new(), &remote, &hlc).unwrap();
         let codes: Vec<&str> = out.refused.iter().map(|(_, _, why)| why.code()).collect();
@@ -1047,16 +1047,16 @@ mod tests {
         }
         register.payload = Some(d.encode());
         let records = vec![
-            on(0, delta("eu-west-1", "requests/a", 1, 99 * SEC), 10),
-            on(0, delta("eu-west-1", "requests/b", 1, 102 * SEC), 11),
-            on(0, delta("eu-west-1", "requests/c", 1, 99 * SEC), 12),
-            on(1, delta("eu-west-1", "requests/d", 1, 99 * SEC), 40),
+            on(0, delta("eu-west-1", "trips/a", 1, 99 * SEC), 10),
+            on(0, delta("eu-west-1", "trips/b", 1, 102 * SEC), 11),
+            on(0, delta("eu-west-1", "trips/c", 1, 99 * SEC), 12),
+            on(1, delta("eu-west-1", "trips/d", 1, 99 * SEC), 40),
             on(2, register, 7),
         ];
         let out = merge(&records, &BTreeMap::new(), &remote, &hlc).unwrap();
         assert!(out.refused.is_empty(), "{:?}", out.refused);
         let merged: Vec<&str> = out.states.keys().map(String::as_str).collect();
-        assert_eq!(merged, ["requests/a", "requests/d"]);
+        assert_eq!(merged, ["trips/a", "trips/d"]);
         assert_eq!(out.offsets, BTreeMap::from([(0, 10), (1, 40), (2, 6)]));
         let held: Vec<(i32, i64, &str)> = out
             .held
@@ -1075,6 +1075,6 @@ mod tests {
         let out = merge(&again, &BTreeMap::new(), &remote, &hlc).unwrap();
         assert!(out.held.is_empty() && out.refused.is_empty());
         let merged: Vec<&str> = out.states.keys().map(String::as_str).collect();
-        assert_eq!(merged, ["requests/b", "requests/c", "surge/9q8yy"]);
+        assert_eq!(merged, ["surge/9q8yy", "trips/b", "trips/c"]);
     }
 }

@@ -689,10 +689,10 @@ mod tests {
         CrdtValue::GCounter(c)
     }
 
-    /// Two keys of different partitions (`requests/a` → 1, `requests/b` → 3 of 4; both 1
+    /// Two keys of different partitions (`trips/d` → 1, `trips/e` → 3 of 4; both 1
     /// of 2).
     fn keys() -> (String, String) {
-        let (a, b) = ("requests/a".to_string(), "requests/b".to_string());
+        let (a, b) = ("trips/d".to_string(), "trips/e".to_string());
         assert_eq!(partition_of(a.as_bytes(), 4), 1);
         assert_eq!(partition_of(b.as_bytes(), 4), 3);
         (a, b)
@@ -748,13 +748,13 @@ mod tests {
             Arc::new(|_, slice, lowest| slice + 1000 <= lowest),
         );
         let (old, new) = (
-            window::slice_key("demand/a", 0),
-            window::slice_key("demand/a", 5000),
+            window::slice_key("requests/a", 0),
+            window::slice_key("requests/a", 5000),
         );
         let states = BTreeMap::from([
             (old.clone(), counter(1)),
             (new.clone(), counter(2)),
-            ("requests/a".to_string(), counter(3)),
+            ("trips/d".to_string(), counter(3)),
         ]);
         let none = BTreeMap::new();
         let commit = |watermarks: &BTreeMap<i32, u64>, remote: Option<u64>| {
@@ -789,7 +789,7 @@ mod tests {
         store.compact();
         assert_eq!(store.get(&old).unwrap(), None);
         assert_eq!(store.get(&new).unwrap(), Some(counter(2)));
-        assert_eq!(store.get("requests/a").unwrap(), Some(counter(3)));
+        assert_eq!(store.get("trips/d").unwrap(), Some(counter(3)));
         // reopened, the stored watermarks judge alike
         drop(store);
         let store = Store::open(dir.path(), 1).unwrap();
@@ -900,7 +900,7 @@ mod tests {
         );
         assert!(store.remote_watermarks(0).unwrap().is_empty());
         assert_eq!(store.get(&a).unwrap(), Some(counter(3)));
-        assert_eq!(store.get("requests/zzz").unwrap(), None);
+        assert_eq!(store.get("trips/zzz").unwrap(), None);
         assert_eq!(
             store.source_offsets("geostate.updates").unwrap(),
             BTreeMap::from([(1, 41), (3, 7)])
@@ -937,10 +937,10 @@ mod tests {
             BTreeMap::from([(RegionId::new("eu-west-1").unwrap(), HlcTimestamp::new(7, 0))])
         );
         assert!(store.remote_applied(3).unwrap().is_empty(), "per partition");
-        let page = store.scan("requests/", None, 1).unwrap();
+        let page = store.scan("trips/", None, 1).unwrap();
         assert_eq!(page.len(), 1);
         assert_eq!(page[0].0, a);
-        let next = store.scan("requests/", Some(&a), 10).unwrap();
+        let next = store.scan("trips/", Some(&a), 10).unwrap();
         assert_eq!(
             next.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>(),
             [b.as_str()]
