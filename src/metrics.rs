@@ -48,6 +48,10 @@ pub const TASK_FAILURES: &str = "geostate_task_failures_total";
 pub const WATCHERS_DROPPED: &str = "geostate_watchers_dropped_total";
 /// Keys waiting in the outbox to be shipped, as ingest or the shipper last saw it (gauge).
 pub const OUTBOX_KEYS: &str = "geostate_outbox_keys";
+/// Bytes of state (values and idempotency ids, window slices included) this node's
+/// RocksDB holds in live SST files and memtables; expired slices leave it as compactions
+/// drop them (gauge).
+pub const STATE_BYTES: &str = "geostate_state_bytes";
 /// Deltas this region shipped to its deltas topic (counter).
 pub const DELTAS_SHIPPED: &str = "geostate_deltas_shipped_total";
 /// Bytes of deltas shipped (counter).

@@ -330,14 +330,15 @@ impl Opened {
             OnStop::Abort,
             returns(m::serve(metrics, recorder)),
         );
-        let lag = report_lag(
+        let gauges = report_gauges(
             config.clone(),
+            self.store.clone(),
             shared.clone(),
             remotes.clone(),
             self.clock.clone(),
             stop_rx.clone(),
         );
-        tasks.spawn("the lag reporter", OnStop::Abort, returns(lag));
+        tasks.spawn("the gauge reporter", OnStop::Abort, returns(gauges));
         let bootstrapping = self.bootstrapping;
         let api = Api {
             // a write Kafka cannot take within 10 s is answered UNAVAILABLE
@@ -747,9 +748,11 @@ async fn returns(task: impl Future<Output = ()>) -> Result<(), std::convert::Inf
     Ok(())
 }
 
-/// Publishes the consumer lag per owned partition every few seconds.
-async fn report_lag(
+/// Publishes every few seconds the remote regions' silence, the bytes of state, and the
+/// consumer lag per owned partition.
+async fn report_gauges(
     config: Arc<Config>,
+    store: Arc<Store>,
     shared: Arc<IngestShared>,
     remotes: Vec<Arc<RemoteProgress>>,
     clock: Arc<dyn Clock>,
@@ -767,6 +770,7 @@ async fn report_lag(
                     .set(silence);
             }
         }
+        metrics::gauge!(m::STATE_BYTES).set(store.state_bytes() as f64);
         let owned: Vec<i32> = shared.owned.borrow().iter().copied().collect();
         let Ok(ends) = log::end_offsets(&config.kafka, &config.kafka.updates_topic, owned).await
         else {

@@ -487,6 +487,12 @@ impl Store {
         self.parts.iter().for_each(PartitionStore::compact);
     }
 
+    /// Bytes the state (values and idempotency ids) holds over every partition instance:
+    /// live SST files and memtables.
+    pub fn state_bytes(&self) -> u64 {
+        self.parts.iter().map(PartitionStore::state_bytes).sum()
+    }
+
     /// Every watermark, by updates partition.
     pub fn watermarks(&self) -> Result<BTreeMap<i32, u64>, StoreError> {
         self.union(PartitionStore::watermarks)

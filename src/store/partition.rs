@@ -475,6 +475,23 @@ impl PartitionStore {
         }
     }
 
+    /// Bytes the state and id column families hold: live SST files and memtables.
+    pub(super) fn state_bytes(&self) -> u64 {
+        let property = |cf: &'static str, name: &str| {
+            (self.db.property_int_value_cf(self.cf(cf), name))
+                .ok()
+                .flatten()
+                .unwrap_or(0)
+        };
+        [CF_STATE, CF_DEDUP]
+            .map(|cf| {
+                property(cf, "rocksdb.live-sst-files-size")
+                    + property(cf, "rocksdb.cur-size-all-mem-tables")
+            })
+            .iter()
+            .sum()
+    }
+
     /// Every watermark, by updates partition.
     pub(super) fn watermarks(&self) -> Result<BTreeMap<i32, u64>, StoreError> {
         self.watermarks_with(ReadOptions::default())
