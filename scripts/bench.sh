@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The benchmarks (docs/benchmarks.md: `make bench`): installs what is missing (the cluster's parts and
-# the peers: Kafka Streams, Redis, matplotlib), builds in release mode, starts a private
+# the peers: Kafka Streams, Apache Flink, Redis, matplotlib), builds in release mode, starts a private
 # local cluster whose nodes run the release build, runs every benchmark against it, writes
 # the report to bench/results/latest.md, latest.json and latest.png, and stops the cluster.
 set -euo pipefail
@@ -12,7 +12,7 @@ export GEOSTATE_CLUSTER="$GEOSTATE_RUN_DIR/cluster.json"
 export GEOSTATE_PROFILE=release
 
 python3 regions/local/cluster.py install
-eval "$(python3 bench/peers/peers.py install)"   # KSTREAMS_CP, REDIS_SERVER
+eval "$(python3 bench/peers/peers.py install)"   # KSTREAMS_CP, FLINK_CP, REDIS_SERVER
 cargo build --release --locked --bins
 cargo bench --locked --no-run
 
@@ -29,19 +29,24 @@ pin_cluster() {
   done
 }
 
+# A benchmark that measures systems side by side per core (node, windows) runs this way.
+pinned_bench() {
+  pin_cluster 0
+  if [ "$(nproc)" -ge 2 ]; then
+    taskset -c 0 cargo bench --locked --bench "$@"
+  else
+    cargo bench --locked --bench "$@"
+  fi
+  pin_cluster "0-$(( $(nproc) - 1 ))"
+}
+
 mkdir -p bench/results
 report=bench/results/latest.md
 started=$(date +%s)
 {
   echo "<!-- written by make bench on $(date -u +%Y-%m-%dT%H:%M:%SZ), commit $(git rev-parse --short HEAD) -->"
   echo
-  pin_cluster 0
-  if [ "$(nproc)" -ge 2 ]; then
-    taskset -c 0 cargo bench --locked --bench node "$@"
-  else
-    cargo bench --locked --bench node "$@"
-  fi
-  pin_cluster "0-$(( $(nproc) - 1 ))"
+  pinned_bench node "$@"
   echo
   cargo bench --locked --bench replication "$@"
   echo
@@ -51,7 +56,7 @@ started=$(date +%s)
   echo
   cargo bench --locked --bench scale "$@"
   echo
-  cargo bench --locked --bench windows "$@"
+  pinned_bench windows "$@"
   echo
   echo "Chart: [latest.png](latest.png); figures: [latest.json](latest.json). The benchmarks took $(( $(date +%s) - started )) s."
 } | tee "$report"

@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """The peers `make bench` measures geostate against, and the report's chart.
 
-  peers.py install   Kafka Streams (jars from Maven Central, the peer app compiled with
-                     javac), Debian's redis-server, matplotlib (PyPI) in a venv; prints
-                     the environment the benchmark reads (KSTREAMS_CP, REDIS_SERVER)
+  peers.py install   Kafka Streams and Apache Flink (jars from Maven Central, the peer apps
+                     compiled with javac), Debian's redis-server, matplotlib (PyPI) in a
+                     venv; prints the environment the benchmarks read (KSTREAMS_CP,
+                     FLINK_CP, REDIS_SERVER)
   peers.py chart REPORT.json OUT.png
                      draws the ingest and latency figures of a report
 
@@ -24,6 +25,9 @@ import cluster  # noqa: E402  (the cache folder, versions and the apt helper are
 
 HERE = Path(__file__).resolve().parent
 KSTREAMS = cluster.CACHE / f"kstreams-{cluster.KAFKA_VERSION}"
+FLINK_VERSION = "2.2.1"
+FLINK_KAFKA_VERSION = "5.0.0-2.2"  # the Kafka connector released for Flink 2.2
+FLINK = cluster.CACHE / f"flink-{FLINK_VERSION}"
 VENV = cluster.CACHE / "bench-venv"
 MATPLOTLIB_VERSION = "3.11.2"
 
@@ -40,34 +44,60 @@ KSTREAMS_POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
 """
 
 
+FLINK_POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>dev.geostate</groupId><artifactId>flink-peer</artifactId><version>1</version>
+  <packaging>pom</packaging>
+  <dependencies>
+    <dependency><groupId>org.apache.flink</groupId><artifactId>flink-streaming-java</artifactId><version>{flink}</version></dependency>
+    <dependency><groupId>org.apache.flink</groupId><artifactId>flink-clients</artifactId><version>{flink}</version></dependency>
+    <dependency><groupId>org.apache.flink</groupId><artifactId>flink-statebackend-rocksdb</artifactId><version>{flink}</version></dependency>
+    <dependency><groupId>org.apache.flink</groupId><artifactId>flink-connector-base</artifactId><version>{flink}</version></dependency>
+    <dependency><groupId>org.apache.flink</groupId><artifactId>flink-connector-kafka</artifactId><version>{kafka}</version></dependency>
+    <dependency><groupId>org.slf4j</groupId><artifactId>slf4j-nop</artifactId><version>1.7.36</version></dependency>
+  </dependencies>
+</project>
+"""
+
+
 def log(msg: str) -> None:
     print(f"[peers] {msg}", file=sys.stderr, flush=True)
 
 
-def install_kstreams() -> str:
-    libs = KSTREAMS / "libs"
+def install_java_peer(home: Path, pom: str, version: str, source: Path) -> str:
+    """The runtime jars `pom` names (from Maven Central, once) and `source` compiled against
+    them, under `home`: the classpath to run it with."""
+    libs = home / "libs"
     if not (libs / ".complete").exists():
-        log(f"fetching Kafka Streams {cluster.KAFKA_VERSION} from Maven Central")
-        KSTREAMS.mkdir(parents=True, exist_ok=True)
-        (KSTREAMS / "pom.xml").write_text(
-            KSTREAMS_POM.format(kafka=cluster.KAFKA_VERSION, slf4j=cluster.SLF4J_VERSION))
-        tmp = KSTREAMS / "libs.tmp"
+        log(f"fetching {home.name} from Maven Central")
+        home.mkdir(parents=True, exist_ok=True)
+        (home / "pom.xml").write_text(pom)
+        tmp = home / "libs.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
-        subprocess.run(["mvn", "-q", "-B", "-f", str(KSTREAMS / "pom.xml"),
+        subprocess.run(["mvn", "-q", "-B", "-f", str(home / "pom.xml"),
                         "dependency:copy-dependencies", f"-DoutputDirectory={tmp}",
                         "-DincludeScope=runtime"], check=True, stdout=sys.stderr)
         shutil.rmtree(libs, ignore_errors=True)
         tmp.rename(libs)
-        (libs / ".complete").write_text(cluster.KAFKA_VERSION)
-    source = HERE / "GroupByKeyCount.java"
-    classes = KSTREAMS / "classes"
-    built = classes / "GroupByKeyCount.class"
+        (libs / ".complete").write_text(version)
+    classes = home / "classes"
+    built = classes / f"{source.stem}.class"
     if not built.exists() or built.stat().st_mtime < source.stat().st_mtime:
-        log("compiling the Kafka Streams peer (bench/peers/GroupByKeyCount.java)")
+        log(f"compiling the peer {source.relative_to(HERE.parents[1])}")
         classes.mkdir(parents=True, exist_ok=True)
         subprocess.run(["javac", "-d", str(classes), "-cp", str(libs / "*"), str(source)],
                        check=True, stdout=sys.stderr)
     return f"{libs / '*'}:{classes}"
+
+
+def install_kstreams() -> str:
+    pom = KSTREAMS_POM.format(kafka=cluster.KAFKA_VERSION, slf4j=cluster.SLF4J_VERSION)
+    return install_java_peer(KSTREAMS, pom, cluster.KAFKA_VERSION, HERE / "GroupByKeyCount.java")
+
+
+def install_flink() -> str:
+    pom = FLINK_POM.format(flink=FLINK_VERSION, kafka=FLINK_KAFKA_VERSION)
+    return install_java_peer(FLINK, pom, FLINK_VERSION, HERE / "WindowedCount.java")
 
 
 def install_redis() -> str:
@@ -99,9 +129,11 @@ def install_matplotlib() -> None:
 
 def cmd_install() -> None:
     cp = install_kstreams()
+    flink = install_flink()
     redis = install_redis()
     install_matplotlib()
     print(f"export KSTREAMS_CP='{cp}'")
+    print(f"export FLINK_CP='{flink}'")
     print(f"export REDIS_SERVER='{redis}'")
 
 

@@ -12,7 +12,7 @@ pub(crate) async fn geostate(
     let pid = node.start().await?;
     pin(pid, SUT_CORE)?;
     let rate = Probe::Node(&node)
-        .follow(&[pid], Duration::from_secs(600))
+        .follow(&[pid], EVENTS, Duration::from_secs(600))
         .await?;
     let metrics = common::http_get(&node.metrics, "/metrics")?;
     let shipped = metrics

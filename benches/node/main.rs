@@ -21,6 +21,7 @@
 
 #[path = "../../tests/common/mod.rs"]
 mod common;
+#[path = "../shared/cpu.rs"]
 mod cpu;
 mod data;
 mod ingest;
@@ -37,7 +38,6 @@ use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -60,8 +60,6 @@ use serde_json::{Value, json};
 const EVENTS: usize = 300_000;
 const PARTITIONS: i32 = 4;
 const BATCH: usize = 1000;
-/// The core the system under test runs on; the rest runs on core 0.
-const SUT_CORE: &str = "1";
 const LEVELS: [u32; 3] = [25, 50, 80];
 const LEVEL_SECONDS: u64 = 5;
 const GET_STREAMS: [usize; 3] = [1, 10, 100];

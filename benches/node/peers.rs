@@ -2,16 +2,6 @@
 
 use super::*;
 
-/// A child process killed when dropped.
-pub(crate) struct Peer(Child);
-
-impl Drop for Peer {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// The Kafka Streams peer at `guarantee` over `data`'s topic.
 pub(crate) async fn kafka_streams(
     kafka: &str,
@@ -36,8 +26,10 @@ pub(crate) async fn kafka_streams(
         .spawn()
         .context("starting the Kafka Streams peer")?;
     let peer = Peer(child);
-    let probe = Probe::group(kafka, &app, &data.topic.updates)?;
-    let rate = probe.follow(&[peer.0.id()], Duration::from_secs(300)).await;
+    let probe = Probe::group(kafka, &app, &data.topic.updates, PARTITIONS)?;
+    let rate = probe
+        .follow(&[peer.0.id()], EVENTS, Duration::from_secs(300))
+        .await;
     drop(peer);
     rate.map(Some)
         .with_context(|| format!("Kafka Streams ({guarantee}); see {}", dir.display()))
@@ -88,9 +80,13 @@ pub(crate) async fn redis(kafka: &str, data: &Dataset, dir: &Path) -> anyhow::Re
             .stderr(std::fs::File::create(dir.join("redis-consumer.log"))?)
             .spawn()?,
     );
-    let probe = Probe::group(kafka, &group, &data.topic.updates)?;
+    let probe = Probe::group(kafka, &group, &data.topic.updates, PARTITIONS)?;
     let rate = probe
-        .follow(&[server.0.id(), consumer.0.id()], Duration::from_secs(300))
+        .follow(
+            &[server.0.id(), consumer.0.id()],
+            EVENTS,
+            Duration::from_secs(300),
+        )
         .await?;
     // every counter must hold what the events added, or the rate means nothing
     let mut sums: BTreeMap<String, i64> = (data.records.iter().take(2000))

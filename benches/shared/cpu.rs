@@ -1,6 +1,23 @@
-//! CPU accounting (/proc) and pinning (`taskset`): rates per CPU-second, progress probes.
+//! CPU accounting (/proc) and pinning (`taskset`): rates per CPU-second, progress probes,
+//! peer processes.
+//! Shared by the benchmarks that measure a system beside its peers (`benches/node`,
+//! `benches/windows.rs`).
+#![allow(dead_code)] // each benchmark uses its part
 
-use super::*;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::bail;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use serde_json::{Value, json};
+
+use crate::common::Node;
+
+/// The core the system under test runs on where there are two or more; the rest runs on
+/// core 0 (`scripts/bench.sh` pins the cluster).
+pub(crate) const SUT_CORE: &str = "1";
 
 /// A rate measured by following a system's progress: from the first sample that shows
 /// progress to the first that shows all of it, so start-up is left out.
@@ -26,6 +43,28 @@ impl Rate {
 }
 
 pub(crate) use crate::common::cpu_seconds;
+
+/// A child process killed when dropped.
+pub(crate) struct Peer(pub(crate) Child);
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Whether process `pid` exists and has not exited (a child nobody waited for yet stays a
+/// zombie: state `Z`).
+fn running(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        let state = stat
+            .rsplit(')')
+            .next()
+            .and_then(|rest| rest.split_whitespace().next());
+        !matches!(state, Some("Z" | "X"))
+    })
+}
 
 /// The machine's online cores (not this process's affinity: `scripts/bench.sh` starts the
 /// benchmark on core 0 alone).
@@ -70,12 +109,20 @@ pub(crate) fn pin(pid: u32, cores: &str) -> anyhow::Result<()> {
     if !pinning() {
         return Ok(());
     }
-    let status = Command::new("taskset")
-        .args(["-a", "-p", "-c", cores, &pid.to_string()])
-        .stdout(Stdio::null())
-        .status()?;
-    anyhow::ensure!(status.success(), "taskset -p {cores} {pid}: {status}");
-    Ok(())
+    // `taskset -a` fails where a thread exits while it walks them (a starting node spawns
+    // short-lived ones): walk again.
+    for _ in 0..20 {
+        let status = Command::new("taskset")
+            .args(["-a", "-p", "-c", cores, &pid.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()?;
+        if status.success() {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    bail!("taskset -a -p -c {cores} {pid} kept failing")
 }
 
 /// A command that runs on the system under test's core.
@@ -89,7 +136,7 @@ pub(crate) fn on_sut_core(program: &str) -> Command {
     }
 }
 
-/// How far a system got through a topic of `EVENTS` records.
+/// How far a system got through a topic.
 pub(crate) enum Probe<'a> {
     /// The node's applied offsets (its offsets live in RocksDB, not in Kafka).
     Node(&'a Node),
@@ -98,14 +145,19 @@ pub(crate) enum Probe<'a> {
 }
 
 impl Probe<'_> {
-    pub(crate) fn group(kafka: &str, group: &str, topic: &str) -> anyhow::Result<Self> {
+    pub(crate) fn group(
+        kafka: &str,
+        group: &str,
+        topic: &str,
+        partitions: i32,
+    ) -> anyhow::Result<Self> {
         let consumer: BaseConsumer = ClientConfig::new()
             .set("bootstrap.servers", kafka)
             .set("group.id", group)
             .set("enable.auto.commit", "false")
             .create()?;
         let mut tpl = TopicPartitionList::new();
-        for p in 0..PARTITIONS {
+        for p in 0..partitions {
             tpl.add_partition(topic, p);
         }
         Ok(Probe::Group(Arc::new(consumer), tpl))
@@ -138,9 +190,14 @@ impl Probe<'_> {
         }
     }
 
-    /// Follows progress until every record is done; `pids` are the processes whose CPU
-    /// time is counted.
-    pub(crate) async fn follow(&self, pids: &[u32], deadline: Duration) -> anyhow::Result<Rate> {
+    /// Follows progress until all `events` records are done; `pids` are the processes whose
+    /// CPU time is counted. A process that exits before fails the measurement.
+    pub(crate) async fn follow(
+        &self,
+        pids: &[u32],
+        events: usize,
+        deadline: Duration,
+    ) -> anyhow::Result<Rate> {
         let cpu = || pids.iter().map(|&p| cpu_seconds(p)).sum::<f64>();
         let until = Instant::now() + deadline;
         let mut first: Option<(Instant, usize, f64)> = None;
@@ -150,12 +207,15 @@ impl Probe<'_> {
             if done > 0 && first.is_none() {
                 first = Some(now);
             }
-            if done >= EVENTS {
+            if done >= events {
                 let (t0, done0, cpu0) = first.unwrap_or(now);
                 return Ok(Rate::of(done - done0, now.0 - t0, now.2 - cpu0));
             }
+            if let Some(gone) = pids.iter().find(|&&p| !running(p)) {
+                bail!("process {gone} exited after {done} of {events} records");
+            }
             if Instant::now() > until {
-                bail!("{done} of {EVENTS} records done within {deadline:?}");
+                bail!("{done} of {events} records done within {deadline:?}");
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
