@@ -294,6 +294,12 @@ impl Opened {
                 expected: partitions.len(),
             });
         }
+        // refused events go to these (dead letters before their batch commits, late events
+        // in the shipping rounds): a missing one is a setup error to name now, not at the
+        // first refused event, when a late one would stop its partition's shipping
+        for topic in [&config.kafka.dlq_topic, &config.kafka.late_topic] {
+            log::partitions(&config.kafka, topic).await?;
+        }
         let shared = Arc::new(IngestShared::default());
         tracing::info!(region = %config.region, incarnation = self.incarnation, partitions = partitions.len(), "node starting");
         let (stop, stop_rx) = watch::channel(false);

@@ -268,6 +268,30 @@ async fn a_record_off_its_keys_partition_is_dead_lettered_and_counted() -> anyho
     Ok(())
 }
 
+/// A node whose dead-letter or late topic is missing refuses to start and names it:
+/// refused events would have nowhere to go, and a late one would stop its partition's
+/// shipping rounds.
+#[tokio::test]
+async fn a_node_without_its_dead_letter_or_late_topic_refuses_to_start() -> anyhow::Result<()> {
+    let cluster = cluster()?;
+    let kafka = cluster.regions["us-east-1"].kafka.clone();
+    let topics = Topics::create(&kafka, "no-side-topic", 4).await?;
+    for setting in ["kafka.dlq-topic", "kafka.late-topic"] {
+        let missing = common::unique("missing");
+        let dir = tempfile::tempdir()?;
+        let mut node = Node::configure(dir.path(), &kafka, &topics)?;
+        node.set(setting, &format!("{missing:?}"));
+        let refused = node.start().await.expect_err("a node without its topic");
+        assert!(
+            refused
+                .to_string()
+                .contains(&format!("topic {missing} does not exist")),
+            "{setting}: {refused:#}"
+        );
+    }
+    Ok(())
+}
+
 /// `Admin/Route` answers a key's partition (the Java producer's murmur2, where geostate's
 /// producers put it) and the node serving it: the listener's address, or `api.advertise`.
 #[tokio::test]
