@@ -20,10 +20,11 @@
 //! what each keeps on disk at the end (geostate: its data dir after a final flush; Flink:
 //! its RocksDB working dir and checkpoints).
 //!
-//! Then state at steady load: a node takes 2,000 events/s over the same 10,000 geohashes
-//! for 10 minutes (`GEOSTATE_BENCH_STEADY_SECONDS`), event time the producer's clock, into
-//! 1-minute windows kept for 2 minutes; every minute the report shows its state
-//! (`geostate_state_bytes`: live SST files and memtables) and its data dir.
+//! Then state at steady load: 2,000 events/s over 100,000 geohashes for 10 minutes
+//! (`GEOSTATE_BENCH_STEADY_SECONDS`), event time the producer's clock, into 1-minute
+//! windows, read by a node keeping them 2 minutes and by a control keeping them an hour;
+//! every minute the report shows each one's state (`geostate_state_bytes`: live SST files
+//! and memtables) and data dir.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -45,8 +46,10 @@ const PARTITIONS: i32 = 4;
 const SPAN_MS: u64 = 10 * 60_000;
 /// Flink's checkpoint interval: its offsets, state and sink commit this often.
 const FLINK_CHECKPOINT_MS: u64 = 1_000;
-/// Events per second of the steady-load run, and how long its windows are kept.
+/// Events per second of the steady-load run, over how many geohashes, and how long its
+/// windows are kept.
 const STEADY_RATE: usize = 2_000;
+const STEADY_KEYS: usize = 100_000;
 const STEADY_RETENTION: &str = "2m";
 
 /// A window shape: (size, slide) in seconds, or none for plain counters.
@@ -58,7 +61,7 @@ fn main() -> anyhow::Result<()> {
 
 /// The region file's namespaces with `requests/` as `shape`, windows kept for `retention`.
 fn namespaces(shape: Shape, retention: &str) -> String {
-    let demand = match shape {
+    let window = match shape {
         None => String::new(),
         Some((size, slide)) => format!(
             ", window = {{ size = \"{size}s\", slide = \"{slide}s\", allowed-lateness = \"10s\", retention = \"{retention}\" }}"
@@ -66,16 +69,16 @@ fn namespaces(shape: Shape, retention: &str) -> String {
     };
     format!(
         "[{{ prefix = \"trips/\", type = \"g_counter\", ownership = \"shared\" }}, \
-          {{ prefix = \"requests/\", type = \"g_counter\", ownership = \"shared\"{demand} }}, \
+          {{ prefix = \"requests/\", type = \"g_counter\", ownership = \"shared\"{window} }}, \
           {{ prefix = \"drivers/\", type = \"pn_counter\", ownership = \"shared\" }}, \
           {{ prefix = \"zones/\", type = \"lww_register\", ownership = \"shared\" }}, \
           {{ prefix = \"surge/\", type = \"lww_register\", ownership = \"owned\" }}]"
     )
 }
 
-/// A ride request in a random one of `KEYS` geohashes at event time `t`.
-fn request(rng: &mut Rng, t: u64) -> (String, Vec<u8>) {
-    let key = format!("requests/{}", geohash(rng.below(KEYS as u64) as usize));
+/// A ride request in a random one of `keys` geohashes at event time `t`.
+fn request(rng: &mut Rng, keys: usize, t: u64) -> (String, Vec<u8>) {
+    let key = format!("requests/{}", geohash(rng.below(keys as u64) as usize));
     let update = Update {
         key: key.clone(),
         op: Op::Add(1),
@@ -94,7 +97,7 @@ fn events() -> Vec<(String, Vec<u8>)> {
         .map(|i| {
             let t = base + i as u64 * SPAN_MS / EVENTS as u64;
             let early = rng.below(3_000);
-            request(&mut rng, t.saturating_sub(early))
+            request(&mut rng, KEYS, t.saturating_sub(early))
         })
         .collect()
 }
@@ -113,17 +116,32 @@ fn dir_bytes(dir: &Path) -> u64 {
         .sum()
 }
 
-/// A geostate node of this build over `updates`, `requests/` as `shape`: its rate and the
-/// bytes of its data dir after a final flush. Its other topics are its own: a node that
-/// found an earlier one's deltas would resume where that one stopped.
-async fn geostate(kafka: &str, updates: &str, shape: Shape) -> anyhow::Result<(Rate, u64)> {
-    let dir = tempfile::tempdir()?;
+/// A node of this build of `region` (nodes of one region over one topic share out its
+/// partitions) over `updates` with `requests/` as `shape`, kept `retention`, data in `dir`.
+/// Its other topics are its own: a node that found an earlier one's deltas would resume
+/// where that one stopped.
+async fn node_over(
+    region: &str,
+    kafka: &str,
+    updates: &str,
+    dir: &Path,
+    shape: Shape,
+    retention: &str,
+) -> anyhow::Result<Node> {
     let topics = Topics {
         updates: updates.to_owned(),
         ..Topics::create(kafka, "win-bench-node", PARTITIONS).await?
     };
-    let mut node = Node::configure(dir.path(), kafka, &topics)?;
-    node.set("namespace", &namespaces(shape, "1h"));
+    let mut node = Node::configure_region(dir, region, kafka, &topics, &[])?;
+    node.set("namespace", &namespaces(shape, retention));
+    Ok(node)
+}
+
+/// A geostate node of this build over `updates`, `requests/` as `shape`: its rate and the
+/// bytes of its data dir after a final flush.
+async fn geostate(kafka: &str, updates: &str, shape: Shape) -> anyhow::Result<(Rate, u64)> {
+    let dir = tempfile::tempdir()?;
+    let mut node = node_over("us-east-1", kafka, updates, dir.path(), shape, "1h").await?;
     node.set("ingest.batch-max-events", "5000");
     let pid = node.start().await?;
     pin(pid, SUT_CORE)?;
@@ -191,24 +209,35 @@ fn row(system: &str, ingest: &str, measured: Option<(Rate, u64)>) {
     }
 }
 
-/// The steady-load run: `STEADY_RATE` events a second for `seconds`, event time this
-/// process's clock, into 1-minute windows kept for `STEADY_RETENTION`; prints the node's
-/// state every minute.
+/// The steady-load run: `STEADY_RATE` events a second over `STEADY_KEYS` geohashes for
+/// `seconds`, event time this process's clock, into 1-minute windows, read by two nodes:
+/// one keeps the windows `STEADY_RETENTION`, the other (the control) an hour. Prints both
+/// nodes' state every minute.
 async fn steady(kafka: &str, seconds: u64) -> anyhow::Result<()> {
-    let topics = Topics::create(kafka, "win-steady", PARTITIONS).await?;
-    let dir = tempfile::tempdir()?;
-    let mut node = Node::configure(dir.path(), kafka, &topics)?;
-    node.set("namespace", &namespaces(Some((60, 60)), STEADY_RETENTION));
-    let pid = node.start().await?;
-    pin(pid, SUT_CORE)?;
+    let updates = Topics::create(kafka, "win-steady", PARTITIONS)
+        .await?
+        .updates;
+    let (kept, control) = (tempfile::tempdir()?, tempfile::tempdir()?);
+    let mut nodes = Vec::new();
+    // two regions' nodes: each reads every partition
+    for (region, dir, retention) in [
+        ("us-east-1", &kept, STEADY_RETENTION),
+        ("eu-west-1", &control, "1h"),
+    ] {
+        let shape = Some((60, 60));
+        let mut node = node_over(region, kafka, &updates, dir.path(), shape, retention).await?;
+        let pid = node.start().await?;
+        pin(pid, SUT_CORE)?;
+        nodes.push((node, dir));
+    }
     println!(
-        "# windowed state at steady load: {STEADY_RATE} events/s, {KEYS} geohashes, 1-minute windows kept {STEADY_RETENTION}"
+        "# windowed state at steady load: {STEADY_RATE} events/s, {STEADY_KEYS} geohashes, 1-minute windows kept {STEADY_RETENTION} (and an hour: the control)"
     );
     println!();
     println!(
-        "| minute | events sent | events applied | state (`geostate_state_bytes`) | data dir |"
+        "| minute | events sent | state, kept {STEADY_RETENTION} | data dir, kept {STEADY_RETENTION} | state, kept 1 h | data dir, kept 1 h |"
     );
-    println!("|---:|---:|---:|---:|---:|");
+    println!("|---:|---:|---:|---:|---:|---:|");
     let producer = producer(kafka)?;
     let mut rng = Rng(0x57ead);
     let started = Instant::now();
@@ -218,33 +247,37 @@ async fn steady(kafka: &str, seconds: u64) -> anyhow::Result<()> {
         tick.tick().await;
         let now_ms = SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis() as u64;
         let batch: Vec<_> = (0..STEADY_RATE / 10)
-            .map(|_| request(&mut rng, now_ms))
+            .map(|_| request(&mut rng, STEADY_KEYS, now_ms))
             .collect();
-        produce_all(&producer, &topics.updates, &batch).await?;
+        produce_all(&producer, &updates, &batch).await?;
         sent += batch.len();
         if started.elapsed() >= Duration::from_secs(60 * (minute + 1)) {
             minute += 1;
-            let metrics = common::http_get(&node.metrics, "/metrics")?;
-            let metric = |name: &str| {
-                metrics
+            let mut cells = Vec::new();
+            for (node, dir) in &nodes {
+                let metrics = common::http_get(&node.metrics, "/metrics")?;
+                let state = metrics
                     .lines()
-                    .find(|l| l.split(' ').next() == Some(name))
+                    .find(|l| l.split(' ').next() == Some("geostate_state_bytes"))
                     .and_then(|l| l.rsplit(' ').next())
                     .and_then(|v| v.parse::<f64>().ok())
-                    .unwrap_or(0.0)
-            };
-            println!(
-                "| {minute} | {sent} | {:.0} | {:.1} MiB | {:.1} MiB |",
-                metric("geostate_events_applied_total"),
-                metric("geostate_state_bytes") / (1024.0 * 1024.0),
-                dir_bytes(&dir.path().join("data")) as f64 / (1024.0 * 1024.0),
-            );
+                    .unwrap_or(0.0);
+                let disk = dir_bytes(&dir.path().join("data")) as f64;
+                cells.push(format!(
+                    "{:.1} MiB | {:.1} MiB",
+                    state / (1024.0 * 1024.0),
+                    disk / (1024.0 * 1024.0)
+                ));
+            }
+            println!("| {minute} | {sent} | {} |", cells.join(" | "));
         }
     }
-    node.terminate(Duration::from_secs(60)).await?;
+    for (node, _) in &mut nodes {
+        node.terminate(Duration::from_secs(60)).await?;
+    }
     println!();
     println!(
-        "Sampled at the end of each minute of load, the node alone on core {SUT_CORE} where there are two. A window's slices expire {STEADY_RETENTION} after it became final; RocksDB's compactions drop them."
+        "Sampled at the end of each minute of load; both nodes on core {SUT_CORE} where there are two. State: `geostate_state_bytes` (live SST files and memtables; each checkpoint, every 15 s, flushes the memtables). A window's slices expire {STEADY_RETENTION} after it became final; RocksDB's compactions drop them."
     );
     Ok(())
 }
