@@ -152,11 +152,11 @@ async fn geostate(kafka: &str, updates: &str, shape: Shape) -> anyhow::Result<(R
     Ok((rate, dir_bytes(&dir.path().join("data"))))
 }
 
-/// The Flink peer over `topics` with windows of `size` every `slide` seconds, or none
+/// The Flink peer over `updates` with windows of `size` every `slide` seconds, or none
 /// where `FLINK_CP` is unset: its rate and the bytes of its state dir at the end.
 async fn flink(
     kafka: &str,
-    topics: &Topics,
+    updates: &str,
     (size, slide): (u64, u64),
 ) -> anyhow::Result<Option<(Rate, u64)>> {
     let Ok(cp) = std::env::var("FLINK_CP") else {
@@ -171,7 +171,7 @@ async fn flink(
     let peer = Peer(
         on_sut_core(&java)
             .args(["-Xms512m", "-Xmx1g", "-cp", &cp, "WindowedCount", kafka])
-            .args([&topics.updates, &output, &app])
+            .args([updates, &output, &app])
             .args([size, slide, FLINK_CHECKPOINT_MS].map(|n| n.to_string()))
             .arg(dir.path())
             .stdout(log.try_clone()?)
@@ -179,7 +179,7 @@ async fn flink(
             .spawn()
             .context("starting the Flink peer")?,
     );
-    let probe = Probe::group(kafka, &app, &topics.updates, PARTITIONS)?;
+    let probe = Probe::group(kafka, &app, updates, PARTITIONS)?;
     let rate = probe
         .follow(&[peer.0.id()], EVENTS, Duration::from_secs(900))
         .await;
@@ -187,12 +187,9 @@ async fn flink(
     drop(peer);
     let rate = rate.with_context(|| {
         let log = std::fs::read_to_string(dir.path().join("flink.log")).unwrap_or_default();
-        let tail: Vec<&str> = log.lines().rev().take(20).collect();
-        let tail: Vec<&str> = tail.into_iter().rev().collect();
-        format!(
-            "Flink ({size} s / {slide} s); its log ends:\n{}",
-            tail.join("\n")
-        )
+        let lines: Vec<&str> = log.lines().collect();
+        let tail = lines[lines.len().saturating_sub(20)..].join("\n");
+        format!("Flink ({size} s / {slide} s); its log ends:\n{tail}")
     })?;
     Ok(Some((rate, bytes)))
 }
@@ -296,8 +293,8 @@ async fn run() -> anyhow::Result<()> {
     let plain = geostate(&kafka, &topics.updates, None).await?;
     let ours_tumbling = geostate(&kafka, &topics.updates, Some(tumbling)).await?;
     let ours_hopping = geostate(&kafka, &topics.updates, Some(hopping)).await?;
-    let flink_tumbling = flink(&kafka, &topics, tumbling).await?;
-    let flink_hopping = flink(&kafka, &topics, hopping).await?;
+    let flink_tumbling = flink(&kafka, &topics.updates, tumbling).await?;
+    let flink_hopping = flink(&kafka, &topics.updates, hopping).await?;
 
     println!(
         "# windowed ingest: {EVENTS} events, {KEYS} geohashes, 10 minutes of event time, {PARTITIONS} partitions"
