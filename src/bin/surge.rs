@@ -1,9 +1,10 @@
 //! The surge-pricing workload (`make demo`): riders' requests (counted per minute of their
 //! event time, `requests/` being a windowed namespace) and available drivers per geohash
-//! are written in every region at once, with a skewed (Zipf 0.99) choice of geohash; each region publishes the surge multiplier (`surge/<geohash>`, an owned
-//! namespace) of the geohashes whose lease it holds, and is refused the others; probes measure
-//! how long a write in one region takes to be read in the other. Ends with a table and
-//! whether every region holds identical state. Uses only the public gRPC API.
+//! are written in every region at once, with a skewed (Zipf 0.99) choice of geohash; each
+//! region publishes the surge multiplier (`surge/<geohash>`, an owned namespace) of the
+//! geohashes whose lease it holds, and is refused the others; probes measure how long a
+//! write in one region takes to be read in the other. Ends with a table and whether every
+//! region holds identical state. Uses only the public gRPC API.
 
 use std::collections::{BTreeMap, hash_map::DefaultHasher};
 use std::hash::{Hash, Hasher};
