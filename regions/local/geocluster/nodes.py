@@ -127,8 +127,14 @@ def node_settings(region: str, r: dict, s3: dict, cluster: dict,
 
 
 def node_ready(grpc: str) -> bool:
-    out = subprocess.run([str(geostate_bin()), "status", "--addr", f"http://{grpc}"],
-                         capture_output=True, timeout=30)
+    """Whether the node answers `status`. Its gRPC socket is bound before it serves (a
+    learner first waits up to 30 s for its lease table), so a call may hang: one that does
+    not answer within 5 s counts as not ready yet, and the caller asks again."""
+    try:
+        out = subprocess.run([str(geostate_bin()), "status", "--addr", f"http://{grpc}"],
+                             capture_output=True, timeout=5)
+    except subprocess.TimeoutExpired:
+        return False
     return out.returncode == 0
 
 
