@@ -37,7 +37,6 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::Context;
 use common::{Node, Topics, cluster, create_topic, produce_all, producer};
 use cpu::{Peer, Probe, Rate, SUT_CORE, on_sut_core, pin, pinning};
-use geostate::ingest::event::{Op, Update};
 use geostate::workload::{Rng, geohash};
 
 const EVENTS: usize = 1_000_000;
@@ -79,15 +78,7 @@ fn namespaces(shape: Shape, retention: &str) -> String {
 /// A ride request in a random one of `keys` geohashes at event time `t`.
 fn request(rng: &mut Rng, keys: usize, t: u64) -> (String, Vec<u8>) {
     let key = format!("requests/{}", geohash(rng.below(keys as u64) as usize));
-    let update = Update {
-        key: key.clone(),
-        op: Op::Add(1),
-        id: None,
-        event_time_ms: Some(t),
-        hlc: None,
-        epoch: None,
-    };
-    (key, update.encode(geostate::config::RecordFormat::Json))
+    common::add_one_at(&key, t, geostate::config::RecordFormat::Json)
 }
 
 fn events() -> Vec<(String, Vec<u8>)> {

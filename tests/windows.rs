@@ -435,17 +435,7 @@ async fn a_restore_mid_window_counts_as_an_uninterrupted_run() -> anyhow::Result
     let key = format!("requests/{}", unique("ckpt"));
     let records: Vec<(String, Vec<u8>)> = times
         .iter()
-        .map(|&t| {
-            let update = Update {
-                key: key.clone(),
-                op: Op::Add(1),
-                id: None,
-                event_time_ms: Some(t),
-                hlc: None,
-                epoch: None,
-            };
-            (key.clone(), update.encode(format))
-        })
+        .map(|&t| common::add_one_at(&key, t, format))
         .collect();
     let (first, second) = records.split_at(4_000);
 

@@ -156,6 +156,19 @@ pub async fn produce_all(
     Ok(())
 }
 
+/// An update record adding 1 to `key` at event time `t`, as `(key, payload)`.
+pub fn add_one_at(key: &str, t: u64, format: geostate::config::RecordFormat) -> (String, Vec<u8>) {
+    let update = geostate::ingest::event::Update {
+        key: key.to_owned(),
+        op: geostate::ingest::event::Op::Add(1),
+        id: None,
+        event_time_ms: Some(t),
+        hlc: None,
+        epoch: None,
+    };
+    (key.to_owned(), update.encode(format))
+}
+
 pub fn counter(v: &pb::Value) -> i64 {
     match v.value {
         Some(pb::value::Value::Counter(n)) => n,
