@@ -22,6 +22,9 @@ on_exit() {
       [ -f "$log" ] || continue
       echo "---- last lines of $(basename "$log") (PartitionEOF notices left out)"
       grep -v PartitionEOF "$log" | tail -n 40
+      # every partition move of the run: which node held what, from which resume point
+      echo "---- partition moves in $(basename "$log")"
+      grep -E "took the partition|gave up the partitions|handed off|discarding the copy|last round|taking it again|another node ships" "$log" | tail -n 200 || true
     done
   fi
   python3 regions/local/cluster.py down

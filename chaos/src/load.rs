@@ -45,6 +45,8 @@ pub(crate) struct Op {
     pub(crate) outcome: Outcome,
     /// The refusal's or error's status message.
     pub(crate) error: Option<String>,
+    /// Where an acknowledged write entered its region's updates topic (partition, offset).
+    pub(crate) position: Option<(i32, i64)>,
 }
 
 pub(crate) struct Load {
@@ -91,7 +93,7 @@ pub(crate) async fn run_client(
                     event_time_ms: 0,
                 })
                 .await
-                .map(drop),
+                .map(|r| r.into_inner().position),
             Kind::OwnedWrite => state
                 .update(pb::UpdateRequest {
                     key: key.clone(),
@@ -100,7 +102,7 @@ pub(crate) async fn run_client(
                     event_time_ms: 0,
                 })
                 .await
-                .map(drop),
+                .map(|r| r.into_inner().position),
             Kind::Read => match state
                 .get(pb::GetRequest {
                     key: key.clone(),
@@ -108,12 +110,12 @@ pub(crate) async fn run_client(
                 })
                 .await
             {
-                Err(s) if s.code() == Code::NotFound => Ok(()),
-                other => other.map(drop),
+                Err(s) if s.code() == Code::NotFound => Ok(None),
+                other => other.map(|_| None),
             },
         };
         let outcome = match &result {
-            Ok(()) => Outcome::Ok,
+            Ok(_) => Outcome::Ok,
             Err(s)
                 if matches!(
                     s.code(),
@@ -131,6 +133,10 @@ pub(crate) async fn run_client(
             start_ns,
             end_ns: load.now_ns(),
             outcome,
+            position: result
+                .as_ref()
+                .ok()
+                .and_then(|p| p.as_ref().map(|p| (p.partition, p.offset))),
             error: result
                 .err()
                 .map(|s| format!("{:?}: {}", s.code(), s.message())),

@@ -216,9 +216,10 @@ impl DrillRun<'_> {
     }
 
     /// Every add is +1: per key, acknowledged ≤ final ≤ acknowledged + indeterminate.
-    /// Answers (lost, duplicated) increments.
-    fn accounting(&self) -> (i64, i64) {
-        let (mut lost, mut duplicates) = (0, 0);
+    /// Answers (lost, duplicated) increments and, per key where either happened, what
+    /// its writes were answered and what the regions read.
+    fn accounting(&self) -> (i64, i64, Vec<String>) {
+        let (mut lost, mut duplicates, mut keys) = (0, 0, Vec::new());
         for (key, by_region) in self.finals {
             let count = |outcome| {
                 let ops = self.ops.iter();
@@ -227,10 +228,25 @@ impl DrillRun<'_> {
             };
             let (acked, info) = (count(Outcome::Ok), count(Outcome::Info));
             let last = by_region.values().copied().max().unwrap_or(0);
-            lost += (acked - last).max(0);
-            duplicates += (last - acked - info).max(0);
+            let (key_lost, key_duplicated) = ((acked - last).max(0), (last - acked - info).max(0));
+            if key_lost + key_duplicated > 0 {
+                // where each acknowledged write entered the log: set against the nodes'
+                // "took the partition" lines (resume, end), they show which one is missing
+                let positions: Vec<String> = self
+                    .ops
+                    .iter()
+                    .filter(|o| o.kind == Kind::Write && o.key == *key && o.outcome == Outcome::Ok)
+                    .filter_map(|o| o.position.map(|(p, at)| format!("{}:{p}/{at}", o.region)))
+                    .collect();
+                keys.push(format!(
+                    "{key}: {acked} acknowledged, {info} indeterminate, read {by_region:?}; acknowledged at {}",
+                    positions.join(" ")
+                ));
+            }
+            lost += key_lost;
+            duplicates += key_duplicated;
         }
-        (lost, duplicates)
+        (lost, duplicates, keys)
     }
 
     fn regions_agree(&self) -> bool {
@@ -298,7 +314,7 @@ impl Report {
     /// Measures `run` and judges every figure against its budget.
     pub(crate) fn new(args: &Args, run: &DrillRun<'_>) -> Self {
         let rto = run.rto(args.drill);
-        let (lost, duplicates) = run.accounting();
+        let (lost, duplicates, keys) = run.accounting();
         let regions_agree = run.regions_agree();
         let mut failures: Vec<String> = rto
             .iter()
@@ -327,6 +343,9 @@ impl Report {
         }
         if duplicates > 0 {
             failures.push(format!("{duplicates} increments applied twice"));
+        }
+        if !keys.is_empty() {
+            failures.push(format!("counters off: {}", keys.join("; ")));
         }
         if !regions_agree {
             failures.push(format!(
@@ -481,6 +500,7 @@ mod tests {
             end_ns: at_s * s + 1_000_000,
             outcome,
             error: None,
+            position: None,
         }
     }
 
@@ -622,6 +642,14 @@ mod tests {
                 .iter()
                 .any(|f| f.starts_with("RPO: 1 acknowledged")),
             "{:?}",
+            report.failures
+        );
+        assert!(
+            report
+                .failures
+                .iter()
+                .any(|f| f.starts_with("counters off: trips/k: 55 acknowledged")),
+            "the key is named: {:?}",
             report.failures
         );
         assert!(
