@@ -337,6 +337,7 @@ fn write_corpus() {
         hlc_high_water: HlcTimestamp::new(1_700_000_000_000_000_000, 4),
         fences: [((5, 0), 9)].into(),
         watermarks: [(0, 1_700_000_000_000)].into(),
+        outputs_through: Default::default(),
     };
     write("resume-point", "0.pb", &resume.encode());
     let beat = Heartbeat {

@@ -40,6 +40,7 @@ use crate::log::{self, LogError};
 use crate::metrics as m;
 use crate::replication::Freshness;
 use crate::replication::bootstrap::{self, BootstrapError};
+use crate::replication::outputs::Outputs;
 use crate::replication::shipper::{ShipError, Shipper};
 use crate::shutdown::stopped;
 use crate::store::Store;
@@ -326,6 +327,8 @@ pub struct Keeper {
     pub copies: Arc<Copies>,
     /// What each partition's copy holds of the remote regions: loaded at each take.
     pub freshness: Arc<Freshness>,
+    /// The final windows the shippers produce, if any namespace outputs them.
+    pub outputs: Option<Arc<Outputs>>,
 }
 
 impl Keeper {
@@ -532,6 +535,7 @@ impl Keeper {
             clock: self.hlc.physical().clone(),
             replayed: self.shared.replayed.subscribe(),
             hand_off: handing_off,
+            outputs: self.outputs.clone(),
         };
         let run = shipper.run(stop.clone());
         let task = running.spawn(async move { (partition, run.await) });

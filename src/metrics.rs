@@ -38,6 +38,8 @@ pub const EVENTS_DEAD_LETTERED: &str = "geostate_events_dead_lettered_total";
 pub const EVENTS_LATE: &str = "geostate_events_late_total";
 /// Late events shipped to the late topic (counter).
 pub const LATE_SHIPPED: &str = "geostate_late_shipped_total";
+/// Final windows produced to the outputs topic (counter).
+pub const OUTPUTS_PRODUCED: &str = "geostate_outputs_produced_total";
 /// Refused records the dead-letter topic itself refused (logged with their source
 /// position, which still holds them), label `reason` (counter).
 pub const DEAD_LETTERS_PARKED: &str = "geostate_dead_letters_parked_total";

@@ -300,6 +300,10 @@ impl Opened {
         for topic in [&config.kafka.dlq_topic, &config.kafka.late_topic] {
             log::partitions(&config.kafka, topic).await?;
         }
+        // final windows go out in the shipping rounds too
+        if config.namespaces.iter().any(|ns| ns.outputs_final_windows) {
+            log::partitions(&config.kafka, &config.kafka.outputs_topic).await?;
+        }
         let shared = Arc::new(IngestShared::default());
         tracing::info!(region = %config.region, incarnation = self.incarnation, partitions = partitions.len(), "node starting");
         let (stop, stop_rx) = watch::channel(false);
@@ -414,6 +418,7 @@ impl Opened {
             first_taken: Some(first_taken),
             copies: copies.clone(),
             freshness: freshness.clone(),
+            outputs: crate::replication::outputs::Outputs::new(config).map(Arc::new),
         };
         tasks.spawn(
             "the partition keeper",

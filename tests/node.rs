@@ -268,15 +268,16 @@ async fn a_record_off_its_keys_partition_is_dead_lettered_and_counted() -> anyho
     Ok(())
 }
 
-/// A node whose dead-letter or late topic is missing refuses to start and names it:
-/// refused events would have nowhere to go, and a late one would stop its partition's
-/// shipping rounds.
+/// A node whose dead-letter, late or outputs topic is missing refuses to start and names
+/// it: refused events would have nowhere to go, and a late event or a final window would
+/// stop its partition's shipping rounds.
 #[tokio::test]
-async fn a_node_without_its_dead_letter_or_late_topic_refuses_to_start() -> anyhow::Result<()> {
+async fn a_node_without_its_dead_letter_late_or_outputs_topic_refuses_to_start()
+-> anyhow::Result<()> {
     let cluster = cluster()?;
     let kafka = cluster.regions["us-east-1"].kafka.clone();
     let topics = Topics::create(&kafka, "no-side-topic", 4).await?;
-    for setting in ["kafka.dlq-topic", "kafka.late-topic"] {
+    for setting in ["kafka.dlq-topic", "kafka.late-topic", "kafka.outputs-topic"] {
         let missing = common::unique("missing");
         let dir = tempfile::tempdir()?;
         let mut node = Node::configure(dir.path(), &kafka, &topics)?;

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
-use common::{Node, Topics, cluster, counter, produce_all, producer, unique};
+use common::{Node, Output, Topics, cluster, counter, produce_all, producer, read_outputs, unique};
 use geostate::ingest::event::{Op, Update};
 use geostate::pb;
 use geostate::pb::state_client::StateClient;
@@ -160,6 +160,23 @@ async fn windows_close_alike_in_both_regions_and_late_events_are_kept_once() -> 
         );
         let v = final_window(state, &key, 11 * MIN, Duration::from_secs(30)).await?;
         ensure!(counter(&v) == 2, "minute 11: {v:?}");
+    }
+    // and each region's outputs topic holds each final window once, with that value
+    for (topics, region) in [(&ta, "us-east-1"), (&tb, "eu-west-1")] {
+        let mut found =
+            read_outputs(&kafka, &topics.outputs, 2, 2, Duration::from_secs(30)).await?;
+        found.sort();
+        let output = |start_ms, value| Output {
+            key: key.clone(),
+            start_ms,
+            end_ms: start_ms + MIN,
+            value,
+            region: region.into(),
+        };
+        ensure!(
+            found == [output(10 * MIN, 1 + 4 + 8), output(11 * MIN, 2)],
+            "{region}: {found:?}"
+        );
     }
     // minute 12 is open: each region's own watermark (12:15) is short of its close
     let open = window(&mut sa, &key, at(12 * MIN)).await?;

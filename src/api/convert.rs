@@ -77,15 +77,6 @@ fn counter_of(v: i128) -> (pb::value::Value, bool) {
     (pb::value::Value::Counter(clamped as i64), clamped != v)
 }
 
-/// A counter's value as a number (a register is none).
-pub fn count(state: &CrdtValue) -> Option<i128> {
-    match state {
-        CrdtValue::GCounter(c) => Some(i128::try_from(c.value()).unwrap_or(i128::MAX)),
-        CrdtValue::PnCounter(c) => Some(c.value()),
-        CrdtValue::LwwRegister(_) => None,
-    }
-}
-
 /// The API view of a windowed counter's window: the sum of its slices, `total`.
 pub fn window_value(key: &str, crdt: CrdtType, total: i128, window: pb::WindowInfo) -> pb::Value {
     let (value, saturated) = counter_of(total);

@@ -10,7 +10,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::{ApiError, Handler, convert};
-use crate::crdt::CrdtType;
+use crate::crdt::{CrdtType, CrdtValue};
 use crate::pb;
 use crate::pb::window_selector::Which;
 use crate::window::{self, NoWindow, Selector, Window, WindowSpec};
@@ -74,7 +74,8 @@ impl Handler {
             let mut total: i128 = 0;
             for slice in spec.slices_of(window) {
                 let state = api.store.get(&window::slice_key(key, slice))?;
-                total = total.saturating_add(state.as_ref().and_then(convert::count).unwrap_or(0));
+                total =
+                    total.saturating_add(state.as_ref().and_then(CrdtValue::count).unwrap_or(0));
             }
             let behind: Vec<pb::RegionWatermark> = spec
                 .behind(window, &watermarks)
@@ -168,7 +169,7 @@ impl Handler {
             let Some(spec) = ns.window else {
                 continue;
             };
-            let closing = closing_between(&spec, from, to);
+            let closing = spec.closing_between(from, to, MAX_RANGE_WINDOWS);
             if closing.is_empty() {
                 continue;
             }
@@ -237,28 +238,6 @@ impl Handler {
     }
 }
 
-/// The windows whose close (end plus lateness) is in `(from, to]`, at most
-/// [`MAX_RANGE_WINDOWS`] (the newest).
-fn closing_between(spec: &WindowSpec, from: u64, to: u64) -> Vec<Window> {
-    let before_close = spec.size_ms.saturating_add(spec.allowed_lateness_ms);
-    // start = close - size - lateness, on the slide grid
-    let last = match to.checked_sub(before_close) {
-        Some(start) => spec.window_at(start),
-        None => return Vec::new(),
-    };
-    let mut out = Vec::new();
-    let mut start = last.start_ms;
-    while spec.closes_at(spec.window_at(start)) > from && (out.len() as u64) < MAX_RANGE_WINDOWS {
-        out.push(spec.window_at(start));
-        match start.checked_sub(spec.slide_ms) {
-            Some(earlier) => start = earlier,
-            None => break,
-        }
-    }
-    out.reverse();
-    out
-}
-
 /// The windows starting in `[from_ms, to_ms)`, at most [`MAX_RANGE_WINDOWS`].
 fn in_range(spec: &WindowSpec, range: &pb::WindowRange) -> Result<Vec<Window>, ApiError> {
     let first = spec.window_at(range.from_ms);
@@ -294,33 +273,4 @@ fn no_window(key: &str, why: NoWindow, watermarks: &[(String, Option<u64>)]) -> 
         "{key:?}: {why} (watermarks on its partition: {})",
         known.join(", ")
     ))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    const MIN: u64 = 60_000;
-
-    #[test]
-    fn the_windows_closing_as_the_watermark_rises_are_those_whose_close_it_passed() {
-        let spec = WindowSpec {
-            size_ms: MIN,
-            slide_ms: MIN,
-            allowed_lateness_ms: 10_000,
-            retention_ms: 60 * MIN,
-        };
-        let starts = |from, to| -> Vec<u64> {
-            closing_between(&spec, from, to)
-                .iter()
-                .map(|w| w.start_ms / MIN)
-                .collect()
-        };
-        // [10, 11) closes at 11:10, [11, 12) at 12:10
-        assert_eq!(starts(11 * MIN, 11 * MIN + 9_999), Vec::<u64>::new());
-        assert_eq!(starts(11 * MIN, 11 * MIN + 10_000), [10]);
-        assert_eq!(starts(11 * MIN + 10_000, 12 * MIN + 10_000), [11]);
-        assert_eq!(starts(11 * MIN, 13 * MIN + 10_000), [10, 11, 12]);
-        assert_eq!(starts(0, 5_000), Vec::<u64>::new());
-    }
 }

@@ -125,6 +125,8 @@ pub struct KafkaConfig {
     pub dlq_topic: String,
     /// Where events refused because their window had closed go, exactly once.
     pub late_topic: String,
+    /// Where final windows go, each exactly once, in the shipping round that saw it final.
+    pub outputs_topic: String,
     pub format: RecordFormat,
     /// Extra librdkafka properties for every client (e.g. security settings).
     pub client: BTreeMap<String, String>,
@@ -183,6 +185,9 @@ pub struct Namespace {
     pub ownership: Ownership,
     /// A windowed counter's windows (`None`: a total since the beginning).
     pub window: Option<crate::window::WindowSpec>,
+    /// Each window that becomes final is produced to `kafka.outputs-topic`, in the
+    /// shipping round that sees it final (`output = "final-windows"`).
+    pub outputs_final_windows: bool,
 }
 
 impl Namespace {
@@ -392,6 +397,8 @@ struct RawKafka {
     dlq_topic: String,
     #[serde(default = "default_late_topic")]
     late_topic: String,
+    #[serde(default = "default_outputs_topic")]
+    outputs_topic: String,
     #[serde(default = "default_format")]
     format: RecordFormat,
     #[serde(default)]
@@ -456,6 +463,8 @@ struct RawNamespace {
     crdt: CrdtType,
     ownership: Ownership,
     window: Option<RawWindow>,
+    /// `"final-windows"`: every final window of the namespace goes to the outputs topic.
+    output: Option<String>,
 }
 
 fn default_checkpoint_interval() -> String {
@@ -484,6 +493,9 @@ fn default_dlq_topic() -> String {
 }
 fn default_late_topic() -> String {
     "geostate.late".into()
+}
+fn default_outputs_topic() -> String {
+    "geostate.outputs".into()
 }
 fn default_format() -> RecordFormat {
     RecordFormat::Json
@@ -528,6 +540,7 @@ impl RawConfig {
             ("kafka.deltas-topic", &self.kafka.deltas_topic),
             ("kafka.dlq-topic", &self.kafka.dlq_topic),
             ("kafka.late-topic", &self.kafka.late_topic),
+            ("kafka.outputs-topic", &self.kafka.outputs_topic),
         ] {
             if topic.is_empty() {
                 return Err(invalid(field, "must not be empty"));
@@ -591,8 +604,26 @@ impl RawConfig {
             self.namespaces
                 .into_iter()
                 .map(|ns| {
+                    let window = ns.window.map(|w| w.validate(ns.crdt)).transpose()?;
+                    let outputs_final_windows = match ns.output.as_deref() {
+                        None => false,
+                        Some("final-windows") if window.is_some() => true,
+                        Some("final-windows") => {
+                            return Err(invalid(
+                                "namespace.output",
+                                format!("{:?} has no window: only a windowed namespace outputs final windows", ns.prefix),
+                            ));
+                        }
+                        Some(other) => {
+                            return Err(invalid(
+                                "namespace.output",
+                                format!("{other:?} is not an output kind (known: \"final-windows\")"),
+                            ));
+                        }
+                    };
                     Ok(Namespace {
-                        window: ns.window.map(|w| w.validate(ns.crdt)).transpose()?,
+                        window,
+                        outputs_final_windows,
                         prefix: ns.prefix,
                         crdt: ns.crdt,
                         ownership: ns.ownership,
@@ -618,6 +649,7 @@ impl RawConfig {
                 deltas_topic: self.kafka.deltas_topic,
                 dlq_topic: self.kafka.dlq_topic,
                 late_topic: self.kafka.late_topic,
+                outputs_topic: self.kafka.outputs_topic,
                 format: self.kafka.format,
                 client: self.kafka.client,
             },
@@ -841,6 +873,29 @@ mod tests {
                 assert_eq!((ns.crdt, ns.ownership), (crdt, ownership), "{prefix}");
             }
         }
+    }
+
+    #[test]
+    fn only_a_windowed_namespace_outputs_its_final_windows() {
+        let windowed = format!(
+            "{MINIMAL}\n[[namespace]]\nprefix = \"requests/\"\ntype = \"g_counter\"\nownership = \"shared\"\noutput = \"final-windows\"\n[namespace.window]\nsize = \"1m\"\n"
+        );
+        let c = Config::parse(&windowed).unwrap();
+        let outputs = |key| c.namespaces.lookup(key).unwrap().outputs_final_windows;
+        assert!(outputs("requests/9q8yy") && !outputs("trips/9q8yy"));
+        assert_eq!(c.kafka.outputs_topic, "geostate.outputs");
+        let plain = MINIMAL.replace(
+            "ownership = \"shared\"",
+            "ownership = \"shared\"\noutput = \"final-windows\"",
+        );
+        let err = Config::parse(&plain).unwrap_err().to_string();
+        assert!(
+            err.contains("namespace.output") && err.contains("no window"),
+            "{err}"
+        );
+        let unknown = windowed.replace("\"final-windows\"", "\"every-change\"");
+        let err = Config::parse(&unknown).unwrap_err().to_string();
+        assert!(err.contains("not an output kind"), "{err}");
     }
 
     #[test]

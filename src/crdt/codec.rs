@@ -84,6 +84,9 @@ pub struct ResumePoint {
     /// Per updates partition, the event-time watermark of its windowed records up to
     /// `updates_offsets` (the one its later records' lateness is judged by).
     pub watermarks: std::collections::BTreeMap<i32, u64>,
+    /// Per updates partition, the lowest watermark over the regions through which its
+    /// final windows went to the outputs topic (the next round produces those after it).
+    pub outputs_through: std::collections::BTreeMap<i32, u64>,
 }
 
 /// The record key of resume points on a deltas topic; no state key starts with NUL.
@@ -107,6 +110,7 @@ impl ResumePoint {
                 })
                 .collect(),
             watermarks: self.watermarks.iter().map(|(&p, &w)| (p, w)).collect(),
+            outputs_through: self.outputs_through.iter().map(|(&p, &w)| (p, w)).collect(),
         }
         .encode_to_vec()
     }
@@ -130,6 +134,7 @@ impl ResumePoint {
                 .map(|f| ((f.shard, f.partition), f.epoch))
                 .collect(),
             watermarks: raw.watermarks.into_iter().collect(),
+            outputs_through: raw.outputs_through.into_iter().collect(),
         })
     }
 
@@ -149,6 +154,10 @@ impl ResumePoint {
         }
         for (p, w) in later.watermarks {
             let kept = self.watermarks.entry(p).or_insert(w);
+            *kept = (*kept).max(w);
+        }
+        for (p, w) in later.outputs_through {
+            let kept = self.outputs_through.entry(p).or_insert(w);
             *kept = (*kept).max(w);
         }
         self.hlc_high_water = self.hlc_high_water.max(later.hlc_high_water);
@@ -353,6 +362,11 @@ mod tests {
                 watermarks: offsets
                     .iter()
                     .map(|&(p, o)| (p, o as u64 * 1_000))
+                    .collect(),
+                // and what went out behind it
+                outputs_through: offsets
+                    .iter()
+                    .map(|&(p, o)| (p, o as u64 * 1_000 - 500))
                     .collect(),
             };
         let mut newest = point(1, &[(0, 10), (1, 20)], &[((5, 0), 3), ((5, 1), 4)], 9);

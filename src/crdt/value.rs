@@ -34,6 +34,15 @@ pub enum CrdtValue {
 }
 
 impl CrdtValue {
+    /// A counter's value as a number (a register is none).
+    pub fn count(&self) -> Option<i128> {
+        match self {
+            CrdtValue::GCounter(c) => Some(i128::try_from(c.value()).unwrap_or(i128::MAX)),
+            CrdtValue::PnCounter(c) => Some(c.value()),
+            CrdtValue::LwwRegister(_) => None,
+        }
+    }
+
     pub fn crdt_type(&self) -> CrdtType {
         match self {
             CrdtValue::GCounter(_) => CrdtType::GCounter,

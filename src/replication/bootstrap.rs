@@ -151,6 +151,10 @@ pub async fn catch_up(
         }
         if let Some(resume) = &recovered.resume {
             resume_after(config, hlc, store, resume).await?;
+            // the final windows the rounds merged produced go out no second time
+            if let Some(&through) = resume.outputs_through.get(&partition) {
+                store.raise_outputs_through(partition, through)?;
+            }
             // a round committed after this copy last cleared its outbox (it crashed in
             // between): the late events it covered were shipped, and go no second time
             if let Some(&through) = resume.updates_offsets.get(&partition) {

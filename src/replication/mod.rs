@@ -12,6 +12,7 @@
 
 pub mod bootstrap;
 pub mod merger;
+pub mod outputs;
 pub mod shipper;
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -33,6 +33,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::{Notify, watch};
 
 use super::bootstrap;
+use super::outputs::{FinalWindow, Outputs};
 use super::{HEARTBEAT_KEY, Heartbeat};
 use crate::clock::Clock;
 use crate::config::KafkaConfig;
@@ -87,6 +88,15 @@ pub struct Shipper {
     /// Turns true when the node gives the partition up: one last round ships what the
     /// outbox holds, then the shipper ends.
     pub hand_off: watch::Receiver<bool>,
+    /// The namespaces whose final windows this shipper produces to the outputs topic, if
+    /// any ([`super::outputs`]).
+    pub outputs: Option<Arc<Outputs>>,
+}
+
+/// The final windows one round produces, and how far the partition's outputs reach then.
+struct RoundOutputs {
+    windows: Vec<FinalWindow>,
+    through: Option<u64>,
 }
 
 impl Shipper {
@@ -111,10 +121,23 @@ impl Shipper {
                 self.kafka.updates_topic.clone(),
                 self.partition,
             );
-            let snapshot =
-                tokio::task::spawn_blocking(move || store.outbox_snapshot(partition, &topic))
-                    .await
-                    .unwrap_or_else(|e| Err(StoreError::Task(e.to_string())))?;
+            let outputs = self.outputs.clone();
+            let (snapshot, round_outputs) = tokio::task::spawn_blocking(move || {
+                let snapshot = store.outbox_snapshot(partition, &topic)?;
+                let outputs = match outputs {
+                    Some(outputs) => {
+                        let own = snapshot.watermarks.get(&partition).copied();
+                        final_since(&store, &outputs, partition, own)?
+                    }
+                    None => RoundOutputs {
+                        windows: Vec::new(),
+                        through: None,
+                    },
+                };
+                Ok::<_, StoreError>((snapshot, outputs))
+            })
+            .await
+            .unwrap_or_else(|e| Err(StoreError::Task(e.to_string())))?;
             // nothing to ship and no heartbeat due (or none allowed yet): wait for a batch,
             // the next heartbeat or the end of the replay
             let due = match (beat, last_beat) {
@@ -126,7 +149,10 @@ impl Shipper {
                 tracing::info!(partition, "handed off: the outbox is shipped");
                 return Ok(());
             }
-            if snapshot.entries.is_empty() && due.is_none_or(|due| Instant::now() < due) {
+            if snapshot.entries.is_empty()
+                && round_outputs.windows.is_empty()
+                && due.is_none_or(|due| Instant::now() < due)
+            {
                 let mut replayed = self.replayed.clone();
                 let mut hand_off = self.hand_off.clone();
                 tokio::select! {
@@ -138,11 +164,14 @@ impl Shipper {
                 }
                 continue;
             }
+            // what a failed round committed all the same must not go out twice: its late
+            // events, and its final windows
             if uncertain
-                && snapshot
-                    .entries
-                    .iter()
-                    .any(|e| e.key.starts_with(LATE_PREFIX))
+                && (self.outputs.is_some()
+                    || snapshot
+                        .entries
+                        .iter()
+                        .any(|e| e.key.starts_with(LATE_PREFIX)))
             {
                 let committed = bootstrap::committed_resume(
                     &self.kafka,
@@ -153,16 +182,23 @@ impl Shipper {
                 .await;
                 match committed {
                     Ok(resume) => {
-                        let through =
-                            resume.and_then(|r| r.updates_offsets.get(&partition).copied());
-                        if let Some(through) = through {
-                            let store = self.store.clone();
-                            tokio::task::spawn_blocking(move || {
-                                store.drop_late_through(partition, through)
-                            })
-                            .await
-                            .unwrap_or_else(|e| Err(StoreError::Task(e.to_string())))?;
-                        }
+                        let through = resume
+                            .as_ref()
+                            .and_then(|r| r.updates_offsets.get(&partition).copied());
+                        let outputs =
+                            resume.and_then(|r| r.outputs_through.get(&partition).copied());
+                        let store = self.store.clone();
+                        tokio::task::spawn_blocking(move || {
+                            if let Some(through) = through {
+                                store.drop_late_through(partition, through)?;
+                            }
+                            if let Some(outputs) = outputs {
+                                store.raise_outputs_through(partition, outputs)?;
+                            }
+                            Ok::<_, StoreError>(())
+                        })
+                        .await
+                        .unwrap_or_else(|e| Err(StoreError::Task(e.to_string())))?;
                         uncertain = false;
                     }
                     Err(e) => {
@@ -173,7 +209,7 @@ impl Shipper {
                 continue;
             }
             uncertain = false;
-            let through = match self.ship(&snapshot, beat).await {
+            let through = match self.ship(&snapshot, &round_outputs, beat).await {
                 Ok(through) => through,
                 Err(e) => {
                     uncertain = true;
@@ -192,8 +228,12 @@ impl Shipper {
                 continue;
             };
             let (store, deltas) = (self.store.clone(), self.kafka.deltas_topic.clone());
+            let outputs_through = round_outputs.through;
             tokio::task::spawn_blocking(move || {
                 store.clear_outbox(&snapshot.entries)?;
+                if let Some(outputs) = outputs_through {
+                    store.raise_outputs_through(partition, outputs)?;
+                }
                 // this copy holds every delta of its partition up to its own last round
                 store.own_deltas_through(&deltas, partition, through)
             })
@@ -212,9 +252,10 @@ impl Shipper {
     async fn ship(
         &self,
         snapshot: &OutboxSnapshot,
+        outputs: &RoundOutputs,
         beat: Option<u64>,
     ) -> Result<Option<i64>, LogError> {
-        let resume = (!snapshot.entries.is_empty()).then(|| {
+        let resume = (!snapshot.entries.is_empty() || !outputs.windows.is_empty()).then(|| {
             ResumePoint {
                 origin: self.actor.region.clone(),
                 incarnation: self.actor.incarnation,
@@ -223,6 +264,11 @@ impl Shipper {
                 hlc_high_water: snapshot.hlc_high_water.unwrap_or_default(),
                 fences: snapshot.fences.clone(),
                 watermarks: snapshot.watermarks.clone(),
+                outputs_through: outputs
+                    .through
+                    .map(|w| (self.partition, w))
+                    .into_iter()
+                    .collect(),
             }
             .encode()
         });
@@ -255,6 +301,18 @@ impl Shipper {
         // the resume point follows the deltas
         let resume_at = deltas.len();
         records.extend(late.iter().map(|l| l.record(&self.kafka.late_topic)));
+        let windows: Vec<(Vec<u8>, Vec<u8>)> = outputs
+            .windows
+            .iter()
+            .map(|w| (w.record_key(), w.payload()))
+            .collect();
+        records.extend(windows.iter().map(|(key, payload)| TxRecord {
+            key,
+            payload,
+            partition: None,
+            topic: Some(&self.kafka.outputs_topic),
+            headers: Vec::new(),
+        }));
         let offsets = self
             .producer
             .commit_all(&self.kafka.deltas_topic, records)
@@ -263,6 +321,7 @@ impl Shipper {
         metrics::counter!(m::DELTAS_SHIPPED).increment(deltas.len() as u64);
         metrics::counter!(m::DELTA_BYTES_SHIPPED).increment(bytes as u64);
         metrics::counter!(m::LATE_SHIPPED).increment(late.len() as u64);
+        metrics::counter!(m::OUTPUTS_PRODUCED).increment(windows.len() as u64);
         Ok(resume.and(offsets.get(resume_at).copied()))
     }
 
@@ -321,4 +380,34 @@ async fn sleep_until(due: Option<Instant>) {
         Some(due) => tokio::time::sleep_until(due.into()).await,
         None => std::future::pending().await,
     }
+}
+
+/// The final windows of `partition` not produced yet (`Store::outputs_through`), as the
+/// lowest watermark over the regions stands with this region's at `own`. If none closed
+/// meanwhile, the position moves on at once: a final window's slices never change, so
+/// none can turn up later in the range passed.
+fn final_since(
+    store: &Store,
+    outputs: &Outputs,
+    partition: i32,
+    own: Option<u64>,
+) -> Result<RoundOutputs, StoreError> {
+    let through = store.outputs_through(partition)?;
+    let Some(lowest) = outputs
+        .lowest(store, partition, own)?
+        .filter(|&lowest| through.is_none_or(|t| t < lowest))
+    else {
+        return Ok(RoundOutputs {
+            windows: Vec::new(),
+            through,
+        });
+    };
+    let windows = outputs.final_windows(store, partition, through, lowest)?;
+    if windows.is_empty() {
+        store.raise_outputs_through(partition, lowest)?;
+    }
+    Ok(RoundOutputs {
+        windows,
+        through: Some(lowest),
+    })
 }

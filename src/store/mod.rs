@@ -463,6 +463,18 @@ impl Store {
         self.part(partition)?.watermark(partition)
     }
 
+    /// How far the final windows of `partition` went to the outputs topic, if ever.
+    pub fn outputs_through(&self, partition: i32) -> Result<Option<u64>, StoreError> {
+        self.part(partition)?.outputs_through(partition)
+    }
+
+    /// Records that the final windows of `partition` went out through `through` (never
+    /// moves back).
+    pub fn raise_outputs_through(&self, partition: i32, through: u64) -> Result<(), StoreError> {
+        self.part(partition)?
+            .raise_outputs_through(partition, through)
+    }
+
     /// Per remote region, the newest watermark its heartbeats on `partition` carried.
     pub fn remote_watermarks(&self, partition: i32) -> Result<BTreeMap<RegionId, u64>, StoreError> {
         self.part(partition)?.remote_watermarks()

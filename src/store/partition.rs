@@ -44,6 +44,9 @@ const META_REMOTE_WATERMARK: &str = "remote-watermark/";
 /// `watermark/<partition i32 BE>` → the event-time watermark of the updates partition's
 /// windowed records (milliseconds, u64 BE).
 const META_WATERMARK: &str = "watermark/";
+/// Per partition, the lowest watermark over the regions through which its final windows
+/// went to the outputs topic (u64 BE, milliseconds).
+const META_OUTPUTS_THROUGH: &str = "outputs-through/";
 
 /// In-memory mirror of the outbox column family.
 #[derive(Default)]
@@ -431,6 +434,32 @@ impl PartitionStore {
             .get_cf(self.cf(CF_META), watermark_key(partition))?
             .map(|v| decode_u64(&v, "watermark"))
             .transpose()
+    }
+
+    /// How far the final windows of `partition` went to the outputs topic, if ever.
+    pub(super) fn outputs_through(&self, partition: i32) -> Result<Option<u64>, StoreError> {
+        self.db
+            .get_cf(self.cf(CF_META), outputs_through_key(partition))?
+            .map(|v| decode_u64(&v, "outputs through"))
+            .transpose()
+    }
+
+    /// Records that the final windows of `partition` went out through `through`; never
+    /// moves back.
+    pub(super) fn raise_outputs_through(
+        &self,
+        partition: i32,
+        through: u64,
+    ) -> Result<(), StoreError> {
+        let stored = self.outputs_through(partition)?;
+        if stored.is_none_or(|s| s < through) {
+            self.db.put_cf(
+                self.cf(CF_META),
+                outputs_through_key(partition),
+                through.to_be_bytes(),
+            )?;
+        }
+        Ok(())
     }
 
     /// Per remote region, the newest watermark its heartbeats carried (on this instance's
@@ -866,6 +895,12 @@ pub(super) fn fence_key(shard: u32, partition: i32) -> Vec<u8> {
 fn remote_watermark_key(region: &RegionId, partition: i32) -> Vec<u8> {
     let mut k = META_REMOTE_WATERMARK.as_bytes().to_vec();
     k.extend_from_slice(region.as_str().as_bytes());
+    k.extend_from_slice(&partition.to_be_bytes());
+    k
+}
+
+fn outputs_through_key(partition: i32) -> Vec<u8> {
+    let mut k = META_OUTPUTS_THROUGH.as_bytes().to_vec();
     k.extend_from_slice(&partition.to_be_bytes());
     k
 }

@@ -88,6 +88,29 @@ impl WindowSpec {
         window.end_ms.saturating_add(self.allowed_lateness_ms)
     }
 
+    /// The windows whose close (end plus lateness) is in `(from, to]`, oldest first: those
+    /// that became final as the lowest watermark over the regions rose from `from` to
+    /// `to`. At most `max` (the newest).
+    pub fn closing_between(&self, from: u64, to: u64, max: u64) -> Vec<Window> {
+        let before_close = self.size_ms.saturating_add(self.allowed_lateness_ms);
+        // start = close - size - lateness, on the slide grid
+        let last = match to.checked_sub(before_close) {
+            Some(start) => self.window_at(start),
+            None => return Vec::new(),
+        };
+        let mut out = Vec::new();
+        let mut start = last.start_ms;
+        while self.closes_at(self.window_at(start)) > from && (out.len() as u64) < max {
+            out.push(self.window_at(start));
+            match start.checked_sub(self.slide_ms) {
+                Some(earlier) => start = earlier,
+                None => break,
+            }
+        }
+        out.reverse();
+        out
+    }
+
     /// The watermark from which the slice at `s` may no longer change in a region: when
     /// the first window to end among those holding it closes. An event for it is late
     /// from then on.
@@ -252,6 +275,34 @@ mod tests {
     use super::*;
 
     const MIN: u64 = 60_000;
+
+    #[test]
+    fn the_windows_closing_as_the_watermark_rises_are_those_whose_close_it_passed() {
+        let spec = WindowSpec {
+            size_ms: MIN,
+            slide_ms: MIN,
+            allowed_lateness_ms: 10_000,
+            retention_ms: 60 * MIN,
+        };
+        let starts = |from, to| -> Vec<u64> {
+            spec.closing_between(from, to, 1000)
+                .iter()
+                .map(|w| w.start_ms / MIN)
+                .collect()
+        };
+        // [10, 11) closes at 11:10, [11, 12) at 12:10
+        assert_eq!(starts(11 * MIN, 11 * MIN + 9_999), Vec::<u64>::new());
+        assert_eq!(starts(11 * MIN, 11 * MIN + 10_000), [10]);
+        assert_eq!(starts(11 * MIN + 10_000, 12 * MIN + 10_000), [11]);
+        assert_eq!(starts(11 * MIN, 13 * MIN + 10_000), [10, 11, 12]);
+        assert_eq!(starts(0, 5_000), Vec::<u64>::new());
+        let newest_two: Vec<u64> = spec
+            .closing_between(11 * MIN, 13 * MIN + 10_000, 2)
+            .iter()
+            .map(|w| w.start_ms / MIN)
+            .collect();
+        assert_eq!(newest_two, [11, 12], "at most `max`, the newest");
+    }
 
     fn hopping(size: u64, slide: u64, lateness: u64) -> WindowSpec {
         WindowSpec {

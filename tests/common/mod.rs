@@ -402,6 +402,7 @@ pub struct Topics {
     pub deltas: String,
     pub dlq: String,
     pub late: String,
+    pub outputs: String,
 }
 
 impl Topics {
@@ -412,11 +413,13 @@ impl Topics {
             deltas: format!("{base}.deltas"),
             dlq: format!("{base}.dlq"),
             late: format!("{base}.late"),
+            outputs: format!("{base}.outputs"),
         };
         create_topic(bootstrap, &topics.updates, partitions).await?;
         create_topic(bootstrap, &topics.deltas, partitions).await?;
         create_topic(bootstrap, &topics.dlq, 1).await?;
         create_topic(bootstrap, &topics.late, 1).await?;
+        create_topic(bootstrap, &topics.outputs, partitions).await?;
         Ok(topics)
     }
 }
@@ -468,6 +471,7 @@ impl Node {
             format!("kafka.deltas-topic={:?}", topics.deltas),
             format!("kafka.dlq-topic={:?}", topics.dlq),
             format!("kafka.late-topic={:?}", topics.late),
+            format!("kafka.outputs-topic={:?}", topics.outputs),
             format!("api.grpc-listen={grpc:?}"),
             format!("api.metrics-listen={metrics:?}"),
             "lease=".to_owned(),
@@ -676,5 +680,62 @@ impl Node {
 impl Drop for Node {
     fn drop(&mut self) {
         self.kill9();
+    }
+}
+
+/// One record of the outputs topic, as a reader finds it.
+#[derive(Debug, serde::Deserialize, PartialEq, Eq, PartialOrd, Ord, Clone)]
+pub struct Output {
+    pub key: String,
+    pub start_ms: u64,
+    pub end_ms: u64,
+    pub value: i64,
+    pub region: String,
+}
+
+/// Every record of `topic` a `read_committed` reader finds, once at least `wanted` are
+/// there and it reached the end of each of its `partitions` (at most `within`).
+pub async fn read_outputs(
+    kafka: &str,
+    topic: &str,
+    partitions: i32,
+    wanted: usize,
+    within: Duration,
+) -> anyhow::Result<Vec<Output>> {
+    use rdkafka::Message;
+    use rdkafka::consumer::{Consumer, StreamConsumer};
+    use rdkafka::error::KafkaError;
+    let consumer: StreamConsumer = ClientConfig::new()
+        .set("bootstrap.servers", kafka)
+        .set("group.id", unique("outputs-reader"))
+        .set("auto.offset.reset", "earliest")
+        .set("isolation.level", "read_committed")
+        .set("enable.partition.eof", "true")
+        .create()?;
+    consumer.subscribe(&[topic])?;
+    let until = Instant::now() + within;
+    let (mut out, mut at_end) = (Vec::new(), std::collections::BTreeSet::new());
+    loop {
+        if out.len() >= wanted && at_end.len() == partitions as usize {
+            return Ok(out);
+        }
+        let left = until.saturating_duration_since(Instant::now());
+        let Ok(next) = tokio::time::timeout(left, consumer.recv()).await else {
+            bail!(
+                "{} of {wanted} outputs within {within:?}: {out:?}",
+                out.len()
+            );
+        };
+        match next {
+            Ok(message) => {
+                at_end.remove(&message.partition());
+                let payload = message.payload().context("an output without a payload")?;
+                out.push(serde_json::from_slice(payload)?);
+            }
+            Err(KafkaError::PartitionEOF(p)) => {
+                at_end.insert(p);
+            }
+            Err(e) => return Err(e.into()),
+        }
     }
 }

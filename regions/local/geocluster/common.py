@@ -38,6 +38,7 @@ TOPICS = {
     "geostate.deltas": (4, {"cleanup.policy": "compact", "min.compaction.lag.ms": "60000"}),
     "geostate.dlq": (1, {}),
     "geostate.late": (1, {}),
+    "geostate.outputs": (4, {}),
 }
 DELTAS_TOPIC = "geostate.deltas"
 
