@@ -143,3 +143,72 @@ pub(crate) async fn converge(
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
 }
+
+/// The outputs topic every region's nodes produce final windows to (the region files').
+const OUTPUTS_TOPIC: &str = "geostate.outputs";
+
+/// Per region, the records of its outputs topic for keys starting with `prefix`, read
+/// `read_committed` from the beginning to the end of every partition, once at least
+/// `wanted` are there (a window final at the end goes out in the next shipping round) or
+/// `within` passed.
+pub(crate) async fn outputs(
+    cluster_json: &Path,
+    regions: &[String],
+    prefix: &str,
+    wanted: usize,
+    within: Duration,
+) -> anyhow::Result<BTreeMap<String, Vec<windowed::Output>>> {
+    use rdkafka::ClientConfig;
+    use rdkafka::Message;
+    use rdkafka::consumer::{Consumer, StreamConsumer};
+    use rdkafka::error::KafkaError;
+    let cluster = read_cluster(cluster_json)?;
+    let until = Instant::now() + within;
+    let mut all = BTreeMap::new();
+    for region in regions {
+        let kafka = &cluster.regions[region].kafka;
+        let partitions = {
+            let probe: StreamConsumer = ClientConfig::new()
+                .set("bootstrap.servers", kafka)
+                .create()?;
+            let metadata = probe.fetch_metadata(Some(OUTPUTS_TOPIC), Duration::from_secs(10))?;
+            metadata
+                .topics()
+                .first()
+                .map_or(0, |t| t.partitions().len())
+        };
+        let consumer: StreamConsumer = ClientConfig::new()
+            .set("bootstrap.servers", kafka)
+            .set("group.id", format!("jepsen-outputs-{}", std::process::id()))
+            .set("auto.offset.reset", "earliest")
+            .set("isolation.level", "read_committed")
+            .set("enable.partition.eof", "true")
+            .create()?;
+        consumer.subscribe(&[OUTPUTS_TOPIC])?;
+        let (mut found, mut at_end) = (Vec::new(), std::collections::BTreeSet::new());
+        while (found.len() < wanted || at_end.len() < partitions) && Instant::now() < until {
+            let left = until.saturating_duration_since(Instant::now());
+            let Ok(next) = tokio::time::timeout(left, consumer.recv()).await else {
+                break;
+            };
+            match next {
+                Ok(message) => {
+                    at_end.remove(&message.partition());
+                    let Some(payload) = message.payload() else {
+                        continue;
+                    };
+                    let output: windowed::Output = serde_json::from_slice(payload)?;
+                    if output.key.starts_with(prefix) {
+                        found.push(output);
+                    }
+                }
+                Err(KafkaError::PartitionEOF(p)) => {
+                    at_end.insert(p);
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        all.insert(region.clone(), found);
+    }
+    Ok(all)
+}

@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use clap::{Parser, ValueEnum};
 use geostate_jepsen::control::{self, heal, read_cluster};
+use geostate_jepsen::windowed;
 use geostate_proto::workload::Rng;
 use serde::Serialize;
 use tokio::sync::Mutex;
@@ -262,9 +263,9 @@ async fn run(args: Args) -> anyhow::Result<bool> {
             }
         }
     }
+    // reads went back up to three windows before the first add
+    let (from, to) = (run.event_base_ms - 4 * WINDOW_MS, run.event_time_now());
     let finals = if args.workload.windowed() {
-        // reads went back up to three windows before the first add
-        let (from, to) = (run.event_base_ms - 4 * WINDOW_MS, run.event_time_now());
         converge::windows(
             &args.cluster,
             &regions,
@@ -276,6 +277,25 @@ async fn run(args: Args) -> anyhow::Result<bool> {
     } else {
         converge(&args.cluster, &regions, &keys, Duration::from_secs(90)).await?
     };
+    // each window final everywhere is in every region's outputs topic, once
+    let outputs = if args.workload.windowed() {
+        let counted = |by: &BTreeMap<String, converge::FinalRead>| {
+            by.values().any(|f| f.value.unwrap_or(0) != 0)
+        };
+        let wanted = finals.values().filter(|by| counted(by)).count();
+        let prefix = format!("{}{tag}-", args.workload.prefix());
+        let by_region = converge::outputs(
+            &args.cluster,
+            &regions,
+            &prefix,
+            wanted,
+            Duration::from_secs(30),
+        )
+        .await?;
+        windowed::check_outputs(&report::values(&finals), &by_region, (from, to))
+    } else {
+        Vec::new()
+    };
     let history = run.history.lock().await.clone();
-    report::write(&args, &history, &faults, &finals)
+    report::write(&args, &history, &faults, &finals, outputs)
 }

@@ -82,7 +82,7 @@ pub(crate) fn verdict(
 }
 
 /// Every final read's counter value: key → region → value.
-fn values(finals: &Finals) -> BTreeMap<String, BTreeMap<String, i64>> {
+pub(crate) fn values(finals: &Finals) -> BTreeMap<String, BTreeMap<String, i64>> {
     finals
         .iter()
         .map(|(k, by)| {
@@ -162,11 +162,14 @@ pub(crate) fn write(
     history: &[Event],
     faults: &[Fault],
     finals: &Finals,
+    outputs: Vec<String>,
 ) -> anyhow::Result<bool> {
     // the history first: a checker may take long
     json_lines(&args.out.join("history.jsonl"), history)?;
     json_lines(&args.out.join("nemesis.jsonl"), faults)?;
-    let verdict = verdict(args.workload, &args.nemesis, history, faults, finals);
+    let mut verdict = verdict(args.workload, &args.nemesis, history, faults, finals);
+    // the outputs topics' check (`windowed::check_outputs`), done where they were read
+    verdict.anomalies.extend(outputs);
     let regions: Vec<String> = finals
         .values()
         .flat_map(|by_region| by_region.keys().cloned())

@@ -64,10 +64,118 @@ pub fn check(
     problems
 }
 
+/// One record of a region's outputs topic (`geostate.outputs`): a final window.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+pub struct Output {
+    pub key: String,
+    pub start_ms: u64,
+    pub end_ms: u64,
+    pub value: i64,
+    pub region: String,
+}
+
+/// Checks every region's outputs (`region` → the records its outputs topic holds for the
+/// run's keys, `read_committed`) against the windows final in every region at the end,
+/// read for the windows starting in `[from, to)`: each final window that counted an add
+/// is in each region's outputs exactly once, with its final value there, and no other
+/// window of the range is (a window nothing was added to has no slice, so nothing to
+/// produce).
+pub fn check_outputs(
+    finals: &BTreeMap<String, BTreeMap<String, i64>>,
+    outputs: &BTreeMap<String, Vec<Output>>,
+    (from, to): (u64, u64),
+) -> Vec<String> {
+    let mut problems = Vec::new();
+    for (region, records) in outputs {
+        let mut seen: BTreeMap<String, Vec<i64>> = BTreeMap::new();
+        for o in records.iter().filter(|o| (from..to).contains(&o.start_ms)) {
+            seen.entry(window_key(&o.key, o.start_ms))
+                .or_default()
+                .push(o.value);
+        }
+        for (key, by_region) in finals {
+            let Some(&value) = by_region.get(region) else {
+                continue;
+            };
+            match seen.remove(key).as_deref() {
+                None if value == 0 => {}
+                Some([v]) if *v == value => {}
+                Some([v]) => problems.push(format!(
+                    "{key}: {region}'s outputs hold {v}, the window is {value}"
+                )),
+                Some(many) => problems.push(format!(
+                    "{key}: {region}'s outputs hold it {} times: {many:?}",
+                    many.len()
+                )),
+                None => problems.push(format!("{key}: final, and not in {region}'s outputs")),
+            }
+        }
+        for (key, values) in seen {
+            problems.push(format!(
+                "{key}: in {region}'s outputs ({values:?}), and not final everywhere at the end"
+            ));
+        }
+    }
+    problems
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::history::parse;
+
+    #[test]
+    fn each_final_window_once_in_each_regions_outputs_passes_and_all_else_is_caught() {
+        let finals = finals((5, 5), Some((2, 2)));
+        let out = |start_ms, value, region: &str| Output {
+            key: "k".into(),
+            start_ms,
+            end_ms: start_ms + MIN,
+            value,
+            region: region.into(),
+        };
+        let both = |records: Vec<Output>| {
+            BTreeMap::from([
+                ("a".to_string(), records.clone()),
+                ("b".to_string(), records),
+            ])
+        };
+        let check_outputs = |finals: &BTreeMap<String, BTreeMap<String, i64>>,
+                             outputs: &BTreeMap<String, Vec<Output>>| {
+            check_outputs(finals, outputs, (0, 3 * MIN))
+        };
+        let right = vec![out(0, 5, "a"), out(MIN, 2, "a")];
+        assert_eq!(
+            check_outputs(&finals, &both(right.clone())),
+            Vec::<String>::new()
+        );
+        // a window nothing counted in has nothing to produce; one past the range is not judged
+        let mut empty = finals.clone();
+        empty.insert(
+            window_key("k", 2 * MIN),
+            BTreeMap::from([("a".into(), 0), ("b".into(), 0)]),
+        );
+        let mut later = right.clone();
+        later.push(out(3 * MIN, 9, "a"));
+        assert_eq!(check_outputs(&empty, &both(later)), Vec::<String>::new());
+        let twice = check_outputs(
+            &finals,
+            &both(vec![out(0, 5, "a"), out(0, 5, "a"), out(MIN, 2, "a")]),
+        );
+        assert!(twice.iter().any(|p| p.contains("2 times")), "{twice:?}");
+        let missing = check_outputs(&finals, &both(vec![out(0, 5, "a")]));
+        assert!(missing.iter().any(|p| p.contains("not in")), "{missing:?}");
+        let wrong = check_outputs(&finals, &both(vec![out(0, 4, "a"), out(MIN, 2, "a")]));
+        assert!(wrong.iter().any(|p| p.contains("hold 4")), "{wrong:?}");
+        let open = check_outputs(
+            &finals,
+            &both(vec![out(0, 5, "a"), out(MIN, 2, "a"), out(2 * MIN, 1, "a")]),
+        );
+        assert!(
+            open.iter().any(|p| p.contains("not final everywhere")),
+            "{open:?}"
+        );
+    }
 
     const MIN: u64 = 60_000;
 
