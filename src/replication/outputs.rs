@@ -117,7 +117,12 @@ impl Outputs {
         let mut out = Vec::new();
         let partitions = BTreeSet::from([partition]);
         for (prefix, spec) in &self.namespaces {
-            let closing = spec.closing_between(from.unwrap_or(0), to, MAX_WINDOWS_PER_ROUND);
+            let mut closing = spec.closing_between(from.unwrap_or(0), to, MAX_WINDOWS_PER_ROUND);
+            // a store that never produced anything does not reach back past the retention,
+            // where a window's slices may be deleted already
+            if from.is_none() {
+                closing.retain(|w| !spec.expired(*w, Some(to)));
+            }
             let (Some(first), Some(last)) = (closing.first(), closing.last()) else {
                 continue;
             };
