@@ -187,18 +187,8 @@ impl Handler {
                     continue;
                 }
             };
-            let mut found: BTreeSet<(String, u64)> = BTreeSet::new();
-            for (key, _) in &stored {
-                let (home, Some(slice)) = window::split_slice_key(key) else {
-                    continue;
-                };
-                for w in closing
-                    .iter()
-                    .filter(|w| w.start_ms <= slice && slice < w.end_ms)
-                {
-                    found.insert((home.to_owned(), w.start_ms));
-                }
-            }
+            let found =
+                window::windows_with_slices(stored.iter().map(|(k, _)| k.as_str()), &closing);
             for (key, start) in found {
                 let selector = pb::WindowSelector {
                     which: Some(Which::StartMs(start)),

@@ -123,25 +123,12 @@ impl Outputs {
             if from.is_none() {
                 closing.retain(|w| !spec.expired(*w, Some(to)));
             }
-            let (Some(first), Some(last)) = (closing.first(), closing.last()) else {
+            if closing.is_empty() {
                 continue;
-            };
-            let (low, high) = (first.start_ms, last.end_ms);
-            let mut found: BTreeSet<(String, u64)> = BTreeSet::new();
-            for (stored, _) in store.scan_in(&partitions, prefix, None, usize::MAX)? {
-                let (key, Some(slice)) = window::split_slice_key(&stored) else {
-                    continue;
-                };
-                if !(low..high).contains(&slice) {
-                    continue;
-                }
-                for w in closing
-                    .iter()
-                    .filter(|w| (w.start_ms..w.end_ms).contains(&slice))
-                {
-                    found.insert((key.to_owned(), w.start_ms));
-                }
             }
+            let stored = store.scan_in(&partitions, prefix, None, usize::MAX)?;
+            let found =
+                window::windows_with_slices(stored.iter().map(|(k, _)| k.as_str()), &closing);
             for (key, start_ms) in found {
                 let window = spec.window_at(start_ms);
                 let mut total: i128 = 0;

@@ -217,6 +217,27 @@ pub fn slice_key(key: &str, slice_ms: u64) -> String {
     format!("{key}{SLICE_SEP}{slice_ms:0SLICE_DIGITS$}")
 }
 
+/// The (windowed key, window start) pairs of `windows` that hold a slice among `stored`
+/// keys: the windows of those keys that have something to read.
+pub fn windows_with_slices<'a>(
+    stored: impl IntoIterator<Item = &'a str>,
+    windows: &[Window],
+) -> std::collections::BTreeSet<(String, u64)> {
+    let mut found = std::collections::BTreeSet::new();
+    for stored in stored {
+        let (key, Some(slice)) = split_slice_key(stored) else {
+            continue;
+        };
+        for w in windows
+            .iter()
+            .filter(|w| (w.start_ms..w.end_ms).contains(&slice))
+        {
+            found.insert((key.to_owned(), w.start_ms));
+        }
+    }
+    found
+}
+
 /// A stored key's windowed key and slice start, if it is a slice's key.
 pub fn split_slice_key(stored: &str) -> (&str, Option<u64>) {
     match stored.rsplit_once(SLICE_SEP) {
@@ -302,6 +323,21 @@ mod tests {
             .map(|w| w.start_ms / MIN)
             .collect();
         assert_eq!(newest_two, [11, 12], "at most `max`, the newest");
+    }
+
+    #[test]
+    fn the_windows_with_a_slice_are_named_by_their_windowed_key() {
+        let spec = hopping(2 * MIN, MIN, 0);
+        let windows = [spec.window_at(0), spec.window_at(MIN)];
+        let stored = [
+            slice_key("k", 0),
+            slice_key("k", 2 * MIN),
+            slice_key("j", MIN),
+            "plain".to_owned(),
+        ];
+        let found = windows_with_slices(stored.iter().map(String::as_str), &windows);
+        let expected = [("j", 0), ("j", MIN), ("k", 0), ("k", MIN)].map(|(k, s)| (k.to_owned(), s));
+        assert_eq!(found, expected.into_iter().collect());
     }
 
     fn hopping(size: u64, slide: u64, lateness: u64) -> WindowSpec {
