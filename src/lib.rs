@@ -55,6 +55,7 @@ pub use geostate_proto::pb;
 pub mod replay;
 pub mod replication;
 pub mod shutdown;
+pub mod sink;
 pub mod store;
 pub mod supervise;
 pub mod window;

@@ -143,6 +143,11 @@ enum Command {
         #[command(subcommand)]
         action: DlqAction,
     },
+    /// The outputs topic into PostgreSQL, and the two compared.
+    Sink {
+        #[command(subcommand)]
+        action: SinkAction,
+    },
     /// Hand a shard this region holds to another region (planned handoff).
     TransferLease {
         #[command(flatten)]
@@ -173,6 +178,36 @@ enum DlqAction {
         /// Count what would be replayed; append nothing.
         #[arg(long)]
         dry_run: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum SinkAction {
+    /// Write every record of the region's outputs topic (`kafka.outputs-topic`, read
+    /// committed) into the PostgreSQL table `geostate_outputs` exactly once: rows and the
+    /// consumed offsets commit in one PostgreSQL transaction, and a restart reads on after
+    /// the offsets PostgreSQL holds. Creates its tables; runs until SIGTERM.
+    Postgres {
+        #[command(flatten)]
+        config: ConfigArgs,
+        /// The database: a libpq connection string or URL.
+        #[arg(long, env = "GEOSTATE_POSTGRES")]
+        postgres: String,
+    },
+    /// Compare the outputs topics of this region and of every `--region` with the table,
+    /// window by window (count and digest); print every difference, and fail if any.
+    Reconcile {
+        #[command(flatten)]
+        config: ConfigArgs,
+        #[arg(long, env = "GEOSTATE_POSTGRES")]
+        postgres: String,
+        /// Another region's outputs topic (same name, same client settings):
+        /// `REGION=BOOTSTRAP`.
+        #[arg(long = "region", value_name = "REGION=BOOTSTRAP")]
+        regions: Vec<String>,
+        /// How long to wait for each region's sink to reach the end of its topic.
+        #[arg(long = "wait-seconds", default_value_t = 60)]
+        wait: u64,
     },
 }
 
@@ -243,7 +278,81 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
                     dry_run,
                 },
         } => dlq_replay(config, topic, event_time, dry_run).await,
+        Command::Sink {
+            action: SinkAction::Postgres { config, postgres },
+        } => sink_postgres(config, postgres).await,
+        Command::Sink {
+            action:
+                SinkAction::Reconcile {
+                    config,
+                    postgres,
+                    regions,
+                    wait,
+                },
+        } => sink_reconcile(config, postgres, regions, wait).await,
     }
+}
+
+async fn sink_postgres(config: ConfigArgs, postgres: String) -> anyhow::Result<()> {
+    let config = geostate::config::Config::load_with(&config.config, &config.set)?;
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        let _ = stop.send(true);
+    });
+    let sink = geostate::sink::postgres::SinkConfig {
+        region: config.region.to_string(),
+        kafka: config.kafka,
+        postgres,
+    };
+    let written = geostate::sink::postgres::run(sink, stopped).await?;
+    println!(
+        "wrote {} records in {} PostgreSQL transactions ({} rejected)",
+        written.records, written.transactions, written.rejected
+    );
+    Ok(())
+}
+
+async fn sink_reconcile(
+    config: ConfigArgs,
+    postgres: String,
+    regions: Vec<String>,
+    wait: u64,
+) -> anyhow::Result<()> {
+    let wait = std::time::Duration::from_secs(wait);
+    use geostate::sink::reconcile::Source;
+    let config = geostate::config::Config::load_with(&config.config, &config.set)?;
+    let mut sources = vec![Source {
+        region: config.region.to_string(),
+        kafka: config.kafka.clone(),
+    }];
+    for region in regions {
+        let (name, bootstrap) = region
+            .split_once('=')
+            .with_context(|| format!("--region {region:?}: expected REGION=BOOTSTRAP"))?;
+        let mut kafka = config.kafka.clone();
+        kafka.bootstrap = bootstrap.to_owned();
+        sources.push(Source {
+            region: name.to_owned(),
+            kafka,
+        });
+    }
+    let found = geostate::sink::reconcile::reconcile(&postgres, &sources, wait).await?;
+    for difference in &found.differences {
+        println!("DIFFERENCE {difference}");
+    }
+    println!(
+        "reconciled {} windows of {} regions' outputs with {} rows: {} differences",
+        found.windows,
+        sources.len(),
+        found.rows,
+        found.differences.len()
+    );
+    anyhow::ensure!(
+        found.differences.is_empty(),
+        "the table and the topics differ"
+    );
+    Ok(())
 }
 
 async fn dlq_replay(

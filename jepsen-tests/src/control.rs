@@ -24,6 +24,17 @@ pub struct ClusterFile {
     pub tools: Tools,
     /// The lease group's third member.
     pub witness: Option<WitnessFile>,
+    /// The outputs table's database (clusters started before it have none).
+    pub postgres: Option<PostgresFile>,
+}
+
+/// The cluster's PostgreSQL, which each region's sink writes its outputs into.
+#[derive(Deserialize, Clone)]
+pub struct PostgresFile {
+    /// A libpq connection string.
+    pub url: String,
+    pub port: u16,
+    pub pid: Option<u32>,
 }
 
 #[derive(Deserialize, Clone, Default)]

@@ -8,6 +8,7 @@ from .install import cmd_install
 from .lifecycle import (cmd_down, cmd_kafka, cmd_mirror, cmd_node, cmd_restart_nodes, cmd_status,
                         cmd_up)
 from .net import cmd_net
+from .postgres import cmd_postgres, cmd_sink
 
 
 def main(description: str) -> None:
@@ -33,6 +34,13 @@ def main(description: str) -> None:
     node.add_argument("node", metavar="REGION[/i]")
     node.add_argument("--clock-offset", type=int, default=0, metavar="MS")
     node.set_defaults(fn=cmd_node)
+    postgres = sub.add_parser("postgres", help="kill PostgreSQL (a crash), start it, or both")
+    postgres.add_argument("action", choices=["kill", "start", "restart"])
+    postgres.set_defaults(fn=cmd_postgres)
+    sink = sub.add_parser("sink", help="kill a region's PostgreSQL sink (SIGKILL) or start it")
+    sink.add_argument("action", choices=["kill", "start"])
+    sink.add_argument("region")
+    sink.set_defaults(fn=cmd_sink)
     net = sub.add_parser("net", help="cut a region off the other sites, or heal every cut")
     net.add_argument("action", choices=["isolate", "delay", "heal"])
     net.add_argument("region", nargs="?")

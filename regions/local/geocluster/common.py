@@ -57,6 +57,8 @@ APT_PACKAGES = {
     # package -> a file whose presence shows it is installed
     "libclang-dev": "/usr/lib/llvm-14/lib/libclang.so",
     "iptables": "/usr/sbin/iptables",
+    # the outputs table's database (any major version: /usr/lib/postgresql/<major>/bin)
+    "postgresql": "/usr/lib/postgresql/*/bin/postgres",
 }
 
 

@@ -6,7 +6,7 @@ from .common import *  # noqa: F401,F403
 
 
 def install_apt() -> None:
-    missing = [p for p, f in APT_PACKAGES.items() if not Path(f).exists()]
+    missing = [p for p, f in APT_PACKAGES.items() if not list(Path("/").glob(f.lstrip("/")))]
     if not missing:
         return
     if os.geteuid() != 0:

@@ -9,6 +9,7 @@ from .kafka import *  # noqa: F401,F403
 from .s3 import *  # noqa: F401,F403
 from .nodes import *  # noqa: F401,F403
 from .net import *  # noqa: F401,F403
+from .postgres import *  # noqa: F401,F403
 
 
 def health(cluster: dict) -> dict[str, bool]:
@@ -18,6 +19,11 @@ def health(cluster: dict) -> dict[str, bool]:
         out[f"kafka {region}"] = pid_alive(r["kafka_pid"]) and port_open(port)
     out["mirrormaker2"] = pid_alive(cluster["mirrormaker2"]["pid"])
     out["s3"] = pid_alive(cluster["s3"]["pid"]) and s3_healthy(cluster["s3"]["endpoint"])
+    if "postgres" in cluster:
+        out["postgres"] = pid_alive(cluster["postgres"]["pid"]) and pg_ready(cluster["postgres"]["port"])
+    for region, r in cluster["regions"].items():
+        if "sink" in r:
+            out[f"sink {region}"] = pid_alive(r["sink"].get("pid"))
     for region, r in cluster["regions"].items():
         out[f"node {region}"] = bool(r.get("pid")) and pid_alive(r["pid"])
         for i, n in further_nodes(r).items():
@@ -50,11 +56,15 @@ def cmd_up(_args: argparse.Namespace) -> None:
         if not down:
             if not getattr(_args, "no_build", False) and runs_an_older_binary(existing):
                 log("geostate was rebuilt since the nodes started: restarting them (data kept)")
+                for region, r in existing["regions"].items():
+                    if "sink" in r:
+                        stop_pid(f"sink-{region}", r["sink"]["pid"])
                 start_lease_group(existing)
+                start_sinks(existing)
                 return
             log(f"already up ({CLUSTER_JSON})")
             return
-        if all(k.startswith("node ") or k in ("mirrormaker2", "witness") for k in down):
+        if all(k.startswith(("node ", "sink ")) or k in ("mirrormaker2", "witness") for k in down):
             if "mirrormaker2" in down:
                 existing["mirrormaker2"]["pid"] = start_mm2(existing["regions"])
                 write_cluster(existing)
@@ -71,6 +81,9 @@ def cmd_up(_args: argparse.Namespace) -> None:
                         start_further_node(region, i, existing)
                         write_cluster(existing)
                         wait_node(f"{region}/{i}", n)
+                if f"sink {region}" in down:
+                    start_sink(region, existing)
+                    write_cluster(existing)
             log(f"restarted {', '.join(down)}")
             return
         log(f"partly up ({', '.join(down)} down); restarting")
@@ -78,13 +91,13 @@ def cmd_up(_args: argparse.Namespace) -> None:
     started = time.monotonic()
     RUN.mkdir(parents=True, exist_ok=True)
     # a fresh cluster: new Kafka logs, so node state and checkpoints of the old one go too
-    for old in (LOGS, RUN / "nodes", RUN / "s3"):
+    for old in (LOGS, RUN / "nodes", RUN / "s3", RUN / "postgres"):
         shutil.rmtree(old, ignore_errors=True)
     log4j_config()
     try:
         regions = {region: start_kafka(region) for region in REGIONS}
         s3 = start_s3()
-        cluster = {"s3": s3, "regions": {}, "mirrormaker2": {}, "logs": str(LOGS),
+        cluster = {"s3": s3, "postgres": {"pid": None}, "regions": {}, "mirrormaker2": {}, "logs": str(LOGS),
                    "tools": {"grpcurl": str(GRPCURL), "geostate": str(geostate_bin()),
                              "s3s_fs": str(S3S_FS), "cluster_py": str(REPO / "regions" / "local" / "cluster.py")}}
         for region, r in regions.items():
@@ -106,6 +119,8 @@ def cmd_up(_args: argparse.Namespace) -> None:
                      lambda b=r["kafka"]: kafka_topics(b) is not None, 90)
             create_topics(r["kafka"])
         wait_for("s3", lambda: s3_healthy(s3["endpoint"]), 30)
+        cluster["postgres"] = start_postgres()
+        write_cluster(cluster)
         cluster["mirrormaker2"]["pid"] = start_mm2(regions)
         write_cluster(cluster)
         wait_for("mirrormaker 2 remote topics", lambda: mirrored_topics_present(regions), 120)
@@ -115,6 +130,7 @@ def cmd_up(_args: argparse.Namespace) -> None:
             for index in range(1, nodes_per_region()):
                 further_nodes(r)[str(index)] = {"pid": None}
         start_lease_group(cluster)
+        start_sinks(cluster)
     except BaseException:
         log("start failed; stopping what was started")
         cmd_down(_args)
@@ -137,7 +153,7 @@ def nodes_per_region() -> int:
 def cmd_down(_args: argparse.Namespace) -> None:
     # stop every pid we ever recorded, clients first (mirrormaker), then brokers, then s3
     names = sorted(p.name for p in PIDS.glob("*")) if PIDS.exists() else []
-    order = sorted(names, key=lambda n: (0 if n.startswith("node") or n == "witness" else
+    order = sorted(names, key=lambda n: (0 if n.startswith(("node", "sink")) or n == "witness" else
                                          1 if n == "mirrormaker2" else
                                          2 if n.startswith("kafka") else 3))
     for name in order:
@@ -188,6 +204,14 @@ def cmd_status(_args: argparse.Namespace) -> None:
     s3 = cluster["s3"]
     print(f"s3               {'healthy' if h['s3'] else 'DOWN':<8} {s3['endpoint']:<22} "
           f"pid {s3['pid']}  bucket {s3['bucket']}")
+    if "postgres" in cluster:
+        pg = cluster["postgres"]
+        print(f"postgres         {'healthy' if h['postgres'] else 'DOWN':<8} "
+              f"{'127.0.0.1:' + str(pg['port']):<22} pid {pg['pid']}  {pg['url']}")
+    for region, r in cluster["regions"].items():
+        if "sink" in r:
+            print(f"sink {region:<11} {'running' if h[f'sink {region}'] else 'DOWN':<8} "
+                  f"{'-> postgres':<22} pid {r['sink']['pid']}")
     print(f"cluster.json     {CLUSTER_JSON}")
     print(f"logs             {LOGS}")
     if not all(h.values()):
@@ -209,6 +233,12 @@ def start_lease_group(cluster: dict) -> None:
         wait_node(region, r)
         for i, n in further_nodes(r).items():
             wait_node(f"{region}/{i}", n)
+    write_cluster(cluster)
+
+
+def start_sinks(cluster: dict) -> None:
+    for region in cluster["regions"]:
+        start_sink(region, cluster)
     write_cluster(cluster)
 
 
