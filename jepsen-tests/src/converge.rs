@@ -212,3 +212,44 @@ pub(crate) async fn outputs(
     }
     Ok(all)
 }
+
+/// The rows of the cluster's PostgreSQL table (`geostate_outputs`, written by each
+/// region's `geostate sink postgres`) for keys starting with `prefix`, once at least
+/// `wanted` are there or `within` passed; `None` if the cluster runs no PostgreSQL.
+pub(crate) async fn table(
+    cluster_json: &Path,
+    prefix: &str,
+    wanted: usize,
+    within: Duration,
+) -> anyhow::Result<Option<Vec<windowed::Output>>> {
+    let cluster = read_cluster(cluster_json)?;
+    let Some(pg) = cluster.postgres else {
+        return Ok(None);
+    };
+    let (client, connection) = tokio_postgres::connect(&pg.url, tokio_postgres::NoTls).await?;
+    tokio::spawn(connection);
+    let until = Instant::now() + within;
+    loop {
+        let rows = client
+            .query(
+                "SELECT key, window_start_ms, window_end_ms, value::int8, region
+                 FROM geostate_outputs WHERE starts_with(key, $1)",
+                &[&prefix],
+            )
+            .await?;
+        if rows.len() >= wanted || Instant::now() > until {
+            return Ok(Some(
+                rows.iter()
+                    .map(|r| windowed::Output {
+                        key: r.get(0),
+                        start_ms: r.get::<_, i64>(1) as u64,
+                        end_ms: r.get::<_, i64>(2) as u64,
+                        value: r.get(3),
+                        region: r.get(4),
+                    })
+                    .collect(),
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}

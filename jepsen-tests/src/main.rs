@@ -292,7 +292,19 @@ async fn run(args: Args) -> anyhow::Result<bool> {
             Duration::from_secs(30),
         )
         .await?;
-        windowed::check_outputs(&report::values(&finals), &by_region, (from, to))
+        let mut problems =
+            windowed::check_outputs(&report::values(&finals), &by_region, (from, to));
+        // and the PostgreSQL table the regions' sinks write them into, one row each
+        if let Some(rows) =
+            converge::table(&args.cluster, &prefix, wanted, Duration::from_secs(30)).await?
+        {
+            problems.extend(windowed::check_table(
+                &report::values(&finals),
+                &rows,
+                (from, to),
+            ));
+        }
+        problems
     } else {
         Vec::new()
     };

@@ -83,38 +83,73 @@ pub struct Output {
 pub fn check_outputs(
     finals: &BTreeMap<String, BTreeMap<String, i64>>,
     outputs: &BTreeMap<String, Vec<Output>>,
-    (from, to): (u64, u64),
+    range: (u64, u64),
 ) -> Vec<String> {
     let mut problems = Vec::new();
     for (region, records) in outputs {
-        let mut seen: BTreeMap<String, Vec<i64>> = BTreeMap::new();
-        for o in records.iter().filter(|o| (from..to).contains(&o.start_ms)) {
-            seen.entry(window_key(&o.key, o.start_ms))
-                .or_default()
-                .push(o.value);
+        problems.extend(check_records(
+            &format!("{region}'s outputs"),
+            finals,
+            |by_region| by_region.get(region).copied(),
+            records,
+            range,
+        ));
+    }
+    problems
+}
+
+/// Checks the rows the PostgreSQL sinks wrote for the run's keys (`geostate_outputs`)
+/// as [`check_outputs`] checks a region's outputs topic: each final window that counted
+/// an add is one row with its final value, and no other window of the range is a row.
+pub fn check_table(
+    finals: &BTreeMap<String, BTreeMap<String, i64>>,
+    rows: &[Output],
+    range: (u64, u64),
+) -> Vec<String> {
+    // the regions agree on a final window (checked with the reads); any one stands
+    check_records(
+        "the PostgreSQL table",
+        finals,
+        |by_region| by_region.values().next().copied(),
+        rows,
+        range,
+    )
+}
+
+/// `records` (named `what`) against `finals`, each window's value taken by `value_of`.
+fn check_records(
+    what: &str,
+    finals: &BTreeMap<String, BTreeMap<String, i64>>,
+    value_of: impl Fn(&BTreeMap<String, i64>) -> Option<i64>,
+    records: &[Output],
+    (from, to): (u64, u64),
+) -> Vec<String> {
+    let mut problems = Vec::new();
+    let mut seen: BTreeMap<String, Vec<i64>> = BTreeMap::new();
+    for o in records.iter().filter(|o| (from..to).contains(&o.start_ms)) {
+        seen.entry(window_key(&o.key, o.start_ms))
+            .or_default()
+            .push(o.value);
+    }
+    for (key, by_region) in finals {
+        let Some(value) = value_of(by_region) else {
+            continue;
+        };
+        match seen.remove(key).as_deref() {
+            None if value == 0 => {}
+            Some([v]) if *v == value => {}
+            Some([v]) => problems.push(format!("{key}: {what} hold {v}, the window is {value}")),
+            Some(many) => problems.push(format!(
+                "{key}: {what} hold it {} times: {many:?}",
+                many.len()
+            )),
+            None => problems.push(format!("{key}: final, and not in {what}")),
         }
-        for (key, by_region) in finals {
-            let Some(&value) = by_region.get(region) else {
-                continue;
-            };
-            match seen.remove(key).as_deref() {
-                None if value == 0 => {}
-                Some([v]) if *v == value => {}
-                Some([v]) => problems.push(format!(
-                    "{key}: {region}'s outputs hold {v}, the window is {value}"
-                )),
-                Some(many) => problems.push(format!(
-                    "{key}: {region}'s outputs hold it {} times: {many:?}",
-                    many.len()
-                )),
-                None => problems.push(format!("{key}: final, and not in {region}'s outputs")),
-            }
-        }
-        for (key, values) in seen {
-            problems.push(format!(
-                "{key}: in {region}'s outputs ({values:?}), and not final everywhere at the end"
-            ));
-        }
+    }
+    for (key, values) in seen {
+        problems.push(format!(
+            "{key}: in {what} ({values:?}), and not final everywhere at the end"
+        ));
     }
     problems
 }
@@ -175,6 +210,17 @@ mod tests {
             open.iter().any(|p| p.contains("not final everywhere")),
             "{open:?}"
         );
+        let table = |rows: Vec<Output>| check_table(&finals, &rows, (0, 3 * MIN));
+        assert_eq!(table(right.clone()), Vec::<String>::new());
+        let short = table(vec![out(0, 5, "a")]);
+        assert!(
+            short
+                .iter()
+                .any(|p| p.contains("not in the PostgreSQL table")),
+            "{short:?}"
+        );
+        let off = table(vec![out(0, 5, "a"), out(MIN, 3, "b")]);
+        assert!(off.iter().any(|p| p.contains("hold 3")), "{off:?}");
     }
 
     const MIN: u64 = 60_000;
