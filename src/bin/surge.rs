@@ -4,7 +4,10 @@
 //! region publishes the surge multiplier (`surge/<geohash>`, an owned namespace) of the
 //! geohashes whose lease it holds, and is refused the others; probes measure how long a
 //! write in one region takes to be read in the other. Ends with a table and whether every
-//! region holds identical state. Uses only the public gRPC API.
+//! region holds identical state. Uses the public gRPC API; then, with the cluster's
+//! PostgreSQL, keeps a trickle of requests going until the window the load ended in is
+//! final, and shows the final windows the regions' sinks wrote into `geostate_outputs`,
+//! the table reconciled with both regions' outputs topics, and how long rows took.
 
 use std::collections::{BTreeMap, hash_map::DefaultHasher};
 use std::hash::{Hash, Hasher};
@@ -42,11 +45,21 @@ struct Args {
 #[derive(Deserialize)]
 struct Cluster {
     regions: BTreeMap<String, Region>,
+    postgres: Option<Postgres>,
 }
 
 #[derive(Deserialize)]
 struct Region {
     grpc: String,
+    /// The node's region file and `--set` overrides.
+    config: PathBuf,
+    #[serde(default)]
+    set: Vec<String>,
+}
+
+#[derive(Deserialize)]
+struct Postgres {
+    url: String,
 }
 
 #[derive(Default)]
@@ -119,8 +132,178 @@ async fn run(args: Args) -> anyhow::Result<()> {
     for t in tasks {
         t.await?;
     }
+    let load_ended_ms = now_ms();
     let digests = settled(&mut clients, &windows).await?;
-    report(&cluster, &counts, &digests, lags).await
+    report(&cluster, &counts, &digests, lags).await?;
+    match &cluster.postgres {
+        Some(pg) => in_postgres(&cluster, &pg.url, &clients, started_ms, load_ended_ms).await,
+        None => Ok(()),
+    }
+}
+
+/// Keeps a trickle of requests going (event time now, so the watermarks move) until the
+/// window holding `load_ended_ms` is a row of the table; then the run's windows in
+/// PostgreSQL, the table reconciled with every region's outputs topic, and the time from
+/// a window's end (its last event) and from its output record to its row.
+async fn in_postgres(
+    cluster: &Cluster,
+    url: &str,
+    clients: &Clients,
+    started_ms: u64,
+    load_ended_ms: u64,
+) -> anyhow::Result<()> {
+    let mut sources = Vec::new();
+    let mut spec = None;
+    for (region, r) in &cluster.regions {
+        let set = r
+            .set
+            .iter()
+            .map(|s| s.parse().map_err(anyhow::Error::msg))
+            .collect::<anyhow::Result<Vec<geostate::config::Setting>>>()?;
+        let config = geostate::config::Config::load_with(&r.config, &set)?;
+        spec = spec.or_else(|| {
+            config
+                .namespaces
+                .iter()
+                .find(|ns| ns.prefix == "requests/" && ns.outputs_final_windows)
+                .and_then(|ns| ns.window)
+        });
+        sources.push(geostate::sink::reconcile::Source {
+            region: region.clone(),
+            kafka: config.kafka,
+        });
+    }
+    let Some(spec) = spec else {
+        println!(
+            "(requests/ outputs no final windows in these region files: nothing in PostgreSQL)"
+        );
+        return Ok(());
+    };
+    let db = geostate::sink::postgres::connect(url, "surge-demo").await?;
+    let holding = |ms: u64| i64::try_from(ms / spec.slide_ms * spec.slide_ms).unwrap_or(i64::MAX);
+    let (first, last) = (holding(started_ms), holding(load_ended_ms));
+    println!();
+    println!(
+        "waiting for the window the load ended in to be final (its end + {} s allowed lateness + the watermark's bound) and in PostgreSQL; a trickle of requests keeps event time moving",
+        spec.allowed_lateness_ms / 1000
+    );
+    let waited = Instant::now();
+    let mut i = 0u64;
+    loop {
+        let rows: i64 = db
+            .query_one(
+                "SELECT count(*) FROM geostate_outputs WHERE starts_with(key, 'requests/') AND window_start_ms = $1",
+                &[&last],
+            )
+            .await?
+            .get(0);
+        if rows > 0 {
+            break;
+        }
+        if waited.elapsed() > Duration::from_secs(spec.size_ms / 1000 + 120) {
+            bail!(
+                "the window the load ended in is not in PostgreSQL after {:?}",
+                waited.elapsed()
+            );
+        }
+        for client in clients.values() {
+            i += 1;
+            let request = pb::UpdateRequest {
+                key: format!("requests/{}", geohash(i as usize % 50)),
+                op: Some(pb::update_request::Op::Add(1)),
+                id: String::new(),
+                event_time_ms: now_ms(),
+            };
+            let _ = client.clone().update(request).await;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    println!();
+    println!("| window (UTC) | geohashes (rows) | requests | rows by region's record |");
+    println!("|---|---:|---:|---|");
+    let windows = db
+        .query(
+            "SELECT window_start_ms, count(*), sum(value)::int8,
+                    string_agg(DISTINCT region, ', ')
+             FROM geostate_outputs
+             WHERE starts_with(key, 'requests/') AND window_start_ms BETWEEN $1 AND $2
+             GROUP BY 1 ORDER BY 1",
+            &[&first, &last],
+        )
+        .await?;
+    for w in &windows {
+        let start: i64 = w.get(0);
+        let minute = (start / 1000) % 86_400;
+        println!(
+            "| {:02}:{:02} | {} | {} | {} |",
+            minute / 3600,
+            minute % 3600 / 60,
+            w.get::<_, i64>(1),
+            w.get::<_, i64>(2),
+            w.get::<_, String>(3)
+        );
+    }
+    let busiest = db
+        .query(
+            "SELECT key, value::int8 FROM geostate_outputs
+             WHERE starts_with(key, 'requests/') AND window_start_ms = $1
+             ORDER BY value DESC, key LIMIT 3",
+            &[&last],
+        )
+        .await?;
+    let busiest: Vec<String> = busiest
+        .iter()
+        .map(|r| format!("{} {}", r.get::<_, String>(0), r.get::<_, i64>(1)))
+        .collect();
+    println!(
+        "busiest geohashes of the last window: {}",
+        busiest.join(", ")
+    );
+    let latency = db
+        .query_one(
+            "SELECT count(*),
+                percentile_cont(0.5) WITHIN GROUP (ORDER BY ms_from_end),
+                percentile_cont(0.99) WITHIN GROUP (ORDER BY ms_from_end),
+                percentile_cont(0.5) WITHIN GROUP (ORDER BY ms_from_output),
+                percentile_cont(0.99) WITHIN GROUP (ORDER BY ms_from_output)
+             FROM (SELECT
+                extract(epoch FROM written_at) * 1000 - window_end_ms AS ms_from_end,
+                extract(epoch FROM written_at - produced_at) * 1000 AS ms_from_output
+                FROM geostate_outputs
+                WHERE starts_with(key, 'requests/') AND window_start_ms BETWEEN $1 AND $2) AS r",
+            &[&first, &last],
+        )
+        .await?;
+    let ms = |i: usize| latency.get::<_, Option<f64>>(i).unwrap_or(0.0);
+    println!(
+        "time to the row, over {} rows: from the window's end (its last event) p50 {:.0} ms, p99 {:.0} ms (the window closes {} s after its end, plus the watermark's out-of-orderness bound); from the output record p50 {:.0} ms, p99 {:.0} ms",
+        latency.get::<_, i64>(0),
+        ms(1),
+        ms(2),
+        spec.allowed_lateness_ms / 1000,
+        ms(3),
+        ms(4)
+    );
+    let found =
+        geostate::sink::reconcile::reconcile(url, &sources, Duration::from_secs(30)).await?;
+    for difference in &found.differences {
+        println!("DIFFERENCE {difference}");
+    }
+    println!(
+        "PostgreSQL against every region's outputs topic: {} windows, {} rows, one row per (key, window), {} differences{}",
+        found.windows,
+        found.rows,
+        found.differences.len(),
+        if found.differences.is_empty() {
+            " (both regions produced the same final windows)"
+        } else {
+            ""
+        }
+    );
+    if !found.differences.is_empty() {
+        bail!("PostgreSQL and the outputs topics differ");
+    }
+    Ok(())
 }
 
 /// One open-loop writer of one region.
