@@ -58,6 +58,8 @@ started=$(date +%s)
   echo
   pinned_bench windows "$@"
   echo
+  cargo bench --locked --bench sink "$@"
+  echo
   echo "Chart: [latest.png](latest.png); figures: [latest.json](latest.json). The benchmarks took $(( $(date +%s) - started )) s."
 } | tee "$report"
 
