@@ -253,7 +253,13 @@ async fn positioned(
 /// A consumer that is positioned by hand (never commits offsets to Kafka: the positions
 /// live in RocksDB with the state) and answers fetches quickly.
 fn consumer(spec: &ConsumerSpec) -> Result<StreamConsumer, LogError> {
-    Ok(client_config(&spec.kafka)
+    let mut config = client_config(&spec.kafka);
+    // a broker answers a fetch as soon as there is something to read: the wait bounds
+    // only the empty answers, i.e. how often an idle reader asks (a client setting wins)
+    if !spec.kafka.client.contains_key("fetch.wait.max.ms") {
+        config.set("fetch.wait.max.ms", "10");
+    }
+    Ok(config
         .set("group.id", &spec.group)
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")
@@ -261,7 +267,6 @@ fn consumer(spec: &ConsumerSpec) -> Result<StreamConsumer, LogError> {
         // never a silent re-read from the start
         .set("auto.offset.reset", "error")
         .set("isolation.level", "read_committed")
-        .set("fetch.wait.max.ms", "10")
         .set("enable.partition.eof", spec.report_end.to_string())
         .create()?)
 }

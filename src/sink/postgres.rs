@@ -91,6 +91,9 @@ WHERE excluded.next_offset > geostate_sink_offsets.next_offset";
 const BATCH: usize = 2000;
 /// After a batch's first record, how long to wait for more.
 const LINGER: Duration = Duration::from_millis(20);
+/// How long the broker holds an empty fetch of the sink's reader (librdkafka
+/// `fetch.wait.max.ms`).
+const IDLE_FETCH_WAIT_MS: &str = "500";
 /// Between two attempts to reach PostgreSQL.
 const RETRY: Duration = Duration::from_secs(1);
 
@@ -150,8 +153,15 @@ pub async fn stored_offsets(
 pub async fn run(config: SinkConfig, mut stop: watch::Receiver<bool>) -> anyhow::Result<Written> {
     let topic = config.kafka.outputs_topic.clone();
     let partitions = log::partitions(&config.kafka, &topic).await?;
+    let mut kafka = config.kafka.clone();
+    // outputs come a few per window close: an idle sink asks its broker twice a second,
+    // not a hundred times (a fetch is answered as soon as a record is there)
+    kafka
+        .client
+        .entry("fetch.wait.max.ms".into())
+        .or_insert_with(|| IDLE_FETCH_WAIT_MS.into());
     let spec = log::ConsumerSpec {
-        kafka: config.kafka.clone(),
+        kafka,
         group: format!("geostate-sink-postgres-{}", config.region),
         report_end: false,
         topic: topic.clone(),
@@ -161,48 +171,45 @@ pub async fn run(config: SinkConfig, mut stop: watch::Receiver<bool>) -> anyhow:
     let mut written = Written::default();
     let mut reader: Option<Reader> = None;
     while !*stop.borrow() {
-        let mut client = match session(&config, &topic).await {
-            Ok(client) => client,
-            Err(e) => {
-                tracing::warn!(error = %e, "PostgreSQL not reachable; retrying");
-                tokio::select! {
-                    () = tokio::time::sleep(RETRY) => continue,
-                    _ = stop.changed() => break,
-                }
-            }
-        };
-        let mut applied = stored_offsets(&client, &config.region, &topic).await?;
-        tracing::info!(region = %config.region, %topic, ?applied, "writing to PostgreSQL after the offsets it holds");
-        let mut current = match reader.take() {
-            Some(mut r) => {
-                r.reposition(&applied).await?;
-                r
-            }
-            None => Reader::start(spec.clone(), &applied).await?,
-        };
-        let outcome = write_batches(
-            &mut client,
-            &config,
-            &mut current,
-            &mut applied,
-            &mut stop,
-            &mut written,
-        )
-        .await;
-        reader = Some(current);
-        match outcome {
+        match session(&config, &spec, &mut reader, &mut stop, &mut written).await {
             Ok(()) => break,
             Err(e) => {
-                tracing::warn!(error = %e, "a PostgreSQL transaction failed; reconnecting and reading on after the offsets PostgreSQL holds");
-                tokio::time::sleep(RETRY).await;
+                tracing::warn!(error = %e, "writing to PostgreSQL failed; reconnecting and reading on after the offsets PostgreSQL holds");
+                tokio::select! {
+                    () = tokio::time::sleep(RETRY) => {}
+                    _ = stop.changed() => break,
+                }
             }
         }
     }
     Ok(written)
 }
 
+/// One connection's work: the schema and the region's advisory lock, the offsets
+/// PostgreSQL holds, the reader put there, then batches until `stop` (Ok) or an error.
+async fn session(
+    config: &SinkConfig,
+    spec: &log::ConsumerSpec,
+    reader: &mut Option<Reader>,
+    stop: &mut watch::Receiver<bool>,
+    written: &mut Written,
+) -> anyhow::Result<()> {
+    let mut client = connected(config, &spec.topic).await?;
+    let mut applied = stored_offsets(&client, &config.region, &spec.topic).await?;
+    tracing::info!(region = %config.region, topic = %spec.topic, ?applied, "writing to PostgreSQL after the offsets it holds");
+    match reader {
+        Some(r) => r.reposition(&applied).await?,
+        None => *reader = Some(Reader::start(spec.clone(), &applied).await?),
+    }
+    let Some(reader) = reader.as_mut() else {
+        return Ok(());
+    };
+    write_batches(&mut client, config, reader, &mut applied, stop, written).await?;
+    Ok(())
+}
+
 /// A connection with the schema in place and the region's advisory lock held.
-async fn session(config: &SinkConfig, topic: &str) -> Result<Client, tokio_postgres::Error> {
+async fn connected(config: &SinkConfig, topic: &str) -> Result<Client, tokio_postgres::Error> {
     let client = connect(
         &config.postgres,
         &format!("geostate-sink {}", config.region),
