@@ -1,7 +1,8 @@
 //! The outputs topic against real Kafka and the real `geostate` binary: every final window
 //! of an output namespace is produced once, in the shipping transaction that saw it final,
 //! and a `read_committed` reader finds each window once with its value, also after the
-//! node was SIGKILLed and restarted on its disk.
+//! node was SIGKILLed and restarted on its disk; every accepted write of an owned register
+//! that outputs its changes is there once, with its lease epoch.
 
 mod common;
 
@@ -59,6 +60,7 @@ async fn each_final_window_goes_out_once_also_after_a_kill() -> anyhow::Result<(
         end_ms: start + MIN,
         value,
         region: "us-east-1".into(),
+        epoch: 0,
     };
     let mut expected = vec![output(&a, t0, 3), output(&b, t0, 2)];
     expected.sort();
@@ -89,5 +91,97 @@ async fn each_final_window_goes_out_once_also_after_a_kill() -> anyhow::Result<(
     );
     assert_eq!(found, expected);
     node.terminate(Duration::from_secs(30)).await?;
+    Ok(())
+}
+
+/// `prices/` (an owned register, `output = "register-changes"` in the region files) on the
+/// cluster's lease group: a value that is no window result is refused; each accepted
+/// write is in the holder region's outputs topic once, with the lease epoch it was
+/// written under, and the regions' sinks write it into PostgreSQL with that epoch.
+#[tokio::test]
+async fn each_accepted_owned_write_goes_out_once_with_its_lease_epoch() -> anyhow::Result<()> {
+    use common::failover::{epoch_of, regions, set, wait_held, write_until_accepted};
+    let cluster = cluster()?;
+    let (mut regions, lease) = regions(&cluster).await?;
+    let home = regions[0].name.clone();
+    let label = unique("gh");
+    let key = (0..)
+        .map(|i| format!("prices/{label}-{i}"))
+        .find(|k| {
+            lease
+                .home_of(lease.shard_of_key(k))
+                .is_some_and(|h| h.as_str() == home)
+        })
+        .expect("every region is some shard's home");
+    wait_held(
+        &mut regions[0],
+        lease.shard_of_key(&key),
+        Duration::from_secs(60),
+    )
+    .await?;
+    let refused = regions[0]
+        .state
+        .update(set(&key, "1.5"))
+        .await
+        .expect_err("a value that is no window result");
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
+    assert!(refused.message().contains("window result"), "{refused:?}");
+    let result = |start: u64, value: i64| {
+        format!(
+            r#"{{"start_ms":{start},"end_ms":{},"value":{value}}}"#,
+            start + MIN
+        )
+    };
+    let within = Duration::from_secs(30);
+    let (_, first) = write_until_accepted(&mut regions[0], &key, &result(0, 15), within).await?;
+    let (_, second) = write_until_accepted(&mut regions[0], &key, &result(MIN, 20), within).await?;
+    let epoch = epoch_of(&first);
+    assert!(epoch > 0 && epoch_of(&second) == epoch);
+
+    let kafka = cluster.regions[&home].kafka.clone();
+    let until = std::time::Instant::now() + Duration::from_secs(60);
+    let mine = loop {
+        let all = read_outputs(&kafka, "geostate.outputs", PARTITIONS, 0, within).await?;
+        let mine: Vec<Output> = all.into_iter().filter(|o| o.key == key).collect();
+        if mine.len() >= 2 || std::time::Instant::now() > until {
+            break mine;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let output = |start: u64, value| Output {
+        key: key.clone(),
+        start_ms: start,
+        end_ms: start + MIN,
+        value,
+        region: home.clone(),
+        epoch,
+    };
+    assert_eq!(
+        mine,
+        [output(0, 15), output(MIN, 20)],
+        "each write once, in order"
+    );
+
+    if let Some(pg) = &cluster.postgres {
+        let (client, connection) = tokio_postgres::connect(&pg.url, tokio_postgres::NoTls).await?;
+        tokio::spawn(connection);
+        let rows = loop {
+            let rows: Vec<(i64, i64, i64)> = client
+                .query(
+                    "SELECT window_start_ms, value::int8, epoch FROM geostate_outputs WHERE key = $1 ORDER BY 1",
+                    &[&key],
+                )
+                .await?
+                .iter()
+                .map(|r| (r.get(0), r.get(1), r.get(2)))
+                .collect();
+            if rows.len() >= 2 || std::time::Instant::now() > until {
+                break rows;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        let epoch = epoch as i64;
+        assert_eq!(rows, [(0, 15, epoch), (MIN as i64, 20, epoch)]);
+    }
     Ok(())
 }

@@ -172,6 +172,7 @@ async fn windows_close_alike_in_both_regions_and_late_events_are_kept_once() -> 
             end_ms: start_ms + MIN,
             value,
             region: region.into(),
+            epoch: 0,
         };
         ensure!(
             found == [output(10 * MIN, 1 + 4 + 8), output(11 * MIN, 2)],

@@ -188,6 +188,11 @@ pub struct Namespace {
     /// Each window that becomes final is produced to `kafka.outputs-topic`, in the
     /// shipping round that sees it final (`output = "final-windows"`).
     pub outputs_final_windows: bool,
+    /// Each accepted write of this owned register is produced to `kafka.outputs-topic`
+    /// with the lease epoch, in the shipping round of the state it wrote (`output =
+    /// "register-changes"`); its value must be a window result
+    /// ([`crate::replication::outputs::WindowResult`]).
+    pub outputs_register_changes: bool,
 }
 
 impl Namespace {
@@ -605,25 +610,39 @@ impl RawConfig {
                 .into_iter()
                 .map(|ns| {
                     let window = ns.window.map(|w| w.validate(ns.crdt)).transpose()?;
-                    let outputs_final_windows = match ns.output.as_deref() {
-                        None => false,
-                        Some("final-windows") if window.is_some() => true,
+                    let (mut outputs_final_windows, mut outputs_register_changes) = (false, false);
+                    match ns.output.as_deref() {
+                        None => {}
+                        Some("final-windows") if window.is_some() => outputs_final_windows = true,
                         Some("final-windows") => {
                             return Err(invalid(
                                 "namespace.output",
                                 format!("{:?} has no window: only a windowed namespace outputs final windows", ns.prefix),
                             ));
                         }
+                        Some("register-changes")
+                            if ns.crdt == CrdtType::LwwRegister
+                                && ns.ownership == Ownership::Owned =>
+                        {
+                            outputs_register_changes = true
+                        }
+                        Some("register-changes") => {
+                            return Err(invalid(
+                                "namespace.output",
+                                format!("{:?} is not an owned lww_register: only an owned register outputs its changes (with the lease epoch)", ns.prefix),
+                            ));
+                        }
                         Some(other) => {
                             return Err(invalid(
                                 "namespace.output",
-                                format!("{other:?} is not an output kind (known: \"final-windows\")"),
+                                format!("{other:?} is not an output kind (known: \"final-windows\", \"register-changes\")"),
                             ));
                         }
-                    };
+                    }
                     Ok(Namespace {
                         window,
                         outputs_final_windows,
+                        outputs_register_changes,
                         prefix: ns.prefix,
                         crdt: ns.crdt,
                         ownership: ns.ownership,
@@ -893,6 +912,20 @@ mod tests {
             err.contains("namespace.output") && err.contains("no window"),
             "{err}"
         );
+        let owned = MINIMAL.replace(
+            "ownership = \"owned\"",
+            "ownership = \"owned\"\noutput = \"register-changes\"",
+        );
+        let c = Config::parse(&owned).unwrap();
+        assert!(
+            c.namespaces
+                .lookup("surge/9q8yy")
+                .unwrap()
+                .outputs_register_changes
+        );
+        let shared = owned.replace("\"owned\"", "\"shared\"");
+        let err = Config::parse(&shared).unwrap_err().to_string();
+        assert!(err.contains("not an owned lww_register"), "{err}");
         let unknown = windowed.replace("\"final-windows\"", "\"every-change\"");
         let err = Config::parse(&unknown).unwrap_err().to_string();
         assert!(err.contains("not an output kind"), "{err}");

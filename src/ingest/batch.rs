@@ -20,6 +20,7 @@ use crate::crdt::{
 use crate::lease::table::ShardId;
 pub use crate::log::Record;
 use crate::log::partition_of;
+use crate::replication::outputs::{RegisterChange, WindowResult};
 use crate::window::{self, WindowSpec};
 
 /// What a batch changes; written atomically by the store.
@@ -39,6 +40,9 @@ pub struct Applied {
     /// Per updates partition whose windowed records moved it, the watermark after the
     /// batch.
     pub watermarks: BTreeMap<i32, u64>,
+    /// Accepted writes of owned registers that output their changes, each with the
+    /// position of its record: shipped to the outputs topic once, with the state.
+    pub outputs: Vec<((i32, i64), RegisterChange)>,
     /// Per key whose window changed: the idempotency ids most recently applied.
     pub recent_ids: BTreeMap<String, VecDeque<String>>,
     /// Number of records applied to state.
@@ -387,7 +391,7 @@ pub fn apply_batch<S: StateSource>(
             out.raise(source, record)?;
             continue;
         }
-        let (mut update, crdt, ownership, window) = match checked(&record, ctx) {
+        let (mut update, crdt, ownership, window, outputs_changes) = match checked(&record, ctx) {
             Ok(ok) => ok,
             Err(why) => {
                 out.rejected.push((record, why));
@@ -479,8 +483,18 @@ pub fn apply_batch<S: StateSource>(
                 continue;
             }
         }
+        let output = match owned {
+            Some((_, epoch)) if outputs_changes => register_change(&update, &record, ctx, epoch),
+            _ => None,
+        };
         match apply_one(entry, update, crdt, &record, ctx) {
-            Ok(()) => out.applied += 1,
+            Ok(()) => {
+                out.applied += 1;
+                if let Some(change) = output {
+                    out.outputs
+                        .push(((record.partition, record.offset), change));
+                }
+            }
             Err(why) => out.rejected.push((record, why)),
         }
     }
@@ -488,13 +502,36 @@ pub fn apply_batch<S: StateSource>(
     Ok(out)
 }
 
-/// A record decoded and checked: its update, the key's type, ownership and windows. A
-/// register stamp further ahead of the record's own timestamp than the clock bound is
-/// refused.
+/// The output of an owned write to a `register-changes` namespace: the window result it
+/// sets (checked with the update), the epoch it is written under and its stamp.
+fn register_change(
+    update: &Update,
+    record: &Record,
+    ctx: &BatchContext<'_>,
+    epoch: u64,
+) -> Option<RegisterChange> {
+    let (Op::Set(value) | Op::Cas { value, .. }) = &update.op else {
+        return None;
+    };
+    let result = WindowResult::parse(value).ok()?;
+    Some(RegisterChange {
+        key: update.key.clone(),
+        start_ms: result.start_ms,
+        end_ms: result.end_ms,
+        value: result.value,
+        region: ctx.actor.region.to_string(),
+        epoch,
+        version: register_stamp(update, record, ctx).hlc.wall_nanos,
+    })
+}
+
+/// A record decoded and checked: its update, the key's type, ownership and windows, and
+/// whether its accepted writes are outputs. A register stamp further ahead of the
+/// record's own timestamp than the clock bound is refused.
 fn checked(
     record: &Record,
     ctx: &BatchContext<'_>,
-) -> Result<(Update, CrdtType, Ownership, Option<WindowSpec>), Rejection> {
+) -> Result<(Update, CrdtType, Ownership, Option<WindowSpec>, bool), Rejection> {
     let update = match record.payload.as_deref() {
         None => return Err(Rejection::Malformed("record has no value".into())),
         Some(bytes) => Update::decode(ctx.format, bytes)?,
@@ -504,7 +541,7 @@ fn checked(
     if let Some(stamp) = update.hlc {
         stamp_within(stamp, record, ctx.max_clock_offset)?;
     }
-    Ok((update, crdt, ownership, window))
+    Ok((update, crdt, ownership, window, ns.outputs_register_changes))
 }
 
 /// Applies one admitted update to its key's working copy: a compare-and-set is decided

@@ -133,6 +133,10 @@ pub enum Rejection {
         "compare-and-set needs an owned namespace: {key:?} is shared, where two regions could both succeed"
     )]
     CasOnShared { key: String },
+    #[error(
+        "{key:?} outputs its changes, so its value must be a window result, JSON {{\"start_ms\": .., \"end_ms\": .., \"value\": <number>}}: {why}"
+    )]
+    NotAWindowResult { key: String, why: String },
     /// Not bad input: the outcome of a compare-and-set whose comparison failed. Answered to
     /// the caller, never dead-lettered.
     #[error("compare failed: {key:?} is {}", current.as_deref().map_or("not set".to_string(), |v| format!("{v:?}")))]
@@ -162,6 +166,7 @@ impl Rejection {
             Rejection::NoEventTime { .. } => "no_event_time",
             Rejection::Late { .. } => "late",
             Rejection::CasOnShared { .. } => "cas_on_shared",
+            Rejection::NotAWindowResult { .. } => "not_a_window_result",
             Rejection::StampAhead { .. } => "stamp_ahead",
             Rejection::CompareFailed { .. } => "compare_failed",
         }
@@ -353,6 +358,12 @@ impl Update {
                         len: v.len(),
                         max: limits.max_value_bytes,
                     });
+                }
+                if ns.outputs_register_changes
+                    && let Err(why) = crate::replication::outputs::WindowResult::parse(v)
+                {
+                    let key = self.key.clone();
+                    return Err(Rejection::NotAWindowResult { key, why });
                 }
             }
             (op, crdt) => {

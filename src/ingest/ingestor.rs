@@ -531,7 +531,13 @@ impl Ingestor {
         let store = self.store.clone();
         let topic = self.config.kafka.updates_topic.clone();
         let applied = tokio::task::spawn_blocking(move || {
-            let late: Vec<(String, Vec<u8>)> = applied.late.iter().map(late_event).collect();
+            let mut late: Vec<(String, Vec<u8>)> = applied.late.iter().map(late_event).collect();
+            late.extend(
+                applied
+                    .outputs
+                    .iter()
+                    .map(|((p, o), change)| (window::output_key(*p, *o), change.payload())),
+            );
             store
                 .commit(&Commit {
                     topic: &topic,

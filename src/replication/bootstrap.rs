@@ -158,7 +158,7 @@ pub async fn catch_up(
             // a round committed after this copy last cleared its outbox (it crashed in
             // between): the late events it covered were shipped, and go no second time
             if let Some(&through) = resume.updates_offsets.get(&partition) {
-                let dropped = store.drop_late_through(partition, through)?;
+                let dropped = store.drop_records_through(partition, through)?;
                 if dropped > 0 {
                     tracing::info!(
                         partition,

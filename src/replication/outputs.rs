@@ -64,6 +64,58 @@ impl FinalWindow {
     }
 }
 
+/// What a register of a `register-changes` namespace holds: one window's result.
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WindowResult {
+    pub start_ms: u64,
+    pub end_ms: u64,
+    pub value: serde_json::Number,
+}
+
+impl WindowResult {
+    /// The result a register value holds, or why it is none.
+    pub fn parse(value: &[u8]) -> Result<Self, String> {
+        let result: WindowResult = serde_json::from_slice(value).map_err(|e| e.to_string())?;
+        if result.end_ms <= result.start_ms {
+            return Err(format!(
+                "the window ends ({}) before it starts ({})",
+                result.end_ms, result.start_ms
+            ));
+        }
+        if i64::try_from(result.end_ms).is_err() {
+            return Err("a window time beyond int64".into());
+        }
+        Ok(result)
+    }
+}
+
+/// One accepted write of an owned register of a `register-changes` namespace, as its
+/// record on the outputs topic carries it (JSON): the window result it wrote, the lease
+/// epoch it was written under and its stamp (`version`: the HLC as one number), so a
+/// reader keeps, per key and window, the result of the highest (epoch, version).
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
+pub struct RegisterChange {
+    pub key: String,
+    pub start_ms: u64,
+    pub end_ms: u64,
+    pub value: serde_json::Number,
+    pub region: String,
+    pub epoch: u64,
+    pub version: u64,
+}
+
+impl RegisterChange {
+    /// The record key: the state key and the window's start, as for a final window.
+    pub fn record_key(&self) -> Vec<u8> {
+        format!("{}@{}", self.key, self.start_ms).into_bytes()
+    }
+
+    pub fn payload(&self) -> Vec<u8> {
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+}
+
 impl Outputs {
     /// `None` if no namespace outputs its final windows.
     pub fn new(config: &Config) -> Option<Self> {

@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::{Notify, watch};
 
 use super::bootstrap;
-use super::outputs::{FinalWindow, Outputs};
+use super::outputs::{FinalWindow, Outputs, RegisterChange};
 use super::{HEARTBEAT_KEY, Heartbeat};
 use crate::clock::Clock;
 use crate::config::KafkaConfig;
@@ -46,7 +46,7 @@ use crate::metrics as m;
 use crate::pb;
 use crate::shutdown::stopped;
 use crate::store::{OutboxEntry, OutboxSnapshot, Store, StoreError};
-use crate::window::LATE_PREFIX;
+use crate::window::{self, LATE_PREFIX};
 use prost::Message;
 
 /// Longest the shipper goes without a round, heartbeats included. Longer than a consumer's
@@ -165,13 +165,13 @@ impl Shipper {
                 continue;
             }
             // what a failed round committed all the same must not go out twice: its late
-            // events, and its final windows
+            // events, owned outputs and final windows
             if uncertain
                 && (self.outputs.is_some()
                     || snapshot
                         .entries
                         .iter()
-                        .any(|e| e.key.starts_with(LATE_PREFIX)))
+                        .any(|e| window::record_position(&e.key).is_some()))
             {
                 let committed = bootstrap::committed_resume(
                     &self.kafka,
@@ -190,7 +190,7 @@ impl Shipper {
                         let store = self.store.clone();
                         tokio::task::spawn_blocking(move || {
                             if let Some(through) = through {
-                                store.drop_late_through(partition, through)?;
+                                store.drop_records_through(partition, through)?;
                             }
                             if let Some(outputs) = outputs {
                                 store.raise_outputs_through(partition, outputs)?;
@@ -287,11 +287,18 @@ impl Shipper {
             topic: None,
             headers: Vec::new(),
         };
-        let (late, deltas): (Vec<&OutboxEntry>, Vec<&OutboxEntry>) = snapshot
+        let (records_out, deltas): (Vec<&OutboxEntry>, Vec<&OutboxEntry>) = snapshot
             .entries
             .iter()
+            .partition(|e| window::record_position(&e.key).is_some());
+        let (late, owned): (Vec<&OutboxEntry>, Vec<&OutboxEntry>) = records_out
+            .into_iter()
             .partition(|e| e.key.starts_with(LATE_PREFIX));
         let late: Vec<LateOut> = late.into_iter().filter_map(|e| self.late_out(e)).collect();
+        let owned: Vec<(Vec<u8>, &[u8])> = owned
+            .into_iter()
+            .filter_map(|e| owned_out(e).map(|key| (key, e.bytes.as_slice())))
+            .collect();
         let mut records: Vec<TxRecord<'_>> = deltas
             .iter()
             .map(|entry| on_partition(entry.key.as_bytes(), &entry.bytes))
@@ -313,6 +320,13 @@ impl Shipper {
             topic: Some(&self.kafka.outputs_topic),
             headers: Vec::new(),
         }));
+        records.extend(owned.iter().map(|(key, payload)| TxRecord {
+            key,
+            payload,
+            partition: None,
+            topic: Some(&self.kafka.outputs_topic),
+            headers: Vec::new(),
+        }));
         let offsets = self
             .producer
             .commit_all(&self.kafka.deltas_topic, records)
@@ -321,7 +335,7 @@ impl Shipper {
         metrics::counter!(m::DELTAS_SHIPPED).increment(deltas.len() as u64);
         metrics::counter!(m::DELTA_BYTES_SHIPPED).increment(bytes as u64);
         metrics::counter!(m::LATE_SHIPPED).increment(late.len() as u64);
-        metrics::counter!(m::OUTPUTS_PRODUCED).increment(windows.len() as u64);
+        metrics::counter!(m::OUTPUTS_PRODUCED).increment((windows.len() + owned.len()) as u64);
         Ok(resume.and(offsets.get(resume_at).copied()))
     }
 
@@ -379,6 +393,18 @@ async fn sleep_until(due: Option<Instant>) {
     match due {
         Some(due) => tokio::time::sleep_until(due.into()).await,
         None => std::future::pending().await,
+    }
+}
+
+/// The outputs-topic record key of an owned output's outbox entry (its payload is the
+/// record), or `None` (logged) if the entry does not decode.
+fn owned_out(entry: &OutboxEntry) -> Option<Vec<u8>> {
+    match serde_json::from_slice::<RegisterChange>(&entry.bytes) {
+        Ok(change) => Some(change.record_key()),
+        Err(e) => {
+            tracing::error!(key = %entry.key.escape_debug(), error = %e, "an owned output's outbox entry does not decode; dropped");
+            None
+        }
     }
 }
 

@@ -103,8 +103,9 @@ pub struct Commit<'a> {
     pub fences: &'a BTreeMap<(u32, i32), u64>,
     /// Per updates partition, the event-time watermark after the batch.
     pub watermarks: &'a BTreeMap<i32, u64>,
-    /// Late events to ship: outbox key ([`crate::window::late_key`]), encoded
-    /// `LateEvent`.
+    /// Records for other topics to ship, one per source record: late events (outbox key
+    /// [`crate::window::late_key`], an encoded `LateEvent`) and owned outputs
+    /// ([`crate::window::output_key`], a JSON `RegisterChange`).
     pub late: &'a [(String, Vec<u8>)],
 }
 
@@ -274,7 +275,7 @@ impl Store {
     /// The instance of a state key (a window's slice: its windowed key's) or of a late
     /// event's outbox entry (the partition it was read on).
     fn index_of(&self, key: &str) -> usize {
-        match window::late_position(key) {
+        match window::record_position(key) {
             Some((p, _)) => usize::try_from(p).unwrap_or(0) % self.parts.len(),
             None => {
                 partition_of(window::home_key(key).as_bytes(), self.parts.len() as i32) as usize
@@ -510,10 +511,11 @@ impl Store {
         self.union(PartitionStore::watermarks)
     }
 
-    /// Removes partition `partition`'s late events read at or below `offset` from its
-    /// outbox: a committed shipping round covering the offset shipped them.
-    pub fn drop_late_through(&self, partition: i32, offset: i64) -> Result<usize, StoreError> {
-        self.part(partition)?.drop_late_through(offset)
+    /// Removes partition `partition`'s late events and owned outputs read at or below
+    /// `offset` from its outbox: a committed shipping round covering the offset shipped
+    /// them.
+    pub fn drop_records_through(&self, partition: i32, offset: i64) -> Result<usize, StoreError> {
+        self.part(partition)?.drop_records_through(offset)
     }
 
     /// The idempotency ids most recently applied to `key`, oldest first.
@@ -824,10 +826,12 @@ mod tests {
     #[test]
     fn a_watermark_and_late_events_commit_with_the_batch() {
         let dir = tempfile::tempdir().unwrap();
-        let late: Vec<(String, Vec<u8>)> = [(1, 40), (1, 41), (2, 5)]
+        let mut late: Vec<(String, Vec<u8>)> = [(1, 40), (1, 41), (2, 5)]
             .into_iter()
             .map(|(p, o)| (window::late_key(p, o), vec![1, 2, 3]))
             .collect();
+        // an owned output waits and goes the same way
+        late.push((window::output_key(1, 39), b"{}".to_vec()));
         {
             let store = Store::open(dir.path(), PARTITIONS).unwrap();
             store
@@ -851,8 +855,11 @@ mod tests {
         let snapshot = store.outbox_snapshot(1, "geostate.updates").unwrap();
         assert_eq!(snapshot.watermarks, BTreeMap::from([(1, 120_000)]));
         let keys: Vec<&str> = snapshot.entries.iter().map(|e| e.key.as_str()).collect();
-        assert_eq!(keys, [late[0].0.as_str(), late[1].0.as_str()]);
-        assert_eq!(store.drop_late_through(1, 40).unwrap(), 1);
+        assert_eq!(
+            keys,
+            [late[0].0.as_str(), late[1].0.as_str(), late[3].0.as_str()]
+        );
+        assert_eq!(store.drop_records_through(1, 40).unwrap(), 2);
         let left = store
             .outbox_snapshot(1, "geostate.updates")
             .unwrap()

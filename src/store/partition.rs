@@ -547,19 +547,23 @@ impl PartitionStore {
         Ok(out)
     }
 
-    /// Removes the late events read at or below `offset` from the outbox: a committed
-    /// shipping round covering that offset shipped them (a crash came before they were
-    /// cleared). Answers how many.
-    pub(super) fn drop_late_through(&self, offset: i64) -> Result<usize, StoreError> {
+    /// Removes the late events and owned outputs read at or below `offset` from the
+    /// outbox: a committed shipping round covering that offset shipped them (a crash came
+    /// before they were cleared). Answers how many.
+    pub(super) fn drop_records_through(&self, offset: i64) -> Result<usize, StoreError> {
         let mut outbox = self.lock_outbox();
-        let shipped: Vec<String> = outbox
-            .entries
-            .range(window::LATE_PREFIX.to_string()..)
-            .map(|(k, _)| k)
-            .take_while(|k| k.starts_with(window::LATE_PREFIX))
-            .filter(|k| window::late_position(k).is_some_and(|(_, o)| o <= offset))
-            .cloned()
-            .collect();
+        let mut shipped: Vec<String> = Vec::new();
+        for prefix in [window::LATE_PREFIX, window::OUTPUT_PREFIX] {
+            shipped.extend(
+                outbox
+                    .entries
+                    .range(prefix.to_string()..)
+                    .map(|(k, _)| k)
+                    .take_while(|k| k.starts_with(prefix))
+                    .filter(|k| window::record_position(k).is_some_and(|(_, o)| o <= offset))
+                    .cloned(),
+            );
+        }
         let mut batch = WriteBatch::default();
         for key in &shipped {
             batch.delete_cf(self.cf(CF_OUTBOX), key.as_bytes());

@@ -278,9 +278,29 @@ pub fn late_key(partition: i32, offset: i64) -> String {
     format!("{LATE_PREFIX}{partition}/{offset:0SLICE_DIGITS$}")
 }
 
+/// Outbox keys of owned registers' outputs (`register-changes`) start with this.
+pub const OUTPUT_PREFIX: &str = "\0output/";
+
+/// The outbox key of the output of the owned write read at `partition`/`offset` of the
+/// updates topic: unique per source record, as a late event's.
+pub fn output_key(partition: i32, offset: i64) -> String {
+    format!("{OUTPUT_PREFIX}{partition}/{offset:0SLICE_DIGITS$}")
+}
+
 /// The source position a late event's outbox key names.
 pub fn late_position(key: &str) -> Option<(i32, i64)> {
-    let (partition, offset) = key.strip_prefix(LATE_PREFIX)?.split_once('/')?;
+    position_after(key, LATE_PREFIX)
+}
+
+/// The source position an outbox key of a late event or of an owned output names: the
+/// outbox entries that are records for other topics, one per source record, never
+/// coalesced with another.
+pub fn record_position(key: &str) -> Option<(i32, i64)> {
+    position_after(key, LATE_PREFIX).or_else(|| position_after(key, OUTPUT_PREFIX))
+}
+
+fn position_after(key: &str, prefix: &str) -> Option<(i32, i64)> {
+    let (partition, offset) = key.strip_prefix(prefix)?.split_once('/')?;
     Some((partition.parse().ok()?, offset.parse().ok()?))
 }
 
@@ -481,6 +501,8 @@ mod tests {
         assert_eq!(home_key(&a), "requests/9q8yy");
         assert_eq!(split_slice_key("requests/9q8yy"), ("requests/9q8yy", None));
         assert_eq!(split_slice_key("odd\0key"), ("odd\0key", None));
+        assert_eq!(record_position(&output_key(2, 7)), Some((2, 7)));
+        assert_eq!(late_position(&output_key(2, 7)), None);
         let late = late_key(3, 42);
         assert_eq!(late_position(&late), Some((3, 42)));
         assert_eq!(late_position("requests/9q8yy"), None);

@@ -691,6 +691,9 @@ pub struct Output {
     pub end_ms: u64,
     pub value: i64,
     pub region: String,
+    /// The lease epoch of an owned register's output (0 for a final window).
+    #[serde(default)]
+    pub epoch: u64,
 }
 
 /// Every record of `topic` a `read_committed` reader finds, once at least `wanted` are
