@@ -313,14 +313,15 @@ impl Shipper {
             .iter()
             .map(|w| (w.record_key(), w.payload()))
             .collect();
-        records.extend(windows.iter().map(|(key, payload)| TxRecord {
-            key,
-            payload,
-            partition: None,
-            topic: Some(&self.kafka.outputs_topic),
-            headers: Vec::new(),
-        }));
-        records.extend(owned.iter().map(|(key, payload)| TxRecord {
+        let produced = windows
+            .iter()
+            .map(|(key, payload)| (key.as_slice(), payload.as_slice()))
+            .chain(
+                owned
+                    .iter()
+                    .map(|(key, payload)| (key.as_slice(), *payload)),
+            );
+        records.extend(produced.map(|(key, payload)| TxRecord {
             key,
             payload,
             partition: None,
