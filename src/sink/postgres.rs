@@ -28,8 +28,10 @@ use super::{OutputRecord, parse};
 use crate::config::KafkaConfig;
 use crate::log::{self, Batching, Reader, Record};
 
-/// The tables, created by the sink if they do not exist.
+/// The tables, created by the sink if they do not exist (quietly: no notice per table
+/// that exists already).
 pub const SCHEMA: &str = "
+SET client_min_messages = warning;
 CREATE TABLE IF NOT EXISTS geostate_outputs (
     key              text        NOT NULL,
     window_start_ms  bigint      NOT NULL,
@@ -115,7 +117,8 @@ pub struct Written {
     pub rejected: u64,
 }
 
-/// A connection to PostgreSQL holding the source's advisory lock, with the schema in place.
+/// A connection to PostgreSQL under the name `application` (as `pg_stat_activity` shows
+/// it), its connection task spawned.
 pub async fn connect(url: &str, application: &str) -> Result<Client, tokio_postgres::Error> {
     let mut config: tokio_postgres::Config = url.parse()?;
     config.application_name(application);

@@ -19,8 +19,9 @@ def health(cluster: dict) -> dict[str, bool]:
         out[f"kafka {region}"] = pid_alive(r["kafka_pid"]) and port_open(port)
     out["mirrormaker2"] = pid_alive(cluster["mirrormaker2"]["pid"])
     out["s3"] = pid_alive(cluster["s3"]["pid"]) and s3_healthy(cluster["s3"]["endpoint"])
-    if "postgres" in cluster:
-        out["postgres"] = pid_alive(cluster["postgres"]["pid"]) and pg_ready(cluster["postgres"]["port"])
+    pg = cluster.get("postgres", {})
+    if "port" in pg:  # absent until `up` started it
+        out["postgres"] = pid_alive(pg["pid"]) and pg_ready(pg["port"])
     for region, r in cluster["regions"].items():
         if "sink" in r:
             out[f"sink {region}"] = pid_alive(r["sink"].get("pid"))
@@ -91,7 +92,7 @@ def cmd_up(_args: argparse.Namespace) -> None:
     started = time.monotonic()
     RUN.mkdir(parents=True, exist_ok=True)
     # a fresh cluster: new Kafka logs, so node state and checkpoints of the old one go too
-    for old in (LOGS, RUN / "nodes", RUN / "s3", RUN / "postgres"):
+    for old in (LOGS, RUN / "nodes", RUN / "s3"):
         shutil.rmtree(old, ignore_errors=True)
     log4j_config()
     try:
@@ -204,7 +205,7 @@ def cmd_status(_args: argparse.Namespace) -> None:
     s3 = cluster["s3"]
     print(f"s3               {'healthy' if h['s3'] else 'DOWN':<8} {s3['endpoint']:<22} "
           f"pid {s3['pid']}  bucket {s3['bucket']}")
-    if "postgres" in cluster:
+    if "port" in cluster.get("postgres", {}):
         pg = cluster["postgres"]
         print(f"postgres         {'healthy' if h['postgres'] else 'DOWN':<8} "
               f"{'127.0.0.1:' + str(pg['port']):<22} pid {pg['pid']}  {pg['url']}")

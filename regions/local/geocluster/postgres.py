@@ -46,8 +46,16 @@ def spawn_postgres(pg: dict) -> int:
         "-c", "max_connections=200", "-c", "log_min_messages=warning"]))
 
 
+def pg_data_dir() -> Path:
+    """Where the server keeps its data: under the system's temporary folder, which the
+    `postgres` user can reach wherever the run folder is (a clone under /root is not),
+    named after the run folder so that two clusters never share it."""
+    tag = hashlib.sha256(str(RUN).encode()).hexdigest()[:10]
+    return Path(os.environ.get("TMPDIR", "/tmp")) / f"geostate-postgres-{tag}"
+
+
 def start_postgres() -> dict:
-    data = RUN / "postgres"
+    data = pg_data_dir()
     shutil.rmtree(data, ignore_errors=True)
     data.mkdir(parents=True)
     if os.geteuid() == 0:
