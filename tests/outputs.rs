@@ -163,8 +163,7 @@ async fn each_accepted_owned_write_goes_out_once_with_its_lease_epoch() -> anyho
     assert_eq!(mine, [output(0, 15), output(MIN, 20)], "each write once");
 
     if let Some(pg) = &cluster.postgres {
-        let (client, connection) = tokio_postgres::connect(&pg.url, tokio_postgres::NoTls).await?;
-        tokio::spawn(connection);
+        let client = geostate::sink::postgres::connect(&pg.url, "tests/outputs").await?;
         let rows = loop {
             let rows: Vec<(i64, i64, i64)> = client
                 .query(

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use common::{Node, Topics, add_one_at, cluster, cluster_script, produce_all, producer, unique};
 use geostate::config::RecordFormat;
-use tokio_postgres::Client;
+use geostate::sink::postgres::connect;
 
 const MIN: u64 = 60_000;
 const PARTITIONS: i32 = 4;
@@ -91,15 +91,9 @@ impl Drop for Sink {
     }
 }
 
-async fn connect(url: &str) -> anyhow::Result<Client> {
-    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
-    tokio::spawn(connection);
-    Ok(client)
-}
-
 /// The table: (key, window start) → value.
 async fn rows(url: &str) -> anyhow::Result<BTreeMap<(String, u64), i64>> {
-    let client = connect(url).await?;
+    let client = connect(url, "tests/sink").await?;
     let rows = client
         .query(
             "SELECT key, window_start_ms, value::int8 FROM geostate_outputs",
@@ -157,7 +151,7 @@ async fn each_final_window_is_one_row_across_sink_postgres_and_node_crashes() ->
     let database = unique("sink")
         .to_lowercase()
         .replace(|c: char| !c.is_ascii_alphanumeric(), "_");
-    connect(&pg.url)
+    connect(&pg.url, "tests/sink")
         .await?
         .batch_execute(&format!("CREATE DATABASE {database}"))
         .await?;
@@ -202,14 +196,14 @@ async fn each_final_window_is_one_row_across_sink_postgres_and_node_crashes() ->
 
     // 2. SIGKILL inside the sink's PostgreSQL transaction: its offsets upsert waits on a
     // lock this test holds, after its rows were written in the same transaction
-    let mut locker = connect(&url).await?;
+    let mut locker = connect(&url, "tests/sink").await?;
     let lock = locker.transaction().await?;
     lock.batch_execute("LOCK TABLE geostate_sink_offsets IN ACCESS EXCLUSIVE MODE")
         .await?;
     expected.append(&mut open);
     let events = window(3, &mut open);
     produce_all(&producer, &topics.updates, &events).await?;
-    let watcher = connect(&pg.url).await?;
+    let watcher = connect(&pg.url, "tests/sink").await?;
     let until = Instant::now() + WITHIN;
     loop {
         let waiting = watcher
@@ -278,7 +272,7 @@ async fn each_final_window_is_one_row_across_sink_postgres_and_node_crashes() ->
     assert!(report.contains(" 0 differences"), "{report}");
 
     // differences made by hand are named
-    let client = connect(&url).await?;
+    let client = connect(&url, "tests/sink").await?;
     let (changed, deleted) = (&keys[1], &keys[2]);
     client
         .execute(
