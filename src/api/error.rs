@@ -5,7 +5,7 @@ use tonic::{Code, Status};
 
 use crate::checkpoint::CheckpointError;
 use crate::ingest::event::Rejection;
-use crate::lease::leases::{NotHolder, TransferError};
+use crate::lease::leases::{Lapsed, NotHolder, TransferError};
 use crate::log::LogError;
 use crate::store::StoreError;
 
@@ -14,7 +14,7 @@ pub enum ApiError {
     #[error("{0}")]
     Refused(Rejection),
     /// An owned write at a region without a valid lease on the key's shard.
-    #[error("{0}; ask the holder region")]
+    #[error(transparent)]
     NotHolder(NotHolder),
     #[error("{0}")]
     Precondition(String),
@@ -116,13 +116,17 @@ pub enum ApiError {
 impl ApiError {
     pub fn code(&self) -> Code {
         match self {
+            // its own lapsed lease, renewing: transient; any other: ask the holder
+            ApiError::NotHolder(n) => match n.lapsed {
+                Some(Lapsed::Renewing) => Code::Unavailable,
+                Some(Lapsed::NotRenewing) | None => Code::FailedPrecondition,
+            },
             ApiError::Refused(
                 Rejection::OwnedWithoutLease { .. }
                 | Rejection::Fenced { .. }
                 | Rejection::CompareFailed { .. }
                 | Rejection::Late { .. },
             )
-            | ApiError::NotHolder(_)
             | ApiError::Precondition(_)
             | ApiError::Transfer(TransferError::NotHeld(_) | TransferError::Refused(_)) => {
                 Code::FailedPrecondition

@@ -32,14 +32,31 @@ use crate::shutdown::stopped;
 
 /// Why an owned write cannot be accepted here.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{key:?} is owned (shard {shard}); {}", match holder {
-    Some(h) => format!("its lease is held by {} at epoch {}", h.holder, h.epoch),
-    None => "no region holds its lease yet".to_string(),
+#[error("{key:?} is owned (shard {shard}); {}", match (lapsed, holder) {
+    (Some(Lapsed::Renewing), _) => "this region's lease lapsed before a renewal was granted; it is renewing it: retry".to_string(),
+    (Some(Lapsed::NotRenewing), _) => "this region's lease lapsed, and it proposes no renewal while its clock is not known to be within max-clock-offset of the lease group's".to_string(),
+    (None, Some(h)) => format!("its lease is held by {} at epoch {}; ask the holder region", h.holder, h.epoch),
+    (None, None) => "no region holds its lease yet".to_string(),
 })]
 pub struct NotHolder {
     pub key: String,
     pub shard: ShardId,
+    /// The holder, while its lease has not ended on this region's wall clock (never this
+    /// region: see `lapsed`).
     pub holder: Option<Lease>,
+    /// This region is the last holder on its table, and its own clock-safe validity ended
+    /// before a renewal arrived.
+    pub lapsed: Option<Lapsed>,
+}
+
+/// Whether a region whose own lease lapsed is renewing it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lapsed {
+    /// Its clock is within the bound, so it keeps proposing: the refusal is transient
+    /// (`UNAVAILABLE`), not a redirection to another region.
+    Renewing,
+    /// Its clock is off or not known: it proposes nothing (`FAILED_PRECONDITION`).
+    NotRenewing,
 }
 
 /// Why a transfer was not done.
@@ -165,14 +182,23 @@ impl Leases {
         let shard = self.config.shard_of_key(key);
         match self.holdings().valid(shard, self.mono_ms()) {
             Some(epoch) => Ok((shard, epoch)),
-            None => Err(NotHolder {
-                key: key.to_owned(),
-                shard,
-                holder: self
-                    .view
-                    .lease(shard)
-                    .filter(|l| l.expires_at_ms > self.wall_ms()),
-            }),
+            None => {
+                let lease = self.view.lease(shard);
+                let lapsed = lease
+                    .as_ref()
+                    .filter(|l| l.holder == self.region)
+                    .map(|_| match self.clock.verdict() {
+                        Verdict::Within => Lapsed::Renewing,
+                        Verdict::Unknown | Verdict::Off(_) => Lapsed::NotRenewing,
+                    });
+                Err(NotHolder {
+                    key: key.to_owned(),
+                    shard,
+                    holder: lease
+                        .filter(|l| l.holder != self.region && l.expires_at_ms > self.wall_ms()),
+                    lapsed,
+                })
+            }
         }
     }
 
