@@ -51,6 +51,7 @@ pub mod log;
 pub mod metrics;
 pub mod node;
 pub mod peers;
+pub mod pricer;
 pub use geostate_proto::pb;
 pub mod replay;
 pub mod replication;

@@ -148,6 +148,18 @@ enum Command {
         #[command(subcommand)]
         action: SinkAction,
     },
+    /// Surge multipliers from final windows (the region file's `[pricing]`): for each
+    /// geohash whose lease this region holds, every window final in every region is
+    /// priced once, by a compare-and-set of its owned register from the previous
+    /// window's result. Runs until SIGTERM.
+    Pricer {
+        #[command(flatten)]
+        config: ConfigArgs,
+        /// The region's gRPC address (default: the config's `api.advertise`, else
+        /// `api.grpc-listen`).
+        #[arg(long)]
+        addr: Option<String>,
+    },
     /// Hand a shard this region holds to another region (planned handoff).
     TransferLease {
         #[command(flatten)]
@@ -281,6 +293,7 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
         Command::Sink {
             action: SinkAction::Postgres { config, postgres },
         } => sink_postgres(config, postgres).await,
+        Command::Pricer { config, addr } => pricer(config, addr).await,
         Command::Sink {
             action:
                 SinkAction::Reconcile {
@@ -291,6 +304,35 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
                 },
         } => sink_reconcile(config, postgres, regions, wait).await,
     }
+}
+
+async fn pricer(config: ConfigArgs, addr: Option<String>) -> anyhow::Result<()> {
+    let config = geostate::config::Config::load_with(&config.config, &config.set)?;
+    let pricing = config
+        .pricing
+        .context("the region file has no [pricing] section")?;
+    let lease = config
+        .lease
+        .context("the region file has no [lease] section: no region can hold a price")?;
+    let addr = addr.unwrap_or_else(|| {
+        let own = config.api.advertise.clone();
+        format!(
+            "http://{}",
+            own.unwrap_or_else(|| config.api.grpc_listen.to_string())
+        )
+    });
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        let _ = stop.send(true);
+    });
+    tracing::info!(%addr, demand = %pricing.demand, supply = %pricing.supply, prices = %pricing.prices, "pricing");
+    let priced = geostate::pricer::run(pricing, lease, addr, stopped).await?;
+    println!(
+        "wrote {} multipliers ({} compare-and-sets found the value moved on)",
+        priced.windows, priced.moved_on
+    );
+    Ok(())
 }
 
 async fn sink_postgres(config: ConfigArgs, postgres: String) -> anyhow::Result<()> {
@@ -341,12 +383,16 @@ async fn sink_reconcile(
     for difference in &found.differences {
         println!("DIFFERENCE {difference}");
     }
+    for rewritten in &found.rewritten {
+        println!("REWRITTEN {rewritten}: more than one owned result (the highest epoch stands)");
+    }
     println!(
-        "reconciled {} windows of {} regions' outputs with {} rows: {} differences",
+        "reconciled {} windows of {} regions' outputs with {} rows: {} differences, {} owned results rewritten",
         found.windows,
         sources.len(),
         found.rows,
-        found.differences.len()
+        found.differences.len(),
+        found.rewritten.len()
     );
     anyhow::ensure!(
         found.differences.is_empty(),

@@ -10,7 +10,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use common::{
-    Node, Output, Topics, add_one_at, cluster, produce_all, producer, read_outputs, unique,
+    Node, Output, Topics, add_one_at, cluster, produce_all, producer, read_output_records,
+    read_outputs, unique,
 };
 use geostate::config::RecordFormat;
 
@@ -141,8 +142,12 @@ async fn each_accepted_owned_write_goes_out_once_with_its_lease_epoch() -> anyho
     let kafka = cluster.regions[&home].kafka.clone();
     let until = std::time::Instant::now() + Duration::from_secs(60);
     let mine = loop {
-        let all = read_outputs(&kafka, "geostate.outputs", PARTITIONS, 0, within).await?;
-        let mine: Vec<Output> = all.into_iter().filter(|o| o.key == key).collect();
+        let all = read_output_records(&kafka, "geostate.outputs", PARTITIONS, 0, within).await?;
+        let mine: Vec<Output> = all
+            .into_iter()
+            .filter(|o| o["key"] == key.as_str())
+            .map(serde_json::from_value)
+            .collect::<Result<_, _>>()?;
         if mine.len() >= 2 || std::time::Instant::now() > until {
             break mine;
         }

@@ -200,9 +200,11 @@ pub(crate) async fn outputs(
                     let Some(payload) = message.payload() else {
                         continue;
                     };
-                    let output: windowed::Output = serde_json::from_slice(payload)?;
-                    if output.key.starts_with(prefix) {
-                        found.push(output);
+                    // other namespaces' outputs (a price is no count) are not the run's
+                    let record: serde_json::Value = serde_json::from_slice(payload)?;
+                    let key = record.get("key").and_then(|k| k.as_str()).unwrap_or("");
+                    if key.starts_with(prefix) {
+                        found.push(serde_json::from_value(record)?);
                     }
                 }
                 Err(KafkaError::PartitionEOF(p)) => {

@@ -1,13 +1,14 @@
-//! The surge-pricing workload (`make demo`): riders' requests (counted per minute of their
-//! event time, `requests/` being a windowed namespace) and available drivers per geohash
-//! are written in every region at once, with a skewed (Zipf 0.99) choice of geohash; each
-//! region publishes the surge multiplier (`surge/<geohash>`, an owned namespace) of the
-//! geohashes whose lease it holds, and is refused the others; probes measure how long a
-//! write in one region takes to be read in the other. Ends with a table and whether every
-//! region holds identical state. Uses the public gRPC API; then, with the cluster's
-//! PostgreSQL, keeps a trickle of requests going until the window the load ended in is
-//! final, and shows the final windows the regions' sinks wrote into `geostate_outputs`,
-//! the table reconciled with both regions' outputs topics, and how long rows took.
+//! The surge-pricing workload (`make demo`): riders' requests and drivers' availability
+//! pings (each counted per minute of its event time: `requests/` and `supply/` are
+//! windowed namespaces) and drivers coming and going are written in every region at once,
+//! with a skewed (Zipf 0.99) choice of geohash; probes measure how long a write in one
+//! region takes to be read in the other. Ends with a table and whether every region holds
+//! identical state. Uses the public gRPC API. Then, with the cluster's PostgreSQL, it keeps
+//! a trickle of events going until the window the load ended in is final and priced, and
+//! shows from `geostate_outputs` the final windows and the surge multipliers each
+//! region's `geostate pricer` wrote (`prices/<geohash>`, by the region holding the
+//! geohash's lease), the table reconciled with both regions' outputs topics, and how long
+//! rows took.
 
 use std::collections::{BTreeMap, hash_map::DefaultHasher};
 use std::hash::{Hash, Hasher};
@@ -67,8 +68,6 @@ struct Counts {
     sent: AtomicU64,
     ok: AtomicU64,
     failed: AtomicU64,
-    /// Multipliers refused because another region holds the geohash's lease.
-    not_holder: AtomicU64,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -121,7 +120,6 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 in_flight: in_flight.clone(),
                 counts: counts[region].clone(),
                 zipf: zipf.clone(),
-                region: region.clone(),
                 rng: Rng(0x9e37_79b9_7f4a_7c15 ^ ((n as u64) << 8 | w) | 1),
             };
             let period = Duration::from_micros(4_000_000 / args.rate.max(1));
@@ -184,49 +182,64 @@ async fn in_postgres(
     let (first, last) = (holding(started_ms), holding(load_ended_ms));
     println!();
     println!(
-        "waiting for the window the load ended in to be final (its end + {} s allowed lateness + the watermark's bound) and in PostgreSQL; a trickle of requests keeps event time moving",
+        "waiting for the window the load ended in to be final (its end + {} s allowed lateness + the watermark's bound) and in PostgreSQL; a trickle of requests and pings keeps event time moving",
         spec.allowed_lateness_ms / 1000
     );
     let waited = Instant::now();
     let mut i = 0u64;
     loop {
-        let rows: i64 = db
+        // the last window's requests, and a price for each of its geohashes
+        let rows = db
             .query_one(
-                "SELECT count(*) FROM geostate_outputs WHERE starts_with(key, 'requests/') AND window_start_ms = $1",
+                "SELECT count(*) FILTER (WHERE starts_with(key, 'requests/')),
+                        count(*) FILTER (WHERE starts_with(key, 'prices/'))
+                 FROM geostate_outputs WHERE window_start_ms = $1",
                 &[&last],
             )
-            .await?
-            .get(0);
-        if rows > 0 {
+            .await?;
+        let (requests, prices): (i64, i64) = (rows.get(0), rows.get(1));
+        if requests > 0 && prices == requests {
             break;
         }
         if waited.elapsed() > Duration::from_secs(spec.size_ms / 1000 + 120) {
             bail!(
-                "the window the load ended in is not in PostgreSQL after {:?}",
+                "the window the load ended in is not in PostgreSQL after {:?} ({requests} geohashes, {prices} priced)",
                 waited.elapsed()
             );
         }
         for client in clients.values() {
             i += 1;
-            let request = pb::UpdateRequest {
-                key: format!("requests/{}", geohash(i as usize % 50)),
-                op: Some(pb::update_request::Op::Add(1)),
-                id: String::new(),
-                event_time_ms: now_ms(),
-            };
-            let _ = client.clone().update(request).await;
+            for prefix in ["requests/", "supply/"] {
+                let request = pb::UpdateRequest {
+                    key: format!("{prefix}{}", geohash(i as usize % 50)),
+                    op: Some(pb::update_request::Op::Add(1)),
+                    id: String::new(),
+                    event_time_ms: now_ms(),
+                };
+                let _ = client.clone().update(request).await;
+            }
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     println!();
-    println!("| window (UTC) | geohashes (rows) | requests | rows by region's record |");
-    println!("|---|---:|---:|---|");
+    println!(
+        "| window (UTC) | geohashes (rows) | requests | driver pings | priced | surging (> 1) | highest multiplier | prices written by |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---|");
     let windows = db
         .query(
-            "SELECT window_start_ms, count(*), sum(value)::int8,
-                    string_agg(DISTINCT region, ', ')
+            "SELECT window_start_ms,
+                    count(*) FILTER (WHERE starts_with(key, 'requests/')),
+                    coalesce(sum(value) FILTER (WHERE starts_with(key, 'requests/')), 0)::int8,
+                    coalesce(sum(value) FILTER (WHERE starts_with(key, 'supply/')), 0)::int8,
+                    count(*) FILTER (WHERE starts_with(key, 'prices/')),
+                    count(*) FILTER (WHERE starts_with(key, 'prices/') AND value > 1),
+                    coalesce(max(value) FILTER (WHERE starts_with(key, 'prices/')), 0)::text,
+                    coalesce(string_agg(DISTINCT region, ', ')
+                             FILTER (WHERE starts_with(key, 'prices/')), '-')
              FROM geostate_outputs
-             WHERE starts_with(key, 'requests/') AND window_start_ms BETWEEN $1 AND $2
+             WHERE window_start_ms BETWEEN $1 AND $2
+               AND split_part(key, '/', 1) IN ('requests', 'supply', 'prices')
              GROUP BY 1 ORDER BY 1",
             &[&first, &last],
         )
@@ -235,33 +248,52 @@ async fn in_postgres(
         let start: i64 = w.get(0);
         let minute = (start / 1000) % 86_400;
         println!(
-            "| {:02}:{:02} | {} | {} | {} |",
+            "| {:02}:{:02} | {} | {} | {} | {} | {} | {} | {} |",
             minute / 3600,
             minute % 3600 / 60,
             w.get::<_, i64>(1),
             w.get::<_, i64>(2),
-            w.get::<_, String>(3)
+            w.get::<_, i64>(3),
+            w.get::<_, i64>(4),
+            w.get::<_, i64>(5),
+            w.get::<_, String>(6),
+            w.get::<_, String>(7)
         );
     }
     let busiest = db
         .query(
-            "SELECT key, value::int8 FROM geostate_outputs
-             WHERE starts_with(key, 'requests/') AND window_start_ms = $1
-             ORDER BY value DESC, key LIMIT 3",
+            "SELECT r.key, r.value::int8, coalesce(s.value, 0)::int8, p.value::text, p.epoch
+             FROM geostate_outputs r
+             LEFT JOIN geostate_outputs s
+               ON s.key = 'supply/' || split_part(r.key, '/', 2) AND s.window_start_ms = r.window_start_ms
+             LEFT JOIN geostate_outputs p
+               ON p.key = 'prices/' || split_part(r.key, '/', 2) AND p.window_start_ms = r.window_start_ms
+             WHERE starts_with(r.key, 'requests/') AND r.window_start_ms = $1
+             ORDER BY r.value DESC, r.key LIMIT 3",
             &[&last],
         )
         .await?;
     let busiest: Vec<String> = busiest
         .iter()
-        .map(|r| format!("{} {}", r.get::<_, String>(0), r.get::<_, i64>(1)))
+        .map(|r| {
+            format!(
+                "{} {} requests / {} pings -> x{} (epoch {})",
+                r.get::<_, String>(0),
+                r.get::<_, i64>(1),
+                r.get::<_, i64>(2),
+                r.get::<_, Option<String>>(3).unwrap_or_else(|| "?".into()),
+                r.get::<_, Option<i64>>(4).unwrap_or_default()
+            )
+        })
         .collect();
-    println!(
-        "busiest geohashes of the last window: {}",
-        busiest.join(", ")
-    );
-    let latency = db
-        .query_one(
-            "SELECT count(*),
+    println!("busiest geohashes of the last window:");
+    for b in busiest {
+        println!("  {b}");
+    }
+    for (what, prefix) in [("window", "requests/"), ("multiplier", "prices/")] {
+        let latency = db
+            .query_one(
+                "SELECT count(*),
                 percentile_cont(0.5) WITHIN GROUP (ORDER BY ms_from_end),
                 percentile_cont(0.99) WITHIN GROUP (ORDER BY ms_from_end),
                 percentile_cont(0.5) WITHIN GROUP (ORDER BY ms_from_output),
@@ -270,19 +302,23 @@ async fn in_postgres(
                 extract(epoch FROM written_at) * 1000 - window_end_ms AS ms_from_end,
                 extract(epoch FROM written_at - produced_at) * 1000 AS ms_from_output
                 FROM geostate_outputs
-                WHERE starts_with(key, 'requests/') AND window_start_ms BETWEEN $1 AND $2) AS r",
-            &[&first, &last],
-        )
-        .await?;
-    let ms = |i: usize| latency.get::<_, Option<f64>>(i).unwrap_or(0.0);
+                WHERE starts_with(key, $3) AND window_start_ms BETWEEN $1 AND $2) AS r",
+                &[&first, &last, &prefix],
+            )
+            .await?;
+        let ms = |i: usize| latency.get::<_, Option<f64>>(i).unwrap_or(0.0);
+        println!(
+            "time to the {what} row, over {} rows: from the window's end (its last event) p50 {:.0} ms, p99 {:.0} ms; from the output record p50 {:.0} ms, p99 {:.0} ms",
+            latency.get::<_, i64>(0),
+            ms(1),
+            ms(2),
+            ms(3),
+            ms(4)
+        );
+    }
     println!(
-        "time to the row, over {} rows: from the window's end (its last event) p50 {:.0} ms, p99 {:.0} ms (the window closes {} s after its end, plus the watermark's out-of-orderness bound); from the output record p50 {:.0} ms, p99 {:.0} ms",
-        latency.get::<_, i64>(0),
-        ms(1),
-        ms(2),
-        spec.allowed_lateness_ms / 1000,
-        ms(3),
-        ms(4)
+        "(a window closes {} s after its end, plus the watermark's out-of-orderness bound; then it is priced)",
+        spec.allowed_lateness_ms / 1000
     );
     let found =
         geostate::sink::reconcile::reconcile(url, &sources, Duration::from_secs(30)).await?;
@@ -290,7 +326,7 @@ async fn in_postgres(
         println!("DIFFERENCE {difference}");
     }
     println!(
-        "PostgreSQL against every region's outputs topic: {} windows, {} rows, one row per (key, window), {} differences{}",
+        "PostgreSQL against every region's outputs topic: {} windows, {} rows, one row per (key, window), {} differences{}; (geohash, window)s with two multipliers: {}",
         found.windows,
         found.rows,
         found.differences.len(),
@@ -298,7 +334,8 @@ async fn in_postgres(
             " (both regions produced the same final windows)"
         } else {
             ""
-        }
+        },
+        found.rewritten.len()
     );
     if !found.differences.is_empty() {
         bail!("PostgreSQL and the outputs topics differ");
@@ -312,7 +349,6 @@ struct Writer {
     in_flight: Arc<tokio::sync::Semaphore>,
     counts: Arc<Counts>,
     zipf: Arc<Zipf>,
-    region: String,
     rng: Rng,
 }
 
@@ -321,11 +357,9 @@ impl Writer {
     async fn run(mut self, period: Duration, deadline: Instant) {
         let mut tick = tokio::time::interval(period);
         let mut sends: Vec<tokio::task::JoinHandle<()>> = Vec::new();
-        let mut i = 0u64;
         while Instant::now() < deadline {
             tick.tick().await;
-            i += 1;
-            let request = self.next_update(i);
+            let request = self.next_update();
             self.counts.sent.fetch_add(1, Ordering::Relaxed);
             let Ok(permit) = self.in_flight.clone().acquire_owned().await else {
                 break;
@@ -334,9 +368,6 @@ impl Writer {
             sends.push(tokio::spawn(async move {
                 match client.update(request).await {
                     Ok(_) => counts.ok.fetch_add(1, Ordering::Relaxed),
-                    Err(s) if s.code() == tonic::Code::FailedPrecondition => {
-                        counts.not_holder.fetch_add(1, Ordering::Relaxed)
-                    }
                     Err(_) => counts.failed.fetch_add(1, Ordering::Relaxed),
                 };
                 drop(permit);
@@ -347,32 +378,27 @@ impl Writer {
         }
     }
 
-    /// Six in ten a rider's request (its event time the rider's clock: this one's), three a
-    /// driver coming or going, one a surge multiplier (accepted only where the geohash's
-    /// lease is held).
-    fn next_update(&mut self, i: u64) -> pb::UpdateRequest {
+    /// Five in ten a rider's request, three an available driver's ping (the event time of
+    /// each the sender's clock: this one's), two a driver coming or going.
+    fn next_update(&mut self) -> pb::UpdateRequest {
         let gh = geohash(self.zipf.sample(self.rng.unit()));
         let mut event_time_ms = 0;
         let (key, op) = match self.rng.next_u64() % 10 {
-            0..=5 => {
+            0..=4 => {
                 event_time_ms = now_ms();
                 (format!("requests/{gh}"), pb::update_request::Op::Add(1))
             }
-            6..=8 => {
+            5..=7 => {
+                event_time_ms = now_ms();
+                (format!("supply/{gh}"), pb::update_request::Op::Add(1))
+            }
+            _ => {
                 let change = if self.rng.next_u64().is_multiple_of(2) {
                     1
                 } else {
                     -1
                 };
                 (format!("drivers/{gh}"), pb::update_request::Op::Add(change))
-            }
-            _ => {
-                let multiplier = 1.0 + (self.rng.next_u64() % 20) as f64 / 10.0;
-                let value = format!("{multiplier:.1}@{}#{i}", self.region);
-                (
-                    format!("surge/{gh}"),
-                    pb::update_request::Op::Set(value.into_bytes()),
-                )
             }
         };
         pb::UpdateRequest {
@@ -476,18 +502,17 @@ async fn report(
 ) -> anyhow::Result<()> {
     println!();
     println!(
-        "| region | updates sent | acknowledged | not lease holder | failed | events applied | keys | state digest |"
+        "| region | updates sent | acknowledged | failed | events applied | keys | state digest |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---|");
+    println!("|---|---:|---:|---:|---:|---:|---|");
     for (r, c) in counts {
         let mut admin = AdminClient::connect(format!("http://{}", cluster.regions[r].grpc)).await?;
         let status = admin.status(pb::StatusRequest {}).await?.into_inner();
         let (keys, d) = &digests[r];
         println!(
-            "| {r} | {} | {} | {} | {} | {} | {keys} | {d:016x} |",
+            "| {r} | {} | {} | {} | {} | {keys} | {d:016x} |",
             c.sent.load(Ordering::Relaxed),
             c.ok.load(Ordering::Relaxed),
-            c.not_holder.load(Ordering::Relaxed),
             c.failed.load(Ordering::Relaxed),
             status.events_applied
         );
@@ -531,15 +556,15 @@ async fn probe_value(client: &mut StateClient<Channel>, key: &str) -> anyhow::Re
 }
 
 /// Number of values and a hash of every (key, window, value) under the workload's
-/// prefixes; `requests/` is read for every window in `windows`, final or not.
+/// prefixes; the windowed ones are read for every window in `windows`, final or not.
 async fn digest(
     client: &mut StateClient<Channel>,
     windows: &pb::WindowRange,
 ) -> anyhow::Result<(usize, u64)> {
     let mut hasher = DefaultHasher::new();
     let mut keys = 0;
-    for prefix in ["requests/", "trips/", "drivers/", "zones/", "surge/"] {
-        let window = (prefix == "requests/").then_some(pb::WindowSelector {
+    for prefix in ["requests/", "supply/", "trips/", "drivers/", "zones/"] {
+        let window = matches!(prefix, "requests/" | "supply/").then_some(pb::WindowSelector {
             which: Some(pb::window_selector::Which::Range(*windows)),
         });
         let mut page_token = String::new();

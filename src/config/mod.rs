@@ -13,12 +13,15 @@ use serde::Deserialize;
 use crate::crdt::{CrdtType, RegionId};
 mod fields;
 mod lease;
+mod pricing;
 mod settings;
 mod window;
 
 pub use fields::{ConfigError, invalid, parse_addr, parse_duration};
 use lease::RawLease;
 pub use lease::{LeaseConfig, Member, WitnessConfig};
+use pricing::RawPricing;
+pub use pricing::{Formula, PricingConfig};
 pub use settings::Setting;
 pub use window::WatermarkConfig;
 use window::{RawWatermark, RawWindow};
@@ -43,6 +46,8 @@ pub struct Config {
     pub checkpoint: CheckpointConfig,
     /// The lease group for owned namespaces (`None`: owned writes are refused).
     pub lease: Option<LeaseConfig>,
+    /// What `geostate pricer` computes (`None`: it refuses to start).
+    pub pricing: Option<PricingConfig>,
 }
 
 /// Incremental checkpoints of the store to object storage.
@@ -307,6 +312,7 @@ struct RawConfig {
     #[serde(default)]
     checkpoint: RawCheckpoint,
     lease: Option<RawLease>,
+    pricing: Option<RawPricing>,
 }
 
 #[derive(Deserialize)]
@@ -651,12 +657,14 @@ impl RawConfig {
                 .collect::<Result<_, ConfigError>>()?,
         )?;
         let checkpoint = self.checkpoint.validate(&region, &self.data_dir)?;
+        let pricing = self.pricing.map(|p| p.validate(&namespaces)).transpose()?;
         let lease = self
             .lease
             .map(|l| l.validate(Some(&region), max_clock_offset))
             .transpose()?;
         Ok(Config {
             lease,
+            pricing,
             checkpoint,
             region,
             data_dir: self.data_dir,

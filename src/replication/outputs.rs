@@ -65,7 +65,7 @@ impl FinalWindow {
 }
 
 /// What a register of a `register-changes` namespace holds: one window's result.
-#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WindowResult {
     pub start_ms: u64,

@@ -30,6 +30,9 @@ pub struct Source {
 pub struct Reconciled {
     pub windows: usize,
     pub rows: usize,
+    /// The (key, window)s with owned results (a lease epoch) from more than one write: a
+    /// later holder wrote the window again, and the highest (epoch, version) stands.
+    pub rewritten: Vec<String>,
     pub differences: Vec<String>,
 }
 
@@ -85,6 +88,11 @@ pub async fn reconcile(
         }
     }
     let expected = expected_rows(&delivered, &mut out.differences);
+    out.rewritten = delivered
+        .iter()
+        .filter(|(_, all)| all.iter().filter(|d| d.output.epoch > 0).count() > 1)
+        .map(|((key, start), _)| format!("{key} window {start}"))
+        .collect();
     let table: Vec<Row> = client
         .query(
             "SELECT key, window_start_ms, value::text, epoch, version FROM geostate_outputs",

@@ -705,6 +705,21 @@ pub async fn read_outputs(
     wanted: usize,
     within: Duration,
 ) -> anyhow::Result<Vec<Output>> {
+    read_output_records(kafka, topic, partitions, wanted, within)
+        .await?
+        .into_iter()
+        .map(|r| Ok(serde_json::from_value(r)?))
+        .collect()
+}
+
+/// As [`read_outputs`], each record as the JSON it is (a price's value is no count).
+pub async fn read_output_records(
+    kafka: &str,
+    topic: &str,
+    partitions: i32,
+    wanted: usize,
+    within: Duration,
+) -> anyhow::Result<Vec<serde_json::Value>> {
     use rdkafka::Message;
     use rdkafka::consumer::{Consumer, StreamConsumer};
     use rdkafka::error::KafkaError;

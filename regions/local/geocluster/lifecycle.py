@@ -23,8 +23,9 @@ def health(cluster: dict) -> dict[str, bool]:
     if "port" in pg:  # absent until `up` started it
         out["postgres"] = pid_alive(pg["pid"]) and pg_ready(pg["port"])
     for region, r in cluster["regions"].items():
-        if "sink" in r:
-            out[f"sink {region}"] = pid_alive(r["sink"].get("pid"))
+        for service in REGION_SERVICES:
+            if service in r:
+                out[f"{service} {region}"] = pid_alive(r[service].get("pid"))
     for region, r in cluster["regions"].items():
         out[f"node {region}"] = bool(r.get("pid")) and pid_alive(r["pid"])
         for i, n in further_nodes(r).items():
@@ -58,14 +59,16 @@ def cmd_up(_args: argparse.Namespace) -> None:
             if not getattr(_args, "no_build", False) and runs_an_older_binary(existing):
                 log("geostate was rebuilt since the nodes started: restarting them (data kept)")
                 for region, r in existing["regions"].items():
-                    if "sink" in r:
-                        stop_pid(f"sink-{region}", r["sink"]["pid"])
+                    for service in REGION_SERVICES:
+                        if service in r:
+                            stop_pid(f"{service}-{region}", r[service]["pid"])
                 start_lease_group(existing)
-                start_sinks(existing)
+                start_services(existing)
                 return
             log(f"already up ({CLUSTER_JSON})")
             return
-        if all(k.startswith(("node ", "sink ")) or k in ("mirrormaker2", "witness") for k in down):
+        services = tuple(f"{s} " for s in REGION_SERVICES)
+        if all(k.startswith(("node ", *services)) or k in ("mirrormaker2", "witness") for k in down):
             if "mirrormaker2" in down:
                 existing["mirrormaker2"]["pid"] = start_mm2(existing["regions"])
                 write_cluster(existing)
@@ -82,9 +85,10 @@ def cmd_up(_args: argparse.Namespace) -> None:
                         start_further_node(region, i, existing)
                         write_cluster(existing)
                         wait_node(f"{region}/{i}", n)
-                if f"sink {region}" in down:
-                    start_sink(region, existing)
-                    write_cluster(existing)
+                for service, start in REGION_SERVICES.items():
+                    if f"{service} {region}" in down:
+                        start(region, existing)
+                        write_cluster(existing)
             log(f"restarted {', '.join(down)}")
             return
         log(f"partly up ({', '.join(down)} down); restarting")
@@ -131,7 +135,7 @@ def cmd_up(_args: argparse.Namespace) -> None:
             for index in range(1, nodes_per_region()):
                 further_nodes(r)[str(index)] = {"pid": None}
         start_lease_group(cluster)
-        start_sinks(cluster)
+        start_services(cluster)
     except BaseException:
         log("start failed; stopping what was started")
         cmd_down(_args)
@@ -154,7 +158,7 @@ def nodes_per_region() -> int:
 def cmd_down(_args: argparse.Namespace) -> None:
     # stop every pid we ever recorded, clients first (mirrormaker), then brokers, then s3
     names = sorted(p.name for p in PIDS.glob("*")) if PIDS.exists() else []
-    order = sorted(names, key=lambda n: (0 if n.startswith(("node", "sink")) or n == "witness" else
+    order = sorted(names, key=lambda n: (0 if n.startswith(("node", *REGION_SERVICES)) or n == "witness" else
                                          1 if n == "mirrormaker2" else
                                          2 if n.startswith("kafka") else 3))
     for name in order:
@@ -210,9 +214,11 @@ def cmd_status(_args: argparse.Namespace) -> None:
         print(f"postgres         {'healthy' if h['postgres'] else 'DOWN':<8} "
               f"{'127.0.0.1:' + str(pg['port']):<22} pid {pg['pid']}  {pg['url']}")
     for region, r in cluster["regions"].items():
-        if "sink" in r:
-            print(f"sink {region:<11} {'running' if h[f'sink {region}'] else 'DOWN':<8} "
-                  f"{'-> postgres':<22} pid {r['sink']['pid']}")
+        for service, to in (("sink", "-> postgres"), ("pricer", f"-> {r['grpc']}")):
+            if service in r:
+                name = f"{service} {region}"
+                print(f"{name:<16} {'running' if h[name] else 'DOWN':<8} "
+                      f"{to:<22} pid {r[service]['pid']}")
     print(f"cluster.json     {CLUSTER_JSON}")
     print(f"logs             {LOGS}")
     if not all(h.values()):
@@ -237,9 +243,10 @@ def start_lease_group(cluster: dict) -> None:
     write_cluster(cluster)
 
 
-def start_sinks(cluster: dict) -> None:
+def start_services(cluster: dict) -> None:
     for region in cluster["regions"]:
-        start_sink(region, cluster)
+        for start in REGION_SERVICES.values():
+            start(region, cluster)
     write_cluster(cluster)
 
 

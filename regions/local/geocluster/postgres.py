@@ -85,6 +85,20 @@ def start_sink(region: str, cluster: dict) -> None:
     log(f"sink {region} -> postgres: pid {sink['pid']}")
 
 
+def start_pricer(region: str, cluster: dict) -> None:
+    """`geostate pricer` with the region's node configuration, against its first node."""
+    r = cluster["regions"][region]
+    pricer = r.setdefault("pricer", {})
+    pricer["pid"] = spawn(f"pricer-{region}", [str(geostate_bin()), "pricer",
+                                               "--config", r["config"], *set_args(r["set"]),
+                                               "--addr", f"http://{r['grpc']}"])
+    log(f"pricer {region} -> {r['grpc']}: pid {pricer['pid']}")
+
+
+# the processes that run beside a region's nodes, and how each starts
+REGION_SERVICES = {"sink": start_sink, "pricer": start_pricer}
+
+
 def cmd_postgres(args: argparse.Namespace) -> None:
     """Kill PostgreSQL (SIGKILL: a crash, recovered from its WAL at the next start), start
     it again on the same data dir and port, or restart it (kill, then start)."""
