@@ -23,9 +23,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use futures_util::StreamExt;
-
 use anyhow::Context;
+use futures_util::StreamExt;
 use tokio::sync::{mpsc, watch};
 use tonic::Code;
 use tonic::transport::Channel;
@@ -311,7 +310,7 @@ impl Pricer {
     }
 
     /// The value of `key` at its holder and the result it holds (`Some(None)`: never
-    /// set); `None` when this region does not hold it (any more) or is renewing.
+    /// set); `None` when another region holds it now.
     #[allow(clippy::type_complexity)]
     async fn last_price(
         &self,
@@ -332,7 +331,9 @@ impl Pricer {
                 Ok(Some(Some((bytes, result))))
             }
             Err(s) if s.code() == Code::NotFound => Ok(Some(None)),
-            Err(s) if matches!(s.code(), Code::FailedPrecondition | Code::Unavailable) => {
+            // another region holds it now (a renewing or settling holder answers
+            // UNAVAILABLE: an error, tried again shortly)
+            Err(s) if s.code() == Code::FailedPrecondition => {
                 tracing::debug!(%key, "not priced here now: {s}");
                 Ok(None)
             }

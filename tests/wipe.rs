@@ -24,7 +24,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
 use common::failover::{
-    at_holder, epoch_of, key_homed_at, regions, register, set, signal, wait_held, wait_value,
+    RestartNodes, at_holder, epoch_of, key_homed_at, regions, register, set, signal, wait_held,
+    wait_value,
 };
 use common::unwritable::Unwritable;
 use common::{cluster, cluster_script, produce_all, producer, unique};
@@ -36,17 +37,6 @@ use tonic::Code;
 /// Counter events the holder applies, and does not ship, before the owned write: its
 /// replay after the wipe takes a while.
 const BACKLOG: usize = 50_000;
-
-/// Starts every dead node of the cluster however the test ends.
-struct RestartNodes;
-
-impl Drop for RestartNodes {
-    fn drop(&mut self) {
-        if let Err(e) = cluster_script(&["up", "--no-build"]) {
-            eprintln!("restarting the nodes: {e}");
-        }
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acknowledged_owned_write_survives_its_holders_disk_loss() -> anyhow::Result<()> {

@@ -128,6 +128,17 @@ pub fn key_homed_at(lease: &LeaseConfig, home: &str, label: &str) -> (String, u3
         .expect("every region is some shard's home")
 }
 
+/// Starts every dead node of the cluster when dropped (however the test ends).
+pub struct RestartNodes;
+
+impl Drop for RestartNodes {
+    fn drop(&mut self) {
+        if let Err(e) = super::cluster_script(&["up", "--no-build"]) {
+            eprintln!("restarting the nodes: {e}");
+        }
+    }
+}
+
 /// SIGSTOPs a process; SIGCONTs it when dropped (however the test ends).
 pub struct Frozen(u32);
 
