@@ -775,13 +775,15 @@ mod tests {
         let witness = WitnessConfig::load(&crate::repo_file("regions/witness.toml"), &[]).unwrap();
         let shared = |c: &Config| {
             let i = &c.ingest;
+            // and the formula: whichever region holds a geohash prices it alike
             format!(
-                "{:?} {:?} {} {} {}",
+                "{:?} {:?} {} {} {} {:?}",
                 c.namespaces,
                 c.max_clock_offset,
                 i.max_key_bytes,
                 i.max_value_bytes,
-                i.max_id_bytes
+                i.max_id_bytes,
+                c.pricing
             )
         };
         assert_eq!(shared(&us), shared(&eu));
@@ -937,6 +939,37 @@ mod tests {
         let unknown = windowed.replace("\"final-windows\"", "\"every-change\"");
         let err = Config::parse(&unknown).unwrap_err().to_string();
         assert!(err.contains("not an output kind"), "{err}");
+    }
+
+    #[test]
+    fn pricing_needs_demand_and_supply_windowed_alike_and_an_owned_register_that_outputs() {
+        let counter = |prefix: &str, size: &str| {
+            format!(
+                "[[namespace]]\nprefix = \"{prefix}\"\ntype = \"g_counter\"\nownership = \"shared\"\n[namespace.window]\nsize = \"{size}\"\n"
+            )
+        };
+        let text = |supply_size: &str, prices_output: &str| {
+            format!(
+                "{MINIMAL}\n{}{}[[namespace]]\nprefix = \"prices/\"\ntype = \"lww_register\"\nownership = \"owned\"\n{prices_output}\n[pricing]\ndemand = \"requests/\"\nsupply = \"supply/\"\nprices = \"prices/\"\n",
+                counter("requests/", "1m"),
+                counter("supply/", supply_size)
+            )
+        };
+        let outputs = "output = \"register-changes\"";
+        let c = Config::parse(&text("1m", outputs)).unwrap();
+        let pricing = c.pricing.unwrap();
+        assert_eq!(pricing.formula.hundredths(30, 10), 200);
+        assert_eq!(pricing.window.size_ms, 60_000);
+        let err = Config::parse(&text("2m", outputs)).unwrap_err().to_string();
+        assert!(err.contains("must have the windows of"), "{err}");
+        let err = Config::parse(&text("1m", "")).unwrap_err().to_string();
+        assert!(err.contains("pricing.prices"), "{err}");
+        let err = Config::parse(
+            &text("1m", outputs).replace("supply = \"supply/\"", "supply = \"trips/\""),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("not a windowed namespace"), "{err}");
     }
 
     #[test]

@@ -80,7 +80,7 @@ fn default_step() -> f64 {
     0.05
 }
 fn default_sweep_every() -> String {
-    "10s".into()
+    "1m".into()
 }
 
 impl RawPricing {

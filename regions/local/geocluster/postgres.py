@@ -1,4 +1,4 @@
-"""PostgreSQL (Debian's package) for the outputs table, and one `geostate sink postgres` per region writing its outputs topic into it."""
+"""PostgreSQL (Debian's package) for the outputs table, and the processes beside each region's nodes: a `geostate sink postgres` writing its outputs topic into the table, and a `geostate pricer`."""
 
 from __future__ import annotations
 
