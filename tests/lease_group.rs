@@ -8,9 +8,10 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use anyhow::Context;
+use common::now_ms;
 use geostate::clock::SystemClock;
 use geostate::config::{LeaseConfig, Member as MemberConfig};
 use geostate::crdt::RegionId;
@@ -51,13 +52,6 @@ fn config(id: u64, ports: &[u16]) -> LeaseConfig {
         take_back: false,
         forward_writes: false,
     }
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or_default()
 }
 
 async fn leader(members: &BTreeMap<u64, Member>) -> anyhow::Result<u64> {

@@ -16,22 +16,16 @@
 
 mod common;
 
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
 use common::failover::{RestartNodes, regions, signal, wait_held};
-use common::{cluster, cluster_script, node_config, read_output_records, unique};
+use common::{cluster, cluster_script, node_config, now_ms, read_output_records, unique};
 use geostate::pb;
 use geostate::sink::postgres::connect;
 use geostate::sink::reconcile::{Source, reconcile};
 
 const MIN: u64 = 60_000;
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
 
 fn add_at(key: &str, event_time_ms: u64) -> pb::UpdateRequest {
     pb::UpdateRequest {

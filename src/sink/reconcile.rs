@@ -88,11 +88,7 @@ pub async fn reconcile(
         }
     }
     let expected = expected_rows(&delivered, &mut out.differences);
-    out.rewritten = delivered
-        .iter()
-        .filter(|(_, all)| all.iter().filter(|d| d.output.epoch > 0).count() > 1)
-        .map(|((key, start), _)| format!("{key} window {start}"))
-        .collect();
+    out.rewritten = rewritten(&delivered);
     let table: Vec<Row> = client
         .query(
             "SELECT key, window_start_ms, value::text, epoch, version FROM geostate_outputs",
@@ -213,6 +209,15 @@ fn expected_rows(
         });
     }
     rows
+}
+
+/// The (key, window)s with more than one owned result (a lease epoch) across the topics.
+fn rewritten(delivered: &BTreeMap<(String, u64), Vec<Delivered>>) -> Vec<String> {
+    delivered
+        .iter()
+        .filter(|(_, all)| all.iter().filter(|d| d.output.epoch > 0).count() > 1)
+        .map(|((key, start), _)| format!("{key} window {start}"))
+        .collect()
 }
 
 /// Window by window: count and digest of the topics' results against the table's rows,
@@ -347,5 +352,7 @@ mod tests {
             Some("2")
         );
         assert_eq!(rows.len(), 4);
+        // a final window in both regions is no rewrite; two owned results are
+        assert_eq!(rewritten(&delivered_map), ["s window 0"]);
     }
 }

@@ -327,6 +327,13 @@ pub async fn s3_keys(
     }
 }
 
+/// This machine's wall clock, milliseconds since the Unix epoch.
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
 /// A name no other test run uses.
 pub fn unique(label: &str) -> String {
     let nanos = SystemTime::now()
