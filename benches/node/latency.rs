@@ -254,9 +254,15 @@ pub(crate) async fn latency_and_gets(
     );
     println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let (mut ours_points, mut floor_points) = (Vec::new(), Vec::new());
+    let mut stages = None;
     for level in LEVELS {
         let rate = (max * level as f64 / 100.0).max(10.0) as u64;
+        let before = common::http_get(&node.metrics, "/metrics")?;
         let (lat, errors) = update_latencies(&clients, rate).await?;
+        if level == STAGES_AT {
+            let after = common::http_get(&node.metrics, "/metrics")?;
+            stages = Some(stage_quantiles(&before, &after));
+        }
         // the floor's clients run where the node runs (it is idle meanwhile)
         let me = std::process::id();
         pin(me, SUT_CORE)?;
@@ -279,6 +285,20 @@ pub(crate) async fn latency_and_gets(
         );
         floor_points.push(json!({"load_percent": level, "rate": rate,
             "p50_ms": q(&floor, 0.5), "p99_ms": q(&floor, 0.99), "p99_9_ms": q(&floor, 0.999)}));
+    }
+    println!();
+    let stages = stages.unwrap_or_default();
+    println!(
+        "Where an `Update`'s time goes at {STAGES_AT} % (the node's `geostate_write_stage_seconds`, quantiles interpolated within its buckets; `fetch` is from the record's millisecond timestamp; `applied` spans `fetch` to `commit` as each request waited for them):"
+    );
+    println!();
+    println!("| stage | count | p50 | p99 |");
+    println!("|---|---:|---:|---:|");
+    for s in &stages {
+        println!(
+            "| {} | {} | {:.2} ms | {:.2} ms |",
+            s.stage, s.count, s.p50_ms, s.p99_ms
+        );
     }
     println!();
 
@@ -337,5 +357,41 @@ pub(crate) async fn latency_and_gets(
             {"name": "Kafka produce→consume", "points": floor_points},
         ],
         "get": get_json,
+        "update_stages": stages.iter().map(|s| json!({"load_percent": STAGES_AT, "stage": s.stage,
+            "count": s.count, "p50_ms": s.p50_ms, "p99_ms": s.p99_ms})).collect::<Vec<_>>(),
     }))
+}
+
+/// The load level whose write stages are reported.
+const STAGES_AT: u32 = 50;
+
+/// One write stage's figures between two scrapes of the node's metrics.
+#[derive(Default)]
+pub(crate) struct StageFigures {
+    stage: String,
+    count: u64,
+    p50_ms: f64,
+    p99_ms: f64,
+}
+
+/// Per stage of `geostate_write_stage_seconds`, in the path's order, the p50 and p99 of
+/// what was recorded between the `before` and `after` scrapes.
+pub(crate) fn stage_quantiles(before: &str, after: &str) -> Vec<StageFigures> {
+    use common::histogram;
+    const ORDER: [&str; 6] = ["produce", "fetch", "batch", "apply", "commit", "applied"];
+    let metric = "geostate_write_stage_seconds";
+    let before = histogram::buckets(before, metric, "stage", &[]);
+    let after = histogram::buckets(after, metric, "stage", &[]);
+    ORDER
+        .iter()
+        .filter_map(|&stage| {
+            let run = histogram::since(before.get(stage), after.get(stage)?);
+            Some(StageFigures {
+                stage: stage.to_string(),
+                count: histogram::count(&run),
+                p50_ms: histogram::quantile(&run, 0.5) * 1000.0,
+                p99_ms: histogram::quantile(&run, 0.99) * 1000.0,
+            })
+        })
+        .collect()
 }

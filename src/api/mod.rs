@@ -475,8 +475,12 @@ impl Handler {
             }
         }
         let crdt = self.checked(&update)?;
+        let produced = Instant::now();
         let (partition, offset) = self.append(&mut update, crdt).await?;
+        let acked = Instant::now();
+        m::write_stage("produce", acked - produced);
         self.applied(partition, offset).await?;
+        m::write_stage("applied", acked.elapsed());
         // acknowledged only if applied under the lease it was accepted with (what a new
         // holder waits for, see `settled`)
         if let (Some(epoch), Some(leases)) = (update.epoch, &api.leases) {

@@ -312,10 +312,12 @@ impl Ingestor {
                 return Ok(());
             };
             if !batch.records.is_empty() {
+                self.observe_fetch(&batch.records[0]);
                 if !self.outbox_room(&mut shutdown).await {
                     return Ok(());
                 }
-                if !self.apply(batch.records, &mut shutdown).await? {
+                let received = batch.first_at.unwrap_or_else(Instant::now);
+                if !self.apply(batch.records, received, &mut shutdown).await? {
                     return Ok(());
                 }
             }
@@ -423,10 +425,11 @@ impl Ingestor {
     async fn apply(
         &mut self,
         mut records: Vec<Record>,
+        received: Instant,
         shutdown: &mut watch::Receiver<bool>,
     ) -> Result<bool, IngestError> {
         loop {
-            let Some(pending) = self.apply_part(records).await? else {
+            let Some(pending) = self.apply_part(records, received).await? else {
                 break;
             };
             if !self
@@ -496,12 +499,29 @@ impl Ingestor {
         }
     }
 
-    /// Applies and commits what it can of `records`; returns the part left for after the
-    /// lease group answered.
-    async fn apply_part(&self, records: Vec<Record>) -> Result<Option<Pending>, IngestError> {
+    /// The `fetch` stage of a batch's first record: from its timestamp (taken by whoever
+    /// produced it) to now, on this node's clock.
+    fn observe_fetch(&self, first: &Record) {
+        let Some(made) = first.timestamp_ms else {
+            return;
+        };
+        let now = (self.hlc.physical().now_nanos() / 1_000_000) as i64;
+        if now >= made {
+            m::write_stage("fetch", Duration::from_millis((now - made) as u64));
+        }
+    }
+
+    /// Applies and commits what it can of `records` (the first received at `received`);
+    /// returns the part left for after the lease group answered.
+    async fn apply_part(
+        &self,
+        records: Vec<Record>,
+        received: Instant,
+    ) -> Result<Option<Pending>, IngestError> {
         // read-modify-write of state: no merge of remote deltas may interleave
         let _writer = self.shared.state_writer.lock().await;
         let started = Instant::now();
+        m::write_stage("batch", started.saturating_duration_since(received));
         let events = records.len();
         let origin_time = self.hlc.now();
         let (store, config, actor) = (self.store.clone(), self.config.clone(), self.actor.clone());
@@ -525,6 +545,8 @@ impl Ingestor {
         .await??;
         let pending = applied.pending.take();
         let events = events - pending.as_ref().map_or(0, |p| p.records.len());
+        let apply_done = Instant::now();
+        m::write_stage("apply", apply_done - started);
 
         self.dead_letter(&applied.rejected).await;
 
@@ -554,6 +576,7 @@ impl Ingestor {
                 .map(|()| applied)
         })
         .await??;
+        m::write_stage("commit", apply_done.elapsed());
 
         if !applied.outbox.is_empty() || !applied.late.is_empty() {
             self.shared.committed.send_modify(|n| *n += 1);

@@ -70,6 +70,8 @@ pub struct Batch {
     pub at_end: Vec<(i32, Option<i64>)>,
     /// The read stopped on this error: apply `records`, then [`Reader::restart`].
     pub failed: Option<LogError>,
+    /// When the first record arrived.
+    pub first_at: Option<std::time::Instant>,
 }
 
 /// A positioned consumer of one topic.
@@ -139,6 +141,7 @@ impl Reader {
             next = self.recv() => next,
             () = sleep_or_never(batching.idle) => return Some(batch),
         };
+        batch.first_at = Some(std::time::Instant::now());
         if !self.take(&mut batch, first) {
             return Some(batch);
         }

@@ -4,6 +4,7 @@
 #![allow(dead_code)] // each test binary uses a different part
 
 pub mod failover;
+pub mod histogram;
 pub mod unwritable;
 
 use std::collections::BTreeMap;
