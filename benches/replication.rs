@@ -5,13 +5,18 @@
 //!    through the direct switch (the remote reads the origin's deltas topic) and once
 //!    through MirrorMaker 2 (the nodes of the cluster the bench runs against).
 //! 2. Coalescing under Zipf 0.99 keys: deltas shipped per event and bytes shipped per byte
-//!    ingested, for a pre-loaded backlog (large batches) and for a live stream.
+//!    ingested, for a pre-loaded backlog (large batches), and for a live stream once per
+//!    shipping setting (`replication.ship-every`, `replication.compression`) with the
+//!    bytes stored in the deltas topic and the shipping lag of every delta: the trade
+//!    between bytes and lag.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, bail};
 use common::{Node, Topics, cluster, http_get, ms, percentile, produce_all, producer, unique};
@@ -139,28 +144,146 @@ async fn run() -> anyhow::Result<()> {
         bytes as f64 / ingested as f64
     );
 
-    // a live stream at a fixed rate
-    let live = events((LIVE_RATE * LIVE_SECONDS) as usize);
-    let topics = Topics::create(&kafka, "coalesce-live", 4).await?;
-    let dir = tempfile::tempdir()?;
-    let mut node = Node::configure(dir.path(), &kafka, &topics)?;
-    node.start().await?;
-    let started = Instant::now();
-    for (i, chunk) in live.chunks((LIVE_RATE / 100) as usize).enumerate() {
-        tokio::time::sleep_until((started + Duration::from_millis(10 * i as u64)).into()).await;
-        produce_all(&producer, &topics.updates, chunk).await?;
-    }
-    node.caught_up(Duration::from_secs(120)).await?;
-    let (shipped, bytes) = settled_counts(&node).await?;
-    node.kill9();
-    let ingested: usize = live.iter().map(|(_, p)| p.len()).sum();
+    println!();
+
+    // a live stream at a fixed rate, once per shipping setting: the curve
     println!(
-        "| live stream, {LIVE_RATE} events/s | {} | {shipped} | {:.3} | {:.3} |",
-        live.len(),
-        shipped as f64 / live.len() as f64,
-        bytes as f64 / ingested as f64
+        "### Live stream, {LIVE_RATE} events/s for {LIVE_SECONDS} s, by shipping setting (`replication.ship-every`, `replication.compression`)"
     );
+    println!();
+    println!(
+        "Shipping lag: from the origin's apply (the delta's HLC) to the delta read committed from the deltas topic, every delta. Bytes stored: the deltas topic's log segments (deltas, resume points, heartbeats, transaction markers, as the producer compressed them: what a remote region fetches) ÷ the updates topic's."
+    );
+    println!();
+    println!(
+        "| ship-every | compression | deltas per event | payload bytes ÷ ingested | bytes stored ÷ updates stored | shipping lag p50 | p99 | max |"
+    );
+    println!("|---|---|---:|---:|---:|---:|---:|---:|");
+    let live = events((LIVE_RATE * LIVE_SECONDS) as usize);
+    let ingested: usize = live.iter().map(|(_, p)| p.len()).sum();
+    let log_dir = common::run_dir()?.join("kafka/us-east-1/data");
+    for (every, compression) in SHIPPING {
+        let topics = Topics::create(&kafka, "coalesce-live", 4).await?;
+        let dir = tempfile::tempdir()?;
+        let mut node = Node::configure(dir.path(), &kafka, &topics)?;
+        node.set("replication.ship-every", &format!("{every:?}"));
+        node.set("replication.compression", &format!("{compression:?}"));
+        node.start().await?;
+        let lags = shipping_lags(&kafka, &topics.deltas);
+        let started = Instant::now();
+        for (i, chunk) in live.chunks((LIVE_RATE / 100) as usize).enumerate() {
+            tokio::time::sleep_until((started + Duration::from_millis(10 * i as u64)).into()).await;
+            produce_all(&producer, &topics.updates, chunk).await?;
+        }
+        node.caught_up(Duration::from_secs(120)).await?;
+        let (shipped, bytes) = settled_counts(&node).await?;
+        node.kill9();
+        let lags = lags.finish(shipped as usize)?;
+        let stored = |topic: &str| topic_bytes(&log_dir, topic);
+        let (deltas_stored, updates_stored) = (stored(&topics.deltas)?, stored(&topics.updates)?);
+        println!(
+            "| {every} | {compression} | {:.3} | {:.3} | {:.3} | {} | {} | {} |",
+            shipped as f64 / live.len() as f64,
+            bytes as f64 / ingested as f64,
+            deltas_stored as f64 / updates_stored.max(1) as f64,
+            ms(percentile(&lags, 0.5)),
+            ms(percentile(&lags, 0.99)),
+            ms(lags.last().copied().unwrap_or_default())
+        );
+    }
     Ok(())
+}
+
+/// The live stream's shipping settings: (`replication.ship-every`, `replication.compression`).
+const SHIPPING: [(&str, &str); 6] = [
+    ("0ms", "none"),
+    ("0ms", "zstd"),
+    ("50ms", "zstd"),
+    ("100ms", "zstd"),
+    ("250ms", "zstd"),
+    ("1s", "zstd"),
+];
+
+/// Bytes of `topic`'s log segments in the broker's log dir `log_dir`.
+fn topic_bytes(log_dir: &std::path::Path, topic: &str) -> anyhow::Result<u64> {
+    let mut total = 0;
+    for entry in std::fs::read_dir(log_dir)? {
+        let entry = entry?;
+        let name = entry.file_name().to_string_lossy().to_string();
+        let partition = name.strip_prefix(topic).and_then(|r| r.strip_prefix('-'));
+        if partition.is_none_or(|p| p.parse::<i32>().is_err()) {
+            continue;
+        }
+        for file in std::fs::read_dir(entry.path())? {
+            let file = file?;
+            if file.path().extension().is_some_and(|e| e == "log") {
+                total += file.metadata()?.len();
+            }
+        }
+    }
+    Ok(total)
+}
+
+/// A reader of a deltas topic (read committed) on a thread of its own, noting for every
+/// delta the time from its origin's apply to its arrival.
+struct ShippingLags {
+    /// How many deltas to read before the thread ends (none asked yet: `usize::MAX`).
+    want: Arc<AtomicUsize>,
+    thread: std::thread::JoinHandle<anyhow::Result<Vec<Duration>>>,
+}
+
+fn shipping_lags(kafka: &str, topic: &str) -> ShippingLags {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::message::Message;
+    let want = Arc::new(AtomicUsize::new(usize::MAX));
+    let (kafka, topic, wanted) = (kafka.to_owned(), topic.to_owned(), want.clone());
+    let thread = std::thread::spawn(move || {
+        let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", &kafka)
+            .set("group.id", unique("bench-shipping"))
+            .set("enable.auto.commit", "false")
+            .set("auto.offset.reset", "earliest")
+            .set("isolation.level", "read_committed")
+            .set("fetch.wait.max.ms", "10")
+            .create()?;
+        consumer.subscribe(&[&topic])?;
+        let mut lags = Vec::new();
+        while lags.len() < wanted.load(Ordering::Relaxed) {
+            let Some(message) = consumer.poll(Duration::from_millis(100)) else {
+                continue;
+            };
+            let message = message?;
+            let arrived = SystemTime::now().duration_since(UNIX_EPOCH)?;
+            if message.key().unwrap_or_default().starts_with(b"\0") {
+                continue; // a resume point or a heartbeat
+            }
+            let delta = geostate::crdt::Delta::decode(message.payload().unwrap_or_default())?;
+            let applied = Duration::from_nanos(delta.origin_time.wall_nanos);
+            lags.push(arrived.saturating_sub(applied));
+        }
+        Ok(lags)
+    });
+    ShippingLags { want, thread }
+}
+
+impl ShippingLags {
+    /// Every lag noted, sorted, once `shipped` deltas arrived (fewer if a round was
+    /// aborted: then what arrived within 30 s).
+    fn finish(self, shipped: usize) -> anyhow::Result<Vec<Duration>> {
+        self.want.store(shipped, Ordering::Relaxed);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline && !self.thread.is_finished() {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        // it stops at its next record or poll
+        self.want.store(0, Ordering::Relaxed);
+        let mut lags = self
+            .thread
+            .join()
+            .map_err(|_| anyhow::anyhow!("the shipping-lag reader panicked"))??;
+        lags.sort();
+        Ok(lags)
+    }
 }
 
 /// Writes one new key per write in `origin` at `LAG_RATE`; returns, per write, the time

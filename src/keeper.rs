@@ -229,6 +229,7 @@ pub async fn ship_producer(
             config.region, config.kafka.deltas_topic
         ),
         transaction_timeout: SHIP_TRANSACTION_TIMEOUT,
+        compression: config.replication.compression,
     }
     .start()
     .await
@@ -536,6 +537,7 @@ impl Keeper {
             replayed: self.shared.replayed.subscribe(),
             hand_off: handing_off,
             outputs: self.outputs.clone(),
+            ship_every: self.config.replication.ship_every,
         };
         let run = shipper.run(stop.clone());
         let task = running.spawn(async move { (partition, run.await) });

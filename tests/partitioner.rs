@@ -126,6 +126,7 @@ async fn the_appender_and_the_shipper_partition_keys_as_the_java_producer() -> a
         kafka,
         transactional_id: unique("partitioner"),
         transaction_timeout: Duration::from_secs(30),
+        compression: "none",
     }
     .start()
     .await?;

@@ -172,6 +172,64 @@ async fn concurrent_writes_in_two_regions_converge_and_count_every_increment() -
     Ok(())
 }
 
+/// With `replication.ship-every`, a partition ships deltas at most once per interval:
+/// updates of a key meanwhile leave one delta, and the other region still counts every one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shipping_interval_coalesces_a_keys_updates_and_loses_none() -> anyhow::Result<()> {
+    const UPDATES: i64 = 60;
+    let cluster = cluster()?;
+    let kafka = cluster.regions["us-east-1"].kafka.clone();
+    let (ta, tb) = (
+        Topics::create(&kafka, "ship-every-a", 1).await?,
+        Topics::create(&kafka, "ship-every-b", 1).await?,
+    );
+    let (dir_a, dir_b) = (tempfile::tempdir()?, tempfile::tempdir()?);
+    let (mut a, mut b) = Node::pair(&kafka, (&ta, &tb), (dir_a.path(), dir_b.path()))?;
+    a.set("replication.ship-every", "\"1s\"");
+    a.start().await?;
+    b.start().await?;
+
+    // one update at a time: each its own batch, which without the interval ships alone
+    let key = "trips/coalesced";
+    let (mut sa, mut sb) = (a.state().await?, b.state().await?);
+    let started = Instant::now();
+    for _ in 0..UPDATES {
+        sa.update(pb::UpdateRequest {
+            key: key.into(),
+            op: Some(pb::update_request::Op::Add(1)),
+            id: String::new(),
+            event_time_ms: 0,
+        })
+        .await?;
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let read = sb.get(replica(key)).await;
+        if read.is_ok_and(|v| counter(v.get_ref()) == UPDATES) {
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "eu-west-1 did not count {UPDATES} within 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let elapsed = started.elapsed();
+
+    // every round carrying the key shipped within `elapsed`, at least 1 s apart
+    let deltas = read_all(&kafka, &ta.deltas)
+        .await?
+        .iter()
+        .filter(|(k, _)| k == key.as_bytes())
+        .count();
+    let most = elapsed.as_secs() as usize + 2;
+    ensure!(
+        deltas <= most,
+        "{deltas} deltas of {key} for {UPDATES} updates in {elapsed:?}: more than one round per second ({most})"
+    );
+    Ok(())
+}
+
 /// Reads every committed record of `topic` from the beginning to its end.
 async fn read_all(kafka: &str, topic: &str) -> anyhow::Result<Vec<(Vec<u8>, Vec<u8>)>> {
     let consumer: StreamConsumer = ClientConfig::new()

@@ -97,6 +97,12 @@ pub struct ReplicationConfig {
     /// Ingest waits while the outbox holds this many keys: a shipping round (one Kafka
     /// transaction) never carries more than this plus one batch.
     pub max_outbox_keys: usize,
+    /// Shortest time between two shipping rounds of a partition that carry deltas:
+    /// updates of one key meanwhile coalesce into one delta. Zero ships after every batch.
+    pub ship_every: Duration,
+    /// Compression of the shipping producer's records (librdkafka's `compression.type`):
+    /// what crosses to the other regions is the deltas topic's batches as stored.
+    pub compression: &'static str,
     /// How many other nodes of the region keep a copy of each partition current from the
     /// region's deltas (warm standbys): a move then merges only what was shipped since.
     pub standby_replicas: usize,
@@ -370,6 +376,10 @@ struct RawReplication {
     remotes: Vec<RawRemote>,
     #[serde(default = "default_max_outbox_keys")]
     max_outbox_keys: usize,
+    #[serde(default = "default_ship_every")]
+    ship_every: String,
+    #[serde(default = "default_compression")]
+    compression: String,
     #[serde(default)]
     standby_replicas: usize,
 }
@@ -379,6 +389,8 @@ impl Default for RawReplication {
         Self {
             remotes: Vec::new(),
             max_outbox_keys: default_max_outbox_keys(),
+            ship_every: default_ship_every(),
+            compression: default_compression(),
             standby_replicas: 0,
         }
     }
@@ -387,6 +399,17 @@ impl Default for RawReplication {
 fn default_max_outbox_keys() -> usize {
     100_000
 }
+
+fn default_ship_every() -> String {
+    "0ms".into()
+}
+
+fn default_compression() -> String {
+    "zstd".into()
+}
+
+/// The shipping producer's compressions (librdkafka's `compression.type`).
+const COMPRESSIONS: [&str; 5] = ["none", "gzip", "snappy", "lz4", "zstd"];
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
@@ -703,6 +726,20 @@ impl RawConfig {
             replication: ReplicationConfig {
                 remotes,
                 max_outbox_keys,
+                ship_every: parse_duration("replication.ship-every", &self.replication.ship_every)?,
+                compression: COMPRESSIONS
+                    .into_iter()
+                    .find(|&c| c == self.replication.compression)
+                    .ok_or_else(|| {
+                        invalid(
+                            "replication.compression",
+                            format!(
+                                "{:?} is not one of {}",
+                                self.replication.compression,
+                                COMPRESSIONS.join(", ")
+                            ),
+                        )
+                    })?,
                 standby_replicas: self.replication.standby_replicas,
             },
         })

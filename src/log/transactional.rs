@@ -39,6 +39,8 @@ pub struct TransactionalSpec {
     pub kafka: KafkaConfig,
     pub transactional_id: String,
     pub transaction_timeout: Duration,
+    /// librdkafka's `compression.type` of the records it produces.
+    pub compression: &'static str,
 }
 
 impl TransactionalSpec {
@@ -59,6 +61,7 @@ impl TransactionalSpec {
             .set("enable.idempotence", "true")
             .set("acks", "all")
             .set("linger.ms", "0")
+            .set("compression.type", self.compression)
             .set("transaction.timeout.ms", &timeout_ms)
             .set("message.timeout.ms", &timeout_ms)
             .create()?;

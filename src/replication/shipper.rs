@@ -91,6 +91,8 @@ pub struct Shipper {
     /// The namespaces whose final windows this shipper produces to the outputs topic, if
     /// any ([`super::outputs`]).
     pub outputs: Option<Arc<Outputs>>,
+    /// Shortest time between two rounds that ship deltas (`replication.ship-every`).
+    pub ship_every: Duration,
 }
 
 /// The final windows one round produces, and how far the partition's outputs reach then.
@@ -102,6 +104,7 @@ struct RoundOutputs {
 impl Shipper {
     pub async fn run(mut self, mut stop: watch::Receiver<bool>) -> Result<(), ShipError> {
         let mut last_beat: Option<Instant> = None;
+        let mut last_shipped: Option<Instant> = None;
         // a round failed: it may have committed all the same, and the late events it
         // held must not ship twice
         let mut uncertain = false;
@@ -109,6 +112,17 @@ impl Shipper {
         loop {
             if *stop.borrow() {
                 return Ok(());
+            }
+            // updates of a key until the next round coalesce in the outbox meanwhile
+            if let Some(at) = last_shipped
+                && !self.ship_every.is_zero()
+            {
+                let mut hand_off = self.hand_off.clone();
+                tokio::select! {
+                    () = stopped(&mut stop) => return Ok(()),
+                    () = tokio::time::sleep_until((at + self.ship_every).into()) => {}
+                    _ = hand_off.wait_for(|&h| h) => {}
+                }
             }
             let handing_off = *self.hand_off.borrow();
             // before the outbox is read: whatever was applied by then ships this round (and
@@ -227,6 +241,7 @@ impl Shipper {
             let Some(through) = through else {
                 continue;
             };
+            last_shipped = Some(Instant::now());
             let (store, deltas) = (self.store.clone(), self.kafka.deltas_topic.clone());
             let outputs_through = round_outputs.through;
             tokio::task::spawn_blocking(move || {
