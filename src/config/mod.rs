@@ -408,6 +408,22 @@ fn default_compression() -> String {
     "zstd".into()
 }
 
+/// The longest `replication.ship-every`: a partition's heartbeat goes out with its next
+/// round (every second otherwise), and a new lease holder, the remote regions'
+/// freshness and their silence alarm wait on it.
+const MAX_SHIP_EVERY: Duration = Duration::from_secs(1);
+
+fn parse_ship_every(text: &str) -> Result<Duration, ConfigError> {
+    let every = parse_duration("replication.ship-every", text)?;
+    if every > MAX_SHIP_EVERY {
+        return Err(invalid(
+            "replication.ship-every",
+            format!("{text:?} is longer than 1s, the heartbeat interval"),
+        ));
+    }
+    Ok(every)
+}
+
 /// The shipping producer's compressions (librdkafka's `compression.type`).
 const COMPRESSIONS: [&str; 5] = ["none", "gzip", "snappy", "lz4", "zstd"];
 
@@ -726,7 +742,7 @@ impl RawConfig {
             replication: ReplicationConfig {
                 remotes,
                 max_outbox_keys,
-                ship_every: parse_duration("replication.ship-every", &self.replication.ship_every)?,
+                ship_every: parse_ship_every(&self.replication.ship_every)?,
                 compression: COMPRESSIONS
                     .into_iter()
                     .find(|&c| c == self.replication.compression)
@@ -1049,6 +1065,21 @@ mod tests {
         assert_eq!(shifted("-250ms").unwrap(), -250_000_000);
         assert_eq!(Config::parse(MINIMAL).unwrap().clock_offset_nanos, 0);
         assert!(shifted("--1s").is_err());
+        let replication = |setting: &str| {
+            Config::parse(&format!("{MINIMAL}\n[replication]\n{setting}\n"))
+                .map(|c| (c.replication.ship_every, c.replication.compression))
+        };
+        assert_eq!(
+            replication("ship-every = \"250ms\"").unwrap(),
+            (Duration::from_millis(250), "zstd")
+        );
+        let err = replication("ship-every = \"2s\"").unwrap_err().to_string();
+        assert!(err.contains("heartbeat interval"), "{err}");
+        let err = replication("compression = \"brotli\"")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("replication.compression"), "{err}");
+        assert_eq!(replication("compression = \"lz4\"").unwrap().1, "lz4");
         let bad_addr =
             MINIMAL.replace("grpc-listen = \"127.0.0.1:0\"", "grpc-listen = \"nowhere\"");
         let err = Config::parse(&bad_addr).unwrap_err().to_string();
