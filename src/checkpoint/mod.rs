@@ -173,14 +173,6 @@ pub struct Checkpointer {
 
 impl Checkpointer {
     pub async fn run(mut self, mut stop: watch::Receiver<bool>) {
-        // SST objects already in the store: never uploaded twice
-        let mut uploaded: BTreeSet<String> = match self.objects.list(protocol::SSTS).await {
-            Ok(keys) => keys.into_iter().collect(),
-            Err(e) => {
-                tracing::warn!(error = %e, "listing uploaded checkpoint files failed");
-                BTreeSet::new()
-            }
-        };
         let interval = self.config.checkpoint.interval;
         let mut next = tokio::time::Instant::now() + interval;
         loop {
@@ -200,6 +192,19 @@ impl Checkpointer {
                 next = tokio::time::Instant::now() + interval;
                 continue;
             }
+            // SST objects in the store now: never uploaded twice, and never named by a
+            // manifest once gone. Listed before every checkpoint, since another node of
+            // the region took them while it owned partition 0, and its retention deleted
+            // what its own manifests did not name: a set kept from before named such a
+            // file in a manifest, whose restore then failed (the Jepsen smoke's wipe
+            // after an added node had come and gone).
+            let mut uploaded: BTreeSet<String> = match self.objects.list(protocol::SSTS).await {
+                Ok(keys) => keys.into_iter().collect(),
+                Err(e) => {
+                    tracing::warn!(error = %e, "listing uploaded checkpoint files failed; uploading every file");
+                    BTreeSet::new()
+                }
+            };
             let result = self.take(&mut uploaded).await;
             match &result {
                 Ok(taken) => {
