@@ -178,7 +178,7 @@ async fn run() -> anyhow::Result<()> {
         node.caught_up(Duration::from_secs(120)).await?;
         let (shipped, bytes) = settled_counts(&node).await?;
         node.kill9();
-        let lags = lags.finish(shipped as usize)?;
+        let lags = lags.finish(shipped as usize).await?;
         let stored = |topic: &str| topic_bytes(&log_dir, topic);
         let (deltas_stored, updates_stored) = (stored(&topics.deltas)?, stored(&topics.updates)?);
         println!(
@@ -269,17 +269,17 @@ fn shipping_lags(kafka: &str, topic: &str) -> ShippingLags {
 impl ShippingLags {
     /// Every lag noted, sorted, once `shipped` deltas arrived (fewer if a round was
     /// aborted: then what arrived within 30 s).
-    fn finish(self, shipped: usize) -> anyhow::Result<Vec<Duration>> {
+    async fn finish(self, shipped: usize) -> anyhow::Result<Vec<Duration>> {
         self.want.store(shipped, Ordering::Relaxed);
         let deadline = Instant::now() + Duration::from_secs(30);
         while Instant::now() < deadline && !self.thread.is_finished() {
-            std::thread::sleep(Duration::from_millis(50));
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
         // it stops at its next record or poll
         self.want.store(0, Ordering::Relaxed);
-        let mut lags = self
-            .thread
-            .join()
+        let thread = self.thread;
+        let mut lags = tokio::task::spawn_blocking(move || thread.join())
+            .await?
             .map_err(|_| anyhow::anyhow!("the shipping-lag reader panicked"))??;
         lags.sort();
         Ok(lags)

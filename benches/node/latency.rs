@@ -366,7 +366,6 @@ pub(crate) async fn latency_and_gets(
 const STAGES_AT: u32 = 50;
 
 /// One write stage's figures between two scrapes of the node's metrics.
-#[derive(Default)]
 pub(crate) struct StageFigures {
     stage: String,
     count: u64,

@@ -193,11 +193,9 @@ impl Checkpointer {
                 continue;
             }
             // SST objects in the store now: never uploaded twice, and never named by a
-            // manifest once gone. Listed before every checkpoint, since another node of
-            // the region took them while it owned partition 0, and its retention deleted
-            // what its own manifests did not name: a set kept from before named such a
-            // file in a manifest, whose restore then failed (the Jepsen smoke's wipe
-            // after an added node had come and gone).
+            // manifest once gone. Listed before every checkpoint: while another node of
+            // the region owned partition 0, its retention deleted what its own
+            // manifests did not name.
             let mut uploaded: BTreeSet<String> = match self.objects.list(protocol::SSTS).await {
                 Ok(keys) => keys.into_iter().collect(),
                 Err(e) => {
