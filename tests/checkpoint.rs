@@ -614,3 +614,71 @@ async fn retention_keeps_k_manifests_and_only_their_files() -> anyhow::Result<()
     );
     Ok(())
 }
+
+/// A checkpoint names only files that are stored: when SSTs it uploaded before are gone
+/// (another node of the region owned partition 0 meanwhile, and its retention deleted
+/// them), the next checkpoint uploads them again rather than naming them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkpoint_uploads_again_the_files_another_takers_retention_deleted()
+-> anyhow::Result<()> {
+    let cluster = cluster()?;
+    let kafka = cluster.regions["us-east-1"].kafka.clone();
+    let topics = Topics::create(&kafka, "retaken", 2).await?;
+    let dir = tempfile::tempdir()?;
+    let mut node = Node::configure(dir.path(), &kafka, &topics)?;
+    node.set("checkpoint.interval", "\"0s\"");
+    let prefix = format!("{}/", unique("retaken"));
+    node.checkpoint_to_s3(&cluster.s3, &cluster.s3.endpoint, &prefix);
+    node.start().await?;
+    let producer = producer(&kafka)?;
+    let mut expected = BTreeMap::new();
+    let events = increments(&mut Rng(0x5eed_0000_0000_0011), 2_000, 500, &mut expected);
+    produce_all(&producer, &topics.updates, &events).await?;
+    node.caught_up(Duration::from_secs(60)).await?;
+    checkpoint_now(&node).await?;
+
+    // what another taker's retention does to files its manifests do not name
+    let client = s3_client(&cluster.s3, &cluster.s3.endpoint);
+    let ssts: Vec<String> = s3_keys(&client, &cluster.s3.bucket, &prefix)
+        .await?
+        .into_iter()
+        .filter(|k| k.contains("/sst/"))
+        .collect();
+    assert!(!ssts.is_empty(), "the first checkpoint uploaded SSTs");
+    for key in &ssts {
+        client
+            .delete_object()
+            .bucket(&cluster.s3.bucket)
+            .key(key)
+            .send()
+            .await?;
+    }
+
+    let id = checkpoint_now(&node).await?.id;
+    let body = client
+        .get_object()
+        .bucket(&cluster.s3.bucket)
+        .key(format!("{prefix}manifests/{id}.json"))
+        .send()
+        .await?
+        .body
+        .collect()
+        .await?
+        .into_bytes();
+    let manifest: geostate::checkpoint::Manifest = serde_json::from_slice(&body)?;
+    let stored: BTreeSet<String> = s3_keys(&client, &cluster.s3.bucket, &prefix)
+        .await?
+        .into_iter()
+        .collect();
+    let missing: Vec<String> = manifest
+        .files
+        .into_iter()
+        .map(|f| format!("{prefix}{}", f.object))
+        .filter(|key| !stored.contains(key))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "the manifest names files not stored: {missing:?}"
+    );
+    Ok(())
+}
