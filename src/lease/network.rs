@@ -2,7 +2,8 @@
 //! client per peer for the sending side, and the `LeaseRaft` service that hands incoming
 //! requests to the local `Raft`. Messages are openraft's own types as JSON; a remote Raft
 //! error comes back as data. A peer that cannot be reached is reported `Unreachable`, so
-//! openraft backs off instead of spinning.
+//! openraft backs off instead of spinning; a call that only ran out of time is a network
+//! error, retried at the next heartbeat.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -21,7 +22,7 @@ use openraft::{BasicNode, ChangeMembers, Raft};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use tonic::transport::{Channel, Endpoint};
-use tonic::{Request, Response, Status};
+use tonic::{Code, Request, Response, Status};
 
 use super::raft_store::{LeaseRaft, Proposal, Reply};
 use super::table::{Command, Outcome};
@@ -77,6 +78,21 @@ impl Peer {
         Ok(client)
     }
 
+    /// How a failed call is reported. Only a peer that cannot be reached is `Unreachable`
+    /// (openraft then sends it nothing for a backoff of 500 ms, and the connection is
+    /// remade). A call that ran out of time (`CANCELLED` "Timeout expired" from the
+    /// client's deadline, `DEADLINE_EXCEEDED` from the server's) reached a slow peer on a
+    /// working connection: a backoff longer than an election timeout would starve it of
+    /// heartbeats, and its election would depose the leader, so it is a `NetworkError`,
+    /// retried on the next heartbeat.
+    fn failed<E: std::error::Error>(&mut self, status: Status) -> RpcError<E> {
+        if matches!(status.code(), Code::Cancelled | Code::DeadlineExceeded) {
+            return RPCError::Network(NetworkError::new(&status));
+        }
+        self.client = None;
+        RPCError::Unreachable(Unreachable::new(&status))
+    }
+
     /// Sends one request; decodes the peer's `Result<Resp, RaftError<E>>`.
     async fn call<Req, Resp, E>(
         &mut self,
@@ -101,11 +117,7 @@ impl Peer {
         };
         let reply = match reply {
             Ok(reply) => reply.into_inner(),
-            Err(status) => {
-                // a broken connection is remade on the next call
-                self.client = None;
-                return Err(RPCError::Unreachable(Unreachable::new(&status)));
-            }
+            Err(status) => return Err(self.failed(status)),
         };
         let result: Result<Resp, RaftError<NodeId, E>> = serde_json::from_slice(&reply.json)
             .map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
@@ -404,5 +416,31 @@ impl Proposer {
         let result: Result<Reply, String> =
             serde_json::from_slice(&reply.json).map_err(|e| failed(e.to_string()))?;
         result.map_err(ProposeError::Raft)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_call_that_ran_out_of_time_is_retried_on_its_connection_not_backed_off() {
+        let channel = Endpoint::from_static("http://127.0.0.1:9").connect_lazy();
+        let mut peer = Peer {
+            target: 2,
+            addr: "127.0.0.1:9".into(),
+            client: Some(LeaseRaftClient::new(channel)),
+        };
+        for slow in [
+            Status::cancelled("Timeout expired"),
+            Status::deadline_exceeded("deadline"),
+        ] {
+            let error: RpcError = peer.failed(slow);
+            assert!(matches!(error, RPCError::Network(_)), "{error}");
+            assert!(peer.client.is_some(), "the connection is kept");
+        }
+        let error: RpcError = peer.failed(Status::unavailable("tcp connect error"));
+        assert!(matches!(error, RPCError::Unreachable(_)), "{error}");
+        assert!(peer.client.is_none(), "the connection is remade");
     }
 }
