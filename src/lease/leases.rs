@@ -112,6 +112,9 @@ pub struct Leases {
     clock: ClockCheck,
     /// This region's wall clock.
     wall: Arc<dyn Clock>,
+    /// How long after its sending a round's answer can still extend a holding
+    /// (`duration − max-clock-offset`).
+    useful_for: Duration,
 }
 
 /// Milliseconds as a signed number (a time from the table can be anything).
@@ -141,6 +144,7 @@ impl Leases {
                 region.clone(),
                 max_clock_offset.as_millis() as u64,
             )),
+            useful_for: config.duration.saturating_sub(max_clock_offset),
             config,
             region,
             view,
@@ -237,6 +241,15 @@ impl Leases {
 
     /// Keeps this region's leases until `stop`, while this region's clock is within the
     /// bound of the other members' (`clock_check`).
+    ///
+    /// A round starts every `renew-every`, whether or not the ones before it were
+    /// answered: an answer counts from its request's sending, so a round answered late
+    /// still extends the holdings, and rounds in flight together keep them valid while
+    /// proposals take up to `duration − max-clock-offset − renew-every` (waiting for one
+    /// round before sending the next lapsed them at half that). A round is given up once
+    /// its answer could extend nothing; one that failed is followed as soon as the
+    /// member knows another leader, not a whole `renew-every` later (a leader that died
+    /// takes an election; the lease must not lapse waiting on the timer too).
     pub async fn run(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
         self.clock.probe().await;
         let probing = {
@@ -253,11 +266,11 @@ impl Leases {
         };
         let first_round = Instant::now();
         let mut off = false;
-        loop {
-            // the leader known when a round's proposal failed: the next round goes as soon
-            // as another one is known, not a whole renew-every later (a leader that died
-            // takes an election; the lease must not lapse waiting on the timer too)
-            let mut failed_under = None;
+        let mut rounds = tokio::task::JoinSet::new();
+        // the leader known when a round's proposal failed
+        let mut failed_under: Option<Option<u64>> = None;
+        'rounds: loop {
+            let next = tokio::time::Instant::now() + self.config.renew_every;
             match self.clock.verdict() {
                 Verdict::Within => {
                     if off {
@@ -267,9 +280,11 @@ impl Leases {
                         metrics::gauge!(m::CLOCK_OFF).set(0.0);
                         off = false;
                     }
-                    if self.round(first_round.elapsed()).await.is_err() {
-                        failed_under = Some(self.leader());
-                    }
+                    let (me, leader) = (self.clone(), self.leader());
+                    rounds.spawn(async move {
+                        let failed = me.round(first_round.elapsed()).await.is_err();
+                        failed.then_some(leader)
+                    });
                 }
                 // no other member's clock read yet (or none reachable): not known safe
                 Verdict::Unknown => {}
@@ -298,12 +313,23 @@ impl Leases {
                 .filter(|&s| self.holdings().valid(s, self.mono_ms()).is_some())
                 .count();
             metrics::gauge!(m::LEASES_HELD).set(held as f64);
-            tokio::select! {
-                () = stopped(&mut stop) => break,
-                () = tokio::time::sleep(self.config.renew_every) => {}
-                () = self.another_leader(failed_under.flatten()), if failed_under.is_some() => {}
+            loop {
+                tokio::select! {
+                    () = stopped(&mut stop) => break 'rounds,
+                    () = tokio::time::sleep_until(next) => break,
+                    Some(done) = rounds.join_next(), if !rounds.is_empty() => {
+                        if let Ok(Some(leader)) = done {
+                            failed_under = Some(leader);
+                        }
+                    }
+                    () = self.another_leader(failed_under.flatten()), if failed_under.is_some() => {
+                        failed_under = None;
+                        break;
+                    }
+                }
             }
         }
+        rounds.abort_all();
         probing.abort();
         self.release_all().await;
     }
@@ -413,7 +439,7 @@ impl Leases {
     }
 
     /// Proposes one round's commands (planned at `sent`) as one log entry and records the
-    /// answers in the holdings.
+    /// answers in the holdings; gives up once an answer could extend nothing.
     async fn propose(
         &self,
         commands: Vec<Command>,
@@ -423,7 +449,11 @@ impl Leases {
         let shards: Vec<ShardId> = commands.iter().map(Command::shard).collect();
         let asked = Instant::now();
         metrics::counter!(m::LEASE_ENTRIES).increment(1);
-        match self.proposer.propose(commands).await {
+        let proposed = self.proposer.propose(commands);
+        let answer = tokio::time::timeout(self.useful_for, proposed)
+            .await
+            .unwrap_or(Err(ProposeError::TimedOut(self.useful_for)));
+        match answer {
             Ok(outcomes) => {
                 metrics::histogram!(m::LEASE_RENEW_SECONDS).record(asked.elapsed().as_secs_f64());
                 for (shard, outcome) in shards.into_iter().zip(&outcomes) {

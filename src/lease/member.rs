@@ -160,7 +160,7 @@ impl Member {
         Ok(Self {
             pruning: tokio::spawn(prune_learners(raft.clone())),
             joined,
-            proposer: Proposer::new(raft.clone(), config.renew_every.max(config.heartbeat * 5)),
+            proposer: Proposer::new(raft.clone(), config.duration),
             raft,
             view,
             stop: Some(stop),

@@ -353,6 +353,8 @@ pub enum ProposeError {
     Raft(String),
     #[error("forwarding to the leader at {addr}: {reason}")]
     Forward { addr: String, reason: String },
+    #[error("no answer within {0:?}")]
+    TimedOut(Duration),
 }
 
 /// Proposes lease commands: to the local member if it leads, else to the leader over
