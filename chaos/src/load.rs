@@ -89,7 +89,9 @@ pub(crate) async fn run_client(
     let mut stop = load.stop.clone();
     while !*stop.borrow() {
         n += 1;
-        let key = next_key(kind, &keys, n + seed, &mut rng).to_string();
+        // a kind's two clients (consecutive seeds) start half the keys apart
+        let turn = n + seed * (keys.len() as u64 / 2);
+        let key = next_key(kind, &keys, turn, &mut rng).to_string();
         let start_ns = load.now_ns();
         let result = match kind {
             Kind::Write => state

@@ -141,6 +141,7 @@ async fn drill(args: Args) -> anyhow::Result<bool> {
             (Kind::Write, &counters),
             (Kind::Write, &counters),
             (Kind::OwnedWrite, &owned),
+            (Kind::OwnedWrite, &owned),
             (Kind::Read, &counters),
         ]
         .into_iter()

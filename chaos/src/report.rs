@@ -17,6 +17,8 @@ use crate::{Args, Drill, MOVE_BUDGET, RECOVERY_BUDGET, SETTLE, UNAFFECTED_BUDGET
 struct Rto {
     scope: String,
     longest_gap_ms: f64,
+    /// When that stretch began (seconds from the start of the load).
+    gap_from_s: f64,
     budget_ms: f64,
     pass: bool,
     /// What the scope's operations answered within that stretch: each distinct status
@@ -153,6 +155,7 @@ impl DrillRun<'_> {
             Rto {
                 scope,
                 longest_gap_ms: gap_ms,
+                gap_from_s: from as f64 / 1e9,
                 budget_ms,
                 pass: gap_ms <= budget_ms,
                 answers_in_gap: answers,
@@ -326,9 +329,10 @@ impl Report {
                     .map(|(a, n)| format!("{n} × {a}"))
                     .collect();
                 format!(
-                    "RTO of {}: {:.0} ms, budget {:.0} ms; answered within it: {}",
+                    "RTO of {}: {:.0} ms from {:.1} s, budget {:.0} ms; answered within it: {}",
                     r.scope,
                     r.longest_gap_ms,
+                    r.gap_from_s,
                     r.budget_ms,
                     if answers.is_empty() {
                         "nothing (no call ended)".to_string()
@@ -607,7 +611,7 @@ mod tests {
             // its last write before the stop at 10 s, the next at 18 s; what the seven
             // calls in between answered
             vec![
-                "RTO of writes in us-east-1, partition 1: 8000 ms, budget 5000 ms; answered within it: 7 × Unavailable: partition 1 is moving"
+                "RTO of writes in us-east-1, partition 1: 8000 ms from 10.0 s, budget 5000 ms; answered within it: 7 × Unavailable: partition 1 is moving"
                     .to_string()
             ]
         );
