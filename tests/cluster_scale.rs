@@ -372,15 +372,23 @@ const WITNESS_MEMBER: u64 = 3;
 /// Waits until the lease group's leader, as the node at `observer` sees it, is one
 /// `wanted` accepts: whichever member of `freezable` (member id → pid) leads otherwise is
 /// frozen until another one does.
+///
+/// A member thawed calls an election at once (its timers ran out while it was stopped),
+/// ahead of every member that heard the last leader: freezing the next leader right then
+/// handed the lead back and forth between two unwanted members for minutes. So a
+/// member is frozen only once the one thawed before it has followed a leader for longer
+/// than an election takes.
 async fn lead(
     observer: &str,
     wanted: impl Fn(u64) -> bool,
     freezable: &BTreeMap<u64, u32>,
     within: Duration,
 ) -> anyhow::Result<()> {
+    const SETTLE: Duration = Duration::from_secs(2);
     let mut admin = AdminClient::connect(format!("http://{observer}")).await?;
     let until = Instant::now() + within;
     let mut frozen: Option<(u64, common::failover::Frozen)> = None;
+    let mut thawed = Instant::now() - SETTLE;
     loop {
         let leader = admin
             .leases(pb::LeasesRequest::default())
@@ -392,11 +400,14 @@ async fn lead(
             .is_some_and(|(m, _)| leader != 0 && *m != leader)
         {
             frozen = None;
+            thawed = Instant::now();
         }
         if leader != 0 && wanted(leader) && frozen.is_none() {
             return Ok(());
         }
-        if let (None, Some(&pid)) = (&frozen, freezable.get(&leader)) {
+        if let (None, Some(&pid), true) =
+            (&frozen, freezable.get(&leader), thawed.elapsed() > SETTLE)
+        {
             eprintln!("member {leader} leads the lease group: frozen until another one does");
             frozen = Some((leader, common::failover::Frozen::new(pid)?));
         }
