@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::Context;
 use geostate_jepsen::control::{
     ClusterFile, add_node, broker_outage, clock_offset, cluster_script, grpc, heal, holder,
-    isolate, mirror_outage, pause, signal, wipe_node,
+    isolate, mirror_outage, pause, signal, wan_delay, wipe_node,
 };
 use geostate_proto::pb;
 
@@ -23,6 +23,26 @@ pub(crate) struct Fault {
     /// Counter key → its partition, where the drill judges each partition's writes alone
     /// (partitions move); empty otherwise.
     pub(crate) partitions: BTreeMap<String, i32>,
+    /// Lease epochs granted during a fault that must not move any lease (none where
+    /// moving them is the point).
+    pub(crate) failovers: Option<u64>,
+}
+
+/// Each shard's lease epoch, the highest any region's node reports (`Admin/Leases`).
+async fn lease_epochs(cluster: &ClusterFile) -> anyhow::Result<BTreeMap<u32, u64>> {
+    let mut epochs = BTreeMap::new();
+    for site in cluster.regions.values() {
+        let mut admin = pb::admin_client::AdminClient::connect(grpc(site)?).await?;
+        let leases = admin
+            .leases(pb::LeasesRequest::default())
+            .await?
+            .into_inner();
+        for shard in leases.shards {
+            let epoch = epochs.entry(shard.shard).or_default();
+            *epoch = shard.epoch.max(*epoch);
+        }
+    }
+    Ok(epochs)
 }
 
 /// Each key's partition, as the region's node answers `Admin/Route`.
@@ -63,6 +83,7 @@ pub(crate) async fn inject(
                 affected: vec![region.to_string()],
                 owned_budget: Some(LEASE_FAILOVER_BUDGET),
                 partitions,
+                failovers: None,
             }
         }
         Drill::PauseHolder => {
@@ -73,6 +94,7 @@ pub(crate) async fn inject(
                 affected: vec![holder],
                 owned_budget: Some(LEASE_FAILOVER_BUDGET),
                 partitions,
+                failovers: None,
             }
         }
         Drill::BrokerLoss => {
@@ -84,6 +106,7 @@ pub(crate) async fn inject(
                 // owned keys wait for the broker: the fault's whole length
                 owned_budget: None,
                 partitions,
+                failovers: None,
             }
         }
         Drill::MirrorBacklog => {
@@ -93,6 +116,7 @@ pub(crate) async fn inject(
                 affected: vec![],
                 owned_budget: Some(UNAFFECTED_BUDGET),
                 partitions,
+                failovers: None,
             }
         }
         Drill::RegionWipe => {
@@ -102,6 +126,7 @@ pub(crate) async fn inject(
                 affected: vec![region.to_string()],
                 owned_budget: Some(LEASE_FAILOVER_BUDGET),
                 partitions,
+                failovers: None,
             }
         }
         Drill::IsolateRegion => {
@@ -114,6 +139,7 @@ pub(crate) async fn inject(
                 // the cut-off region's leases run out; the majority side takes its shards
                 owned_budget: Some(LEASE_FAILOVER_BUDGET),
                 partitions,
+                failovers: None,
             }
         }
         Drill::ClockSkew => {
@@ -124,6 +150,7 @@ pub(crate) async fn inject(
                 affected: vec![region.to_string()],
                 owned_budget: Some(LEASE_FAILOVER_BUDGET),
                 partitions,
+                failovers: None,
             }
         }
         Drill::ScaleOutUnderLoad => {
@@ -141,6 +168,28 @@ pub(crate) async fn inject(
                 affected: vec![],
                 owned_budget: Some(MOVE_BUDGET),
                 partitions,
+                failovers: None,
+            }
+        }
+        Drill::WanDelay => {
+            let before = lease_epochs(cluster).await?;
+            let wan = Duration::from_secs(args.wan_secs);
+            let delayed = wan_delay(path, region, 100, 50, wan).await?;
+            anyhow::ensure!(delayed > 0, "the WAN delay held no packet");
+            let after = lease_epochs(cluster).await?;
+            let granted = after
+                .iter()
+                .map(|(shard, e)| e.saturating_sub(before.get(shard).copied().unwrap_or(0)))
+                .sum();
+            Fault {
+                target: format!(
+                    "links of {region} to the other sites delayed 100 ± 50 ms ({delayed} packets)"
+                ),
+                // slower, never down
+                affected: vec![],
+                owned_budget: Some(UNAFFECTED_BUDGET),
+                partitions,
+                failovers: Some(granted),
             }
         }
     };

@@ -62,6 +62,11 @@ enum Drill {
     /// per partition (RTO within a move's budget) and no acknowledged increment may be
     /// lost or applied twice.
     ScaleOutUnderLoad,
+    /// The region's links to the other sites (other region, witness, MirrorMaker 2)
+    /// delayed 100 ± 50 ms per packet (`cluster.py net delay`) for `--wan-secs`: a slow
+    /// link is not a failure, so no shard's lease may change hands or epoch (a false
+    /// failover), and owned keys keep being written.
+    WanDelay,
 }
 
 #[derive(Parser)]
@@ -83,6 +88,9 @@ struct Args {
     after: u64,
     #[arg(long, default_value = "chaos/reports")]
     out: PathBuf,
+    /// Seconds the `wan-delay` drill keeps the links delayed.
+    #[arg(long, default_value_t = 60)]
+    wan_secs: u64,
 }
 
 /// Keys of each kind the load spreads over.

@@ -52,6 +52,8 @@ pub(crate) struct Report {
     /// Increments counted beyond every acknowledged and indeterminate one.
     duplicates: i64,
     regions_agree: bool,
+    /// Lease epochs granted during a fault that must move no lease (`wan-delay`).
+    failovers: Option<u64>,
     /// From the heal until a write made in every region right after it was read back in
     /// every region; `None` if that took longer than two minutes.
     convergence_ms: Option<f64>,
@@ -360,6 +362,12 @@ impl Report {
         if run.convergence.is_none() {
             failures.push("no convergence within two minutes of the heal".into());
         }
+        let failovers = run.fault.failovers;
+        if let Some(n @ 1..) = failovers {
+            failures.push(format!(
+                "{n} lease epochs granted during a fault that must move no lease"
+            ));
+        }
         let count = |outcome| run.ops.iter().filter(|o| o.outcome == outcome).count();
         Report {
             drill: args.drill,
@@ -374,6 +382,7 @@ impl Report {
             rpo_lost_writes: lost,
             duplicates,
             regions_agree,
+            failovers,
             convergence_ms: run.convergence.map(|d| d.as_secs_f64() * 1e3),
             latency: run.latency(),
             slowest: run.slowest(),
@@ -432,6 +441,12 @@ impl Report {
             SETTLE.as_secs(),
             mark(self.convergence_ms.is_some()),
         ));
+        if let Some(n) = self.failovers {
+            md.push_str(&format!(
+                "| lease failovers (epochs granted) during the fault | {n} | 0 | {} |\n",
+                mark(n == 0)
+            ));
+        }
         md.push_str(
             "\nLatency of successful operations (ms):\n\n\
              | operation | phase | count | p50 | p99 |\n|---|---|---:|---:|---:|\n",
@@ -532,6 +547,14 @@ mod tests {
     }
 
     fn judged(ops: &[Op], finals: &BTreeMap<String, BTreeMap<String, i64>>) -> Report {
+        judged_with(ops, finals, None)
+    }
+
+    fn judged_with(
+        ops: &[Op],
+        finals: &BTreeMap<String, BTreeMap<String, i64>>,
+        failovers: Option<u64>,
+    ) -> Report {
         let args = Args::parse_from(["chaos", "kill-region"]);
         let regions = ["eu-west-1".to_string(), "us-east-1".to_string()];
         let fault = Fault {
@@ -539,6 +562,7 @@ mod tests {
             affected: vec!["us-east-1".into()],
             owned_budget: None,
             partitions: BTreeMap::new(),
+            failovers,
         };
         let s = 1_000_000_000;
         let run = DrillRun {
@@ -552,6 +576,19 @@ mod tests {
             end_ns: 30 * s,
         };
         Report::new(&args, &run)
+    }
+
+    /// A fault that must move no lease fails the drill for any epoch granted during it.
+    #[test]
+    fn a_lease_epoch_granted_during_a_wan_delay_fails_the_drill() {
+        let (ops, finals) = steady(None);
+        assert!(judged_with(&ops, &finals, Some(0)).pass);
+        let moved = judged_with(&ops, &finals, Some(2));
+        assert!(!moved.pass);
+        assert_eq!(
+            moved.failures,
+            ["2 lease epochs granted during a fault that must move no lease"]
+        );
     }
 
     /// Where partitions move, each partition's writes are judged alone: one stopped for
@@ -592,6 +629,7 @@ mod tests {
             affected: vec![],
             owned_budget: None,
             partitions: BTreeMap::from([("trips/a".into(), 0), ("trips/b".into(), 1)]),
+            failovers: None,
         };
         let s = 1_000_000_000;
         let regions = ["us-east-1".to_string()];
