@@ -62,10 +62,11 @@ enum Drill {
     /// per partition (RTO within a move's budget) and no acknowledged increment may be
     /// lost or applied twice.
     ScaleOutUnderLoad,
-    /// The region's links to the other sites (other region, witness, MirrorMaker 2)
-    /// delayed 100 ± 50 ms per packet (`cluster.py net delay`) for `--wan-secs`: a slow
-    /// link is not a failure, so no shard's lease may change hands or epoch (a false
-    /// failover), and owned keys keep being written.
+    /// The links of the region whose member leads the lease group (a region is made to
+    /// lead first: the witness is frozen until one does) to the other sites (other
+    /// region, witness, MirrorMaker 2) delayed 100 ± 50 ms per packet (`cluster.py net
+    /// delay`) for `--wan-secs`: a slow link is not a failure, so no shard's lease may
+    /// change hands or epoch (a false failover), and owned keys keep being written.
     WanDelay,
 }
 
