@@ -8,7 +8,11 @@
 //! writes the key every 20 ms: the time from the freeze to the first accepted write is
 //! the failover. Trials alternate between a holder whose node follows the lease group's
 //! leader and one whose node leads it (then the failover includes an election). The
-//! frozen region resumes and its home shard comes back to it (take-back).
+//! frozen region resumes and its home shard comes back to it (take-back). Before the
+//! trials, a WAN window: the links of the region whose member leads the lease group (a
+//! region is made to lead) to the other sites are held 100 ± 50 ms per packet
+//! (`cluster.py net delay`, the `wan` nemesis) and every lease epoch granted meanwhile is
+//! a false failover.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -28,17 +32,31 @@ use geostate::pb;
 /// Trials per setting and kind (`GEOSTATE_FAILOVER_TRIALS` overrides).
 const TRIALS: usize = 10;
 const CALM: Duration = Duration::from_secs(10);
+/// Seconds of the WAN window per setting (`GEOSTATE_WAN_SECS` overrides).
+const WAN_SECS: u64 = 120;
 
-const PROFILES: [(&str, &str); 2] = [
+const PROFILES: [(&str, &str); 3] = [
     ("template (make up)", ""),
     (
         "fast",
         "lease.duration=700ms lease.renew-every=150ms lease.heartbeat=50ms lease.election-timeout=250ms max-clock-offset=100ms",
     ),
+    (
+        "wan (docs/configuration.md)",
+        "lease.heartbeat=400ms lease.election-timeout=1200ms lease.duration=6s",
+    ),
 ];
 
 fn main() -> anyhow::Result<()> {
     common::block_on(run())
+}
+
+fn wan() -> Duration {
+    let secs = std::env::var("GEOSTATE_WAN_SECS")
+        .ok()
+        .and_then(|t| t.parse().ok())
+        .unwrap_or(WAN_SECS);
+    Duration::from_secs(secs)
 }
 
 fn trials() -> usize {
@@ -52,9 +70,10 @@ async fn run() -> anyhow::Result<()> {
     println!("# geostate owned-key failover benchmark");
     println!();
     println!(
-        "machine: 2 cores; two regions + a witness on loopback, release-build nodes; per setting {} trials where the holder's node follows the lease group's leader and {} where it leads; the holder is frozen with SIGSTOP (its Raft, Kafka and gRPC traffic stop), the other region writes every 20 ms",
+        "machine: 2 cores; two regions + a witness on loopback, release-build nodes; per setting {} trials where the holder's node follows the lease group's leader and {} where it leads; the holder is frozen with SIGSTOP (its Raft, Kafka and gRPC traffic stop), the other region writes every 20 ms; before the trials, {} s with the links of the region leading the lease group to the other sites held 100 ± 50 ms per packet",
         trials(),
-        trials()
+        trials(),
+        wan().as_secs()
     );
     let mut rows = Vec::new();
     for (name, spec) in PROFILES {
@@ -66,11 +85,12 @@ async fn run() -> anyhow::Result<()> {
 
     println!();
     println!(
-        "| setting | lease / renew / election / max-clock-offset | failover p50 / p90 / max, holder's node follows ({t} trials) | the same, holder's node leads the group ({t} trials) | take-back p50 | lease commands/s in Raft entries/s | false failovers in {}s |",
+        "| setting | lease / renew / election / max-clock-offset | failover p50 / p90 / max, holder's node follows ({t} trials) | the same, holder's node leads the group ({t} trials) | take-back p50 | lease commands/s in Raft entries/s | false failovers in {}s | in {}s of WAN delay: epochs granted (false failovers) / shard-seconds without a valid holding |",
         CALM.as_secs(),
+        wan().as_secs(),
         t = trials()
     );
-    println!("|---|---|---:|---:|---:|---:|---:|");
+    println!("|---|---|---:|---:|---:|---:|---:|---:|");
     for r in rows {
         println!("{r}");
     }
@@ -135,6 +155,28 @@ async fn settled(regions: &mut [Region], lease: &LeaseConfig) -> anyhow::Result<
     }
 }
 
+/// Samples every region's leases every 100 ms for `window`: the shard-seconds in which
+/// no region held a valid lease (so the shard's owned keys could be written nowhere).
+async fn unheld_during(regions: &mut [Region], window: Duration) -> anyhow::Result<f64> {
+    const EVERY: Duration = Duration::from_millis(100);
+    let end = Instant::now() + window;
+    let (mut unheld, mut last) = (0.0, Instant::now());
+    while Instant::now() < end {
+        let mut held = BTreeMap::<u32, bool>::new();
+        for region in regions.iter_mut() {
+            let shards = region.admin.leases(pb::LeasesRequest::default()).await?;
+            for s in shards.into_inner().shards {
+                *held.entry(s.shard).or_default() |= s.held_here;
+            }
+        }
+        // each sample stands for the time since the one before
+        unheld += held.values().filter(|h| !**h).count() as f64 * last.elapsed().as_secs_f64();
+        last = Instant::now();
+        tokio::time::sleep(EVERY).await;
+    }
+    Ok(unheld)
+}
+
 async fn profile(name: &str) -> anyhow::Result<String> {
     let cluster = cluster()?;
     let (mut regions, lease) = regions(&cluster).await?;
@@ -170,13 +212,33 @@ async fn profile(name: &str) -> anyhow::Result<String> {
     let commands_per_second = (after.0 - before.0) / CALM.as_secs_f64();
     let entries_per_second = (after.1 - before.1) / CALM.as_secs_f64();
 
-    // trials in pairs: the holder's node follows the group's leader, then leads it (the
-    // witness paused until a region is elected), so the failover includes an election
+    // the WAN window, on the region whose member leads the group (the worst case: every
+    // entry waits on its slow links): a slow link is no failure, yet every epoch granted
+    // is a failover
     let witness = cluster
         .witness
         .as_ref()
         .and_then(|w| w.pid)
         .context("the cluster has a witness")?;
+    let leading = make_a_region_lead(&mut regions, witness).await?;
+    let delayed = regions[leading].name.clone();
+    let observer = (leading + 1) % regions.len();
+    let epochs_before = epochs(&mut regions[observer]).await?;
+    cluster_script_env(
+        &["net", "delay", &delayed, "--ms", "100", "--jitter", "50"],
+        &[],
+    )?;
+    let unheld = unheld_during(&mut regions, wan()).await?;
+    cluster_script_env(&["net", "heal"], &[])?;
+    settled(&mut regions, &lease).await?;
+    let epochs_after = epochs(&mut regions[observer]).await?;
+    let wan_failovers: u64 = epochs_after
+        .iter()
+        .map(|(s, (_, e))| e.saturating_sub(epochs_before.get(s).map_or(0, |(_, e)| *e)))
+        .sum();
+
+    // trials in pairs: the holder's node follows the group's leader, then leads it (the
+    // witness paused until a region is elected), so the failover includes an election
     let mut failovers: [Vec<Duration>; 2] = Default::default();
     let mut take_backs = Vec::new();
     let trials = trials();
@@ -217,7 +279,7 @@ async fn profile(name: &str) -> anyhow::Result<String> {
     };
     let [follower, leader] = &mut failovers;
     Ok(format!(
-        "| {name} | {:?} / {:?} / {:?} / {:?} | {} | {} | {} | {commands_per_second:.1} in {entries_per_second:.1} | {false_failovers} |",
+        "| {name} | {:?} / {:?} / {:?} / {:?} | {} | {} | {} | {commands_per_second:.1} in {entries_per_second:.1} | {false_failovers} | {wan_failovers} / {unheld:.1} |",
         lease.duration,
         lease.renew_every,
         lease.election_timeout,
