@@ -78,7 +78,8 @@ struct Args {
     #[arg(long, default_value = "regions/local/run/cluster.json")]
     cluster: PathBuf,
     /// The region the fault hits (default: the first in `cluster.json`); `pause-holder`
-    /// always pauses the holder of the first owned key.
+    /// always pauses the holder of the first owned key, `wan-delay` always delays the
+    /// region leading the lease group.
     #[arg(long)]
     region: Option<String>,
     /// Seconds of steady load before the fault.
