@@ -170,9 +170,17 @@ pub fn renewing(s: &tonic::Status) -> bool {
     s.code() == Code::Unavailable && s.message().contains("it is renewing it")
 }
 
+/// The key's partition is moving between the region's nodes (also within one node's
+/// region: a node frozen past its Kafka session rejoins its group when it resumes).
+pub fn moving(s: &tonic::Status) -> bool {
+    s.code() == Code::Unavailable
+        && s.message()
+            .contains("is moving between this region's nodes")
+}
+
 /// Writes `key` at `region` every 20 ms until it is accepted; `FAILED_PRECONDITION` (not
-/// the holder yet) or a [`renewing`] refusal is expected meanwhile, anything else is an
-/// error.
+/// the holder yet), a [`renewing`] or a [`moving`] refusal is expected meanwhile, anything
+/// else is an error.
 pub async fn write_until_accepted(
     region: &mut Region,
     key: &str,
@@ -183,7 +191,7 @@ pub async fn write_until_accepted(
     loop {
         match region.state.update(set(key, value)).await {
             Ok(r) => return Ok((started.elapsed(), r.into_inner())),
-            Err(s) if s.code() == Code::FailedPrecondition || renewing(&s) => {}
+            Err(s) if s.code() == Code::FailedPrecondition || renewing(&s) || moving(&s) => {}
             Err(s) => bail!("{} answered {s}", region.name),
         }
         if started.elapsed() > within {
