@@ -29,28 +29,39 @@ pub(crate) struct Fault {
 }
 
 /// The region whose member leads the lease group, after making a region lead if the
-/// witness does: the witness is frozen for 2 s at a time until the regions elect one of
-/// themselves (member ids follow the sorted region names; the witness's is the last).
-async fn leading_region(cluster: &ClusterFile) -> anyhow::Result<String> {
+/// witness does: the witness is frozen until the regions elect one of themselves (at
+/// most 30 s; member ids follow the sorted region names, the witness's is the last).
+pub(crate) async fn leading_region(cluster: &ClusterFile) -> anyhow::Result<String> {
     let names: Vec<&String> = cluster.regions.keys().collect();
     let witness = cluster.witness.as_ref().and_then(|w| w.pid);
     let mut admin =
         pb::admin_client::AdminClient::connect(grpc(&cluster.regions[names[0]])?).await?;
-    for _ in 0..15 {
+    let mut frozen = None;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let leading = loop {
         let leader = admin
             .leases(pb::LeasesRequest::default())
             .await?
             .into_inner()
             .leader as usize;
         if let Some(name) = leader.checked_sub(1).and_then(|i| names.get(i)) {
-            return Ok(name.to_string());
+            break Ok(name.to_string());
         }
-        match witness {
-            Some(pid) if leader != 0 => pause(pid, Duration::from_secs(2)).await,
-            _ => tokio::time::sleep(Duration::from_millis(500)).await,
+        if let (None, Some(pid), true) = (frozen, witness, leader != 0) {
+            signal("-STOP", pid).await;
+            frozen = Some(pid);
         }
+        if std::time::Instant::now() > deadline {
+            break Err(anyhow::anyhow!(
+                "no region's member came to lead the lease group within 30 s"
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    if let Some(pid) = frozen {
+        signal("-CONT", pid).await;
     }
-    anyhow::bail!("no region's member came to lead the lease group")
+    leading
 }
 
 /// Each shard's lease epoch, the highest any region's node reports (`Admin/Leases`).
@@ -197,9 +208,8 @@ pub(crate) async fn inject(
             }
         }
         Drill::WanDelay => {
-            // the worst case: the delayed region's member leads the lease group, so every
-            // entry waits on its slow links
-            let region = &leading_region(cluster).await?;
+            // `region` leads the lease group (`leading_region`, before the load): the worst
+            // case, every entry waits on its slow links
             let before = lease_epochs(cluster).await?;
             let wan = Duration::from_secs(args.wan_secs);
             let delayed = wan_delay(path, region, 100, 50, wan).await?;

@@ -128,7 +128,11 @@ fn main() -> std::process::ExitCode {
 async fn drill(args: Args) -> anyhow::Result<bool> {
     let cluster = read_cluster(&args.cluster)?;
     let regions: Vec<String> = cluster.regions.keys().cloned().collect();
-    let region = args.region.clone().unwrap_or_else(|| regions[0].clone());
+    let region = match args.drill {
+        // set up before the load starts: making a region lead stalls the lease group
+        Drill::WanDelay => fault::leading_region(&cluster).await?,
+        _ => args.region.clone().unwrap_or_else(|| regions[0].clone()),
+    };
     anyhow::ensure!(
         cluster.regions.contains_key(&region),
         "no region {region} in {}",
