@@ -373,43 +373,40 @@ const WITNESS_MEMBER: u64 = 3;
 /// `wanted` accepts: whichever member of `freezable` (member id → pid) leads otherwise is
 /// frozen until another one does.
 ///
-/// A member thawed calls an election at once (its timers ran out while it was stopped),
-/// ahead of every member that heard the last leader: freezing the next leader right then
-/// handed the lead back and forth between two unwanted members for minutes. So a
-/// member is frozen only once the one thawed before it has followed a leader for longer
-/// than an election takes.
+/// When the next leader is unwanted too, it is frozen a second after it was elected and
+/// only then is the one before thawed: that one missed the new leader's entries, so its
+/// log is behind the wanted member's and it cannot win the election that follows. (A
+/// member thawed as soon as another led caught up, called an election at once, its
+/// timers having run out while stopped, and the lead went back and forth between the
+/// two unwanted members until the test gave up.)
 async fn lead(
     observer: &str,
     wanted: impl Fn(u64) -> bool,
     freezable: &BTreeMap<u64, u32>,
     within: Duration,
 ) -> anyhow::Result<()> {
-    const SETTLE: Duration = Duration::from_secs(2);
     let mut admin = AdminClient::connect(format!("http://{observer}")).await?;
     let until = Instant::now() + within;
     let mut frozen: Option<(u64, common::failover::Frozen)> = None;
-    let mut thawed = Instant::now() - SETTLE;
     loop {
         let leader = admin
             .leases(pb::LeasesRequest::default())
             .await?
             .into_inner()
             .leader;
-        if frozen
-            .as_ref()
-            .is_some_and(|(m, _)| leader != 0 && *m != leader)
-        {
-            frozen = None;
-            thawed = Instant::now();
-        }
-        if leader != 0 && wanted(leader) && frozen.is_none() {
+        let elected = leader != 0 && frozen.as_ref().is_none_or(|(m, _)| *m != leader);
+        if elected && wanted(leader) {
             return Ok(());
         }
-        if let (None, Some(&pid), true) =
-            (&frozen, freezable.get(&leader), thawed.elapsed() > SETTLE)
-        {
+        if let (true, Some(&pid)) = (elected, freezable.get(&leader)) {
+            if frozen.is_some() {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
             eprintln!("member {leader} leads the lease group: frozen until another one does");
+            // the new one frozen first, then the one before thawed (dropped)
             frozen = Some((leader, common::failover::Frozen::new(pid)?));
+        } else if elected {
+            frozen = None;
         }
         if Instant::now() > until {
             bail!("member {leader} still leads the lease group after {within:?}");
