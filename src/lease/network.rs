@@ -3,7 +3,7 @@
 //! requests to the local `Raft`. Messages are openraft's own types as JSON; a remote Raft
 //! error comes back as data. A peer that cannot be reached is reported `Unreachable`, so
 //! openraft backs off instead of spinning; a call that only ran out of time is a network
-//! error, retried at the next heartbeat.
+//! error, retried at the next heartbeat on a new connection.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -78,18 +78,19 @@ impl Peer {
         Ok(client)
     }
 
-    /// How a failed call is reported. Only a peer that cannot be reached is `Unreachable`
-    /// (openraft then sends it nothing for a backoff of 500 ms, and the connection is
-    /// remade). A call that ran out of time (`CANCELLED` "Timeout expired" from the
-    /// client's deadline, `DEADLINE_EXCEEDED` from the server's) reached a slow peer on a
-    /// working connection: a backoff longer than an election timeout would starve it of
-    /// heartbeats, and its election would depose the leader, so it is a `NetworkError`,
-    /// retried on the next heartbeat.
+    /// How a failed call is reported; the connection is remade either way (a stopped
+    /// peer that resumes then finds the calls it missed on a closed connection, instead
+    /// of applying them all and calling an election at once). Only a peer that cannot be
+    /// reached is `Unreachable` (openraft then sends it nothing for a backoff of 500 ms).
+    /// A call that ran out of time (`CANCELLED` "Timeout expired" from the client's
+    /// deadline, `DEADLINE_EXCEEDED` from the server's) reached a slow peer: a backoff
+    /// longer than an election timeout would starve it of heartbeats, and its election
+    /// would depose the leader, so it is a `NetworkError`, retried on the next heartbeat.
     fn failed<E: std::error::Error>(&mut self, status: Status) -> RpcError<E> {
+        self.client = None;
         if matches!(status.code(), Code::Cancelled | Code::DeadlineExceeded) {
             return RPCError::Network(NetworkError::new(&status));
         }
-        self.client = None;
         RPCError::Unreachable(Unreachable::new(&status))
     }
 
@@ -426,23 +427,25 @@ mod tests {
     use super::*;
 
     #[tokio::test]
-    async fn a_call_that_ran_out_of_time_is_retried_on_its_connection_not_backed_off() {
+    async fn a_call_that_ran_out_of_time_is_retried_not_backed_off() {
         let channel = Endpoint::from_static("http://127.0.0.1:9").connect_lazy();
         let mut peer = Peer {
             target: 2,
             addr: "127.0.0.1:9".into(),
-            client: Some(LeaseRaftClient::new(channel)),
+            client: None,
         };
-        for slow in [
-            Status::cancelled("Timeout expired"),
-            Status::deadline_exceeded("deadline"),
+        for (status, slow) in [
+            (Status::cancelled("Timeout expired"), true),
+            (Status::deadline_exceeded("deadline"), true),
+            (Status::unavailable("tcp connect error"), false),
         ] {
-            let error: RpcError = peer.failed(slow);
-            assert!(matches!(error, RPCError::Network(_)), "{error}");
-            assert!(peer.client.is_some(), "the connection is kept");
+            peer.client = Some(LeaseRaftClient::new(channel.clone()));
+            let error: RpcError = peer.failed(status);
+            match slow {
+                true => assert!(matches!(error, RPCError::Network(_)), "{error}"),
+                false => assert!(matches!(error, RPCError::Unreachable(_)), "{error}"),
+            }
+            assert!(peer.client.is_none(), "the connection is remade");
         }
-        let error: RpcError = peer.failed(Status::unavailable("tcp connect error"));
-        assert!(matches!(error, RPCError::Unreachable(_)), "{error}");
-        assert!(peer.client.is_none(), "the connection is remade");
     }
 }
