@@ -585,17 +585,7 @@ async fn retention_keeps_k_manifests_and_only_their_files() -> anyhow::Result<()
     assert_eq!(manifests, newest.iter().collect::<Vec<_>>());
     let mut referenced = BTreeSet::new();
     for key in &newest {
-        let body = client
-            .get_object()
-            .bucket(&cluster.s3.bucket)
-            .key(key)
-            .send()
-            .await?
-            .body
-            .collect()
-            .await?
-            .into_bytes();
-        let manifest: geostate::checkpoint::Manifest = serde_json::from_slice(&body)?;
+        let manifest = manifest_at(&client, &cluster.s3.bucket, key).await?;
         referenced.extend(
             manifest
                 .files
@@ -613,6 +603,25 @@ async fn retention_keeps_k_manifests_and_only_their_files() -> anyhow::Result<()
         "files left = files the kept manifests reference"
     );
     Ok(())
+}
+
+/// The checkpoint manifest stored at `key`.
+async fn manifest_at(
+    client: &aws_sdk_s3::Client,
+    bucket: &str,
+    key: &str,
+) -> anyhow::Result<geostate::checkpoint::Manifest> {
+    let body = client
+        .get_object()
+        .bucket(bucket)
+        .key(key)
+        .send()
+        .await?
+        .body
+        .collect()
+        .await?
+        .into_bytes();
+    Ok(serde_json::from_slice(&body)?)
 }
 
 /// A checkpoint names only files that are stored: when SSTs it uploaded before are gone
@@ -655,17 +664,8 @@ async fn a_checkpoint_uploads_again_the_files_another_takers_retention_deleted()
     }
 
     let id = checkpoint_now(&node).await?.id;
-    let body = client
-        .get_object()
-        .bucket(&cluster.s3.bucket)
-        .key(format!("{prefix}manifests/{id}.json"))
-        .send()
-        .await?
-        .body
-        .collect()
-        .await?
-        .into_bytes();
-    let manifest: geostate::checkpoint::Manifest = serde_json::from_slice(&body)?;
+    let key = format!("{prefix}manifests/{id}.json");
+    let manifest = manifest_at(&client, &cluster.s3.bucket, &key).await?;
     let stored: BTreeSet<String> = s3_keys(&client, &cluster.s3.bucket, &prefix)
         .await?
         .into_iter()
