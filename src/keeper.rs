@@ -178,24 +178,78 @@ impl Standby {
         }
     }
 
-    /// One refresh of the copy of `p`: the region's own deltas, then each remote's, until
-    /// the keeper takes `p` (it waits for the step in progress).
+    /// One refresh of the copy of `p`, until the keeper takes `p` (it waits for the step
+    /// in progress).
     async fn refresh(&self, p: i32) -> Result<(), BootstrapError> {
         let (config, hlc, store) = (&self.config, &self.hlc, &self.store);
-        let caught_up = bootstrap::catch_up(config, hlc, store, p).await?;
-        metrics::counter!(m::CATCH_UP_DELTAS, "by" => "standby")
-            .increment(caught_up.recovered.deltas as u64);
-        for remote in &config.replication.remotes {
-            if self.copies.taking(p) {
-                // the keeper's merger goes on from the copy's positions
-                return Ok(());
-            }
-            let merged = bootstrap::catch_up_remote(config, hlc, store, remote, p).await?;
-            metrics::counter!(m::CATCH_UP_DELTAS, "by" => "standby", "region" => remote.region.to_string())
-                .increment(merged as u64);
-        }
-        Ok(())
+        catch_up_copy(config, hlc, store, p, "standby", || self.copies.taking(p)).await
     }
+}
+
+/// Catches this node's copy of partition `p`, which it does not own, up: the region's own
+/// deltas, then each remote's, stopping between two steps once `taken` (the keeper's
+/// merger goes on from the copy's positions). `by` labels the deltas merged.
+async fn catch_up_copy(
+    config: &Arc<Config>,
+    hlc: &Arc<Hlc>,
+    store: &Arc<Store>,
+    p: i32,
+    by: &'static str,
+    taken: impl Fn() -> bool,
+) -> Result<(), BootstrapError> {
+    let caught_up = bootstrap::catch_up(config, hlc, store, p).await?;
+    metrics::counter!(m::CATCH_UP_DELTAS, "by" => by).increment(caught_up.recovered.deltas as u64);
+    for remote in &config.replication.remotes {
+        if taken() {
+            return Ok(());
+        }
+        let merged = bootstrap::catch_up_remote(config, hlc, store, remote, p).await?;
+        metrics::counter!(m::CATCH_UP_DELTAS, "by" => by, "region" => remote.region.to_string())
+            .increment(merged as u64);
+    }
+    Ok(())
+}
+
+/// How many partitions [`warm_copies`] catches up at once (each reads with its own
+/// Kafka clients).
+const WARM_AT_ONCE: usize = 4;
+
+/// Catches every copy of `partitions` up before the node joins its region's group (it
+/// owns none of them yet): its copies went stale while it was down, and while a learner
+/// waited for its lease table, so a partition it is then assigned catches up only what
+/// was shipped since, after its previous owner stopped writing it. A copy that cannot be
+/// caught up now (Kafka slow or down) is caught up at its take, as without this.
+pub async fn warm_copies(
+    config: &Arc<Config>,
+    hlc: &Arc<Hlc>,
+    store: &Arc<Store>,
+    partitions: &[i32],
+) -> Result<(), BootstrapError> {
+    let started = std::time::Instant::now();
+    let mut warming = futures_util::stream::iter(partitions.iter().copied())
+        .map(|p| async move {
+            (
+                p,
+                catch_up_copy(config, hlc, store, p, "join", || false).await,
+            )
+        })
+        .buffer_unordered(WARM_AT_ONCE);
+    while let Some((partition, caught_up)) = warming.next().await {
+        if let Err(e) = caught_up {
+            match e.fatal() {
+                Ok(e) => {
+                    tracing::warn!(partition, error = %e, "catching a copy up before joining failed; its take catches it up")
+                }
+                Err(fatal) => return Err(fatal),
+            }
+        }
+    }
+    tracing::info!(
+        partitions = partitions.len(),
+        took_ms = started.elapsed().as_millis() as u64,
+        "caught this node's copies up before joining the region's group"
+    );
+    Ok(())
 }
 
 /// A shipping transaction left open longer (its node died) is aborted by Kafka.

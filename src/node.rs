@@ -326,6 +326,7 @@ impl Opened {
                 tracing::warn!(within = ?LEARNER_CATCH_UP, "this learner's lease table is not current yet; it joins the region's group anyway, and refuses owned keys until it holds their leases");
             }
         }
+        crate::keeper::warm_copies(config, &self.hlc, store, partitions).await?;
         let freshness = Arc::new(Freshness::default());
         let group = self
             .join_group(&mut tasks, &shared, &freshness, &address, &stop_rx)
