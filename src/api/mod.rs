@@ -277,7 +277,8 @@ impl Handler {
 
     /// The node of this region owning `partition`: this one (`None`), or another's address
     /// from the region's group (read at most every [`ROUTES_FOR`], and again when it names
-    /// no owner or this node; while the group rebalances, the routes it last read stand:
+    /// no owner or this node, or a routed request was answered `UNAVAILABLE`; while the
+    /// group rebalances, the routes it last read stand:
     /// a node that no longer owns the partition answers so).
     async fn owner_of(&self, partition: i32) -> Option<String> {
         let api = &self.0;
@@ -321,6 +322,25 @@ impl Handler {
                 partition,
                 owner,
             }),
+        }
+    }
+
+    /// The answer of the node at `node` to a routed request. An `UNAVAILABLE` one (the
+    /// partition moved, or the node is gone) makes the next route read the group again
+    /// rather than trust routes up to [`ROUTES_FOR`] old.
+    async fn routed_answer<T>(
+        &self,
+        node: String,
+        answer: Result<Response<T>, Status>,
+    ) -> Result<T, ApiError> {
+        match answer {
+            Ok(answer) => Ok(answer.into_inner()),
+            Err(status) => {
+                if status.code() == tonic::Code::Unavailable {
+                    self.0.routes.lock().await.0 = None;
+                }
+                Err(ApiError::Routed { node, status })
+            }
         }
     }
 
@@ -460,10 +480,7 @@ impl Handler {
             if forwarded && let Ok(by) = api.config.region.as_str().parse() {
                 request.metadata_mut().insert(FORWARDED, by);
             }
-            return match client.update(request).await {
-                Ok(r) => Ok(r.into_inner()),
-                Err(s) => Err(ApiError::Routed { node, status: s }),
-            };
+            return self.routed_answer(node, client.update(request).await).await;
         }
         let mut update = convert::update_from_pb(req)?;
         match self.admit(&update).await? {
@@ -642,11 +659,9 @@ impl Handler {
         for (node, keys) in elsewhere {
             let request = pb::BatchGetRequest { keys, window };
             let (mut client, request) = self.node_client(&node, request)?;
-            let answer = client
-                .batch_get(request)
-                .await
-                .map_err(|status| ApiError::Routed { node, status })?
-                .into_inner();
+            let answer = self
+                .routed_answer(node, client.batch_get(request).await)
+                .await?;
             out.values.extend(answer.values);
             out.missing.extend(answer.missing);
         }
@@ -712,11 +727,7 @@ impl Handler {
         let mut covered = owned;
         for node in others {
             let (mut client, request) = self.node_client(&node, req.clone())?;
-            let theirs = client
-                .scan(request)
-                .await
-                .map_err(|status| ApiError::Routed { node, status })?
-                .into_inner();
+            let theirs = self.routed_answer(node, client.scan(request).await).await?;
             values.extend(theirs.values);
             covered.extend(theirs.partitions);
         }
@@ -1057,11 +1068,10 @@ impl State for Handler {
         let req = req.into_inner();
         let read = match self.route(&req.key, routed).await {
             Ok(Some(node)) => match self.node_client(&node, req) {
-                Ok((mut client, request)) => client
-                    .get(request)
-                    .await
-                    .map(Response::into_inner)
-                    .map_err(|status| ApiError::Routed { node, status }),
+                Ok((mut client, request)) => {
+                    let answer = client.get(request).await;
+                    self.routed_answer(node, answer).await
+                }
                 Err(e) => Err(e),
             },
             Ok(None) if req.leaseholder => self.read_at_holder(&req.key).await,
