@@ -22,10 +22,14 @@ on_exit() {
       [ -f "$log" ] || continue
       echo "---- last lines of $(basename "$log") (PartitionEOF notices left out)"
       grep -v PartitionEOF "$log" | tail -n 40
-      # every partition move of the run: which node held what, from which resume point
-      echo "---- partition moves in $(basename "$log")"
-      grep -E "took the partition|gave up the partitions|handed off|discarding the copy|last round|taking it again|another node ships" "$log" | tail -n 200 || true
     done
+    # last, as CI keeps the end of the output: the partition moves of the run's last
+    # minutes, every node's in time order (which node held what, what each step took)
+    echo "---- partition moves, every node"
+    for log in "$GEOSTATE_RUN_DIR"/logs/node-*.log; do
+      grep -E "group revokes|group assigned|copies up before joining|took the partition|gave up the partitions|discarding the copy|last round|taking it again|another node ships" "$log" |
+        sed -e 's/\x1b\[[0-9;]*m//g' -e "s/^/$(basename "$log" .log) /" || true
+    done | sort -k2,2 | tail -n 120
   fi
   python3 regions/local/cluster.py down
   exit "$rc"

@@ -229,6 +229,7 @@ impl ConsumerContext for Member {
         }
         let (done, finished) = std::sync::mpsc::sync_channel(1);
         let lost = consumer.assignment_lost();
+        tracing::info!(?partitions, lost, "the group revokes partitions");
         if lost {
             self.lost.store(true, Ordering::Relaxed);
         }
@@ -253,7 +254,9 @@ impl ConsumerContext for Member {
         if let Err(e) = consumer.pause(tpl) {
             tracing::warn!(error = %e, "pausing the group member's partitions");
         }
-        let _ = self.changes.send(Change::Assigned(self.partitions(tpl)));
+        let partitions = self.partitions(tpl);
+        tracing::info!(?partitions, "the group assigned partitions");
+        let _ = self.changes.send(Change::Assigned(partitions));
     }
 }
 
