@@ -178,47 +178,37 @@ impl Standby {
         }
     }
 
-    /// One refresh of the copy of `p`, until the keeper takes `p` (it waits for the step
-    /// in progress).
+    /// One refresh of the copy of `p`: the region's own deltas, then each remote's, until
+    /// the keeper takes `p` (it waits for the step in progress).
     async fn refresh(&self, p: i32) -> Result<(), BootstrapError> {
         let (config, hlc, store) = (&self.config, &self.hlc, &self.store);
-        catch_up_copy(config, hlc, store, p, "standby", || self.copies.taking(p)).await
-    }
-}
-
-/// Catches this node's copy of partition `p`, which it does not own, up: the region's own
-/// deltas, then each remote's, stopping between two steps once `taken` (the keeper's
-/// merger goes on from the copy's positions). `by` labels the deltas merged.
-async fn catch_up_copy(
-    config: &Arc<Config>,
-    hlc: &Arc<Hlc>,
-    store: &Arc<Store>,
-    p: i32,
-    by: &'static str,
-    taken: impl Fn() -> bool,
-) -> Result<(), BootstrapError> {
-    let caught_up = bootstrap::catch_up(config, hlc, store, p).await?;
-    metrics::counter!(m::CATCH_UP_DELTAS, "by" => by).increment(caught_up.recovered.deltas as u64);
-    for remote in &config.replication.remotes {
-        if taken() {
-            return Ok(());
+        let caught_up = bootstrap::catch_up(config, hlc, store, p).await?;
+        metrics::counter!(m::CATCH_UP_DELTAS, "by" => "standby")
+            .increment(caught_up.recovered.deltas as u64);
+        for remote in &config.replication.remotes {
+            if self.copies.taking(p) {
+                // the keeper's merger goes on from the copy's positions
+                return Ok(());
+            }
+            let merged = bootstrap::catch_up_remote(config, hlc, store, remote, p).await?;
+            metrics::counter!(m::CATCH_UP_DELTAS, "by" => "standby", "region" => remote.region.to_string())
+                .increment(merged as u64);
         }
-        let merged = bootstrap::catch_up_remote(config, hlc, store, remote, p).await?;
-        metrics::counter!(m::CATCH_UP_DELTAS, "by" => by, "region" => remote.region.to_string())
-            .increment(merged as u64);
+        Ok(())
     }
-    Ok(())
 }
 
 /// How many partitions [`warm_copies`] catches up at once (each reads with its own
-/// Kafka clients).
+/// Kafka client).
 const WARM_AT_ONCE: usize = 4;
 
-/// Catches every copy of `partitions` up before the node joins its region's group (it
-/// owns none of them yet): its copies went stale while it was down, and while a learner
-/// waited for its lease table, so a partition it is then assigned catches up only what
-/// was shipped since, after its previous owner stopped writing it. A copy that cannot be
-/// caught up now (Kafka slow or down) is caught up at its take, as without this.
+/// Catches every copy of `partitions` up with the region's own deltas before the node
+/// joins its region's group (it owns none of them yet): its copies went stale while it
+/// was down, and while a learner waited for its lease table, so a partition it is then
+/// assigned catches up only what was shipped since, after its previous owner stopped
+/// writing it. A copy that cannot be caught up now (Kafka slow or down) is caught up at
+/// its take, as without this. The remote regions' deltas are left to the mergers (a
+/// mirrored topic may not exist yet, or be refused for its partition count).
 pub async fn warm_copies(
     config: &Arc<Config>,
     hlc: &Arc<Hlc>,
@@ -227,21 +217,16 @@ pub async fn warm_copies(
 ) -> Result<(), BootstrapError> {
     let started = std::time::Instant::now();
     let mut warming = futures_util::stream::iter(partitions.iter().copied())
-        .map(|p| async move {
-            (
-                p,
-                catch_up_copy(config, hlc, store, p, "join", || false).await,
-            )
-        })
+        .map(|p| async move { (p, bootstrap::catch_up(config, hlc, store, p).await) })
         .buffer_unordered(WARM_AT_ONCE);
     while let Some((partition, caught_up)) = warming.next().await {
-        if let Err(e) = caught_up {
-            match e.fatal() {
-                Ok(e) => {
-                    tracing::warn!(partition, error = %e, "catching a copy up before joining failed; its take catches it up")
-                }
-                Err(fatal) => return Err(fatal),
+        match caught_up.map_err(Retry::fatal) {
+            Ok(caught_up) => metrics::counter!(m::CATCH_UP_DELTAS, "by" => "join")
+                .increment(caught_up.recovered.deltas as u64),
+            Err(Ok(e)) => {
+                tracing::warn!(partition, error = %e, "catching a copy up before joining failed; its take catches it up")
             }
+            Err(Err(fatal)) => return Err(fatal),
         }
     }
     tracing::info!(

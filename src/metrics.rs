@@ -12,7 +12,7 @@ use tokio::net::TcpListener;
 /// Own deltas merged into a partition's copy, label `by`: `take` (the catch-up before
 /// the node owns it), `standby` (a warm standby's refresh) or `join` (the catch-up of
 /// every copy before the node joins its region's group); with label `region`, a remote
-/// region's deltas a standby's refresh or the join's merged (counter).
+/// region's deltas a standby's refresh merged (counter).
 pub const CATCH_UP_DELTAS: &str = "geostate_catch_up_deltas_total";
 /// Nodes of the region this node removed from the group because their port refused
 /// connections ([`crate::peers`]) (counter).
