@@ -108,6 +108,10 @@ pub struct Leases {
     /// learnt it holds that epoch (after the grant, so after every earlier holder's lease
     /// had ended).
     began: Mutex<BTreeMap<ShardId, (u64, u64)>>,
+    /// Per shard, the row the last answer to one of this node's commands returned: rounds
+    /// plan from it where it is newer than this member's copy of the table
+    /// ([`plan::fresher`]).
+    answered: Mutex<BTreeMap<ShardId, Lease>>,
     /// The other members' clocks as read from here.
     clock: ClockCheck,
     /// This region's wall clock.
@@ -152,6 +156,7 @@ impl Leases {
             started: Instant::now(),
             handed_off: Mutex::default(),
             began: Mutex::default(),
+            answered: Mutex::default(),
         }
     }
 
@@ -406,8 +411,9 @@ impl Leases {
         };
         let commands = {
             let handed_off = self.handed_off.lock().unwrap_or_else(|p| p.into_inner());
+            let answered = self.answered.lock().unwrap_or_else(|p| p.into_inner());
             let shards = self.config.all_shards().map(|shard| {
-                let lease = self.view.lease(shard);
+                let lease = plan::fresher(self.view.lease(shard), answered.get(&shard).cloned());
                 let back = |epoch| {
                     lease
                         .as_ref()
@@ -472,6 +478,14 @@ impl Leases {
 
     /// Records one command's outcome (asked at `sent`) in the holdings.
     fn record(&self, shard: ShardId, outcome: &Outcome, sent: u64, duration_ms: u64) {
+        if let Outcome::Granted(row)
+        | Outcome::Refused {
+            current: Some(row), ..
+        } = outcome
+        {
+            let mut answered = self.answered.lock().unwrap_or_else(|p| p.into_inner());
+            answered.insert(shard, row.clone());
+        }
         let lease = match outcome {
             Outcome::Granted(lease) => {
                 metrics::counter!(m::LEASE_PROPOSALS, "outcome" => "granted").increment(1);

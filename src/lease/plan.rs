@@ -30,12 +30,46 @@ pub struct Policy {
 pub struct ShardView {
     pub shard: ShardId,
     pub home: Option<RegionId>,
-    /// The shard's row in this member's copy of the table.
+    /// The shard's row as this node knows it ([`fresher`]).
     pub lease: Option<Lease>,
     /// This region handed the shard away on purpose and has not held it since: it neither
     /// asks for it back nor renews it while the table still shows it here (the transfer
     /// may be in flight; a renewal applied before it would make this region write again).
     pub handed_off: bool,
+}
+
+/// What a region knows of a shard's row: its member's copy of the table (`view`), or the
+/// row the last answer to one of its own commands returned (`answered`), whichever is
+/// newer. A member's copy can lag the group's log by many seconds (a learner catching up
+/// under load) while its proposals are answered from the current table: planned from the
+/// copy alone, such a node would go on renewing a shard whose home asked for it back,
+/// while the region's other nodes hand it over (and a renewal by any of them keeps it).
+/// A later epoch is newer; within one epoch, the expiry of the later command (`last_ms`)
+/// and the later ask (`wanted_at_ms`) stand.
+pub fn fresher(view: Option<Lease>, answered: Option<Lease>) -> Option<Lease> {
+    let (view, answered) = match (view, answered) {
+        (Some(v), Some(a)) => (v, a),
+        (view, answered) => return view.or(answered),
+    };
+    if view.epoch != answered.epoch || view.holder != answered.holder {
+        return Some(if answered.epoch > view.epoch {
+            answered
+        } else {
+            view
+        });
+    }
+    let asked = if answered.wanted_at_ms > view.wanted_at_ms {
+        (answered.wanted_by.clone(), answered.wanted_at_ms)
+    } else {
+        (view.wanted_by.clone(), view.wanted_at_ms)
+    };
+    let mut newer = if answered.last_ms > view.last_ms {
+        answered
+    } else {
+        view
+    };
+    (newer.wanted_by, newer.wanted_at_ms) = asked;
+    Some(newer)
 }
 
 /// The commands of one round, at most one per shard, in shard order.
@@ -141,6 +175,45 @@ mod tests {
             lease,
             handed_off: false,
         }
+    }
+
+    /// A learner's copy still shows the home's old lease, ended; the answer to its last
+    /// command shows its own region holding a newer epoch, asked back by the home: it
+    /// hands the shard over rather than take it (which the table applies as a renewal).
+    #[test]
+    fn a_lagging_copy_does_not_outvote_a_newer_answer() {
+        let stale = lease("us-east-1", 1, 500);
+        let mut held = lease("eu-west-1", 2, 3_000);
+        (held.wanted_by, held.wanted_at_ms) = (Some(region("us-east-1")), 1_900);
+        let now = 2_000;
+        let eu = policy("eu-west-1");
+        let from_copy = one(&eu, view("us-east-1", Some(stale.clone())), now, 10_000);
+        assert!(matches!(from_copy, Some(Command::Acquire { .. })));
+        let known = fresher(Some(stale), Some(held.clone()));
+        assert_eq!(known.as_ref(), Some(&held));
+        let planned = one(&eu, view("us-east-1", known), now, 10_000);
+        assert!(
+            matches!(planned, Some(Command::Transfer { epoch: 2, .. })),
+            "{planned:?}"
+        );
+        // and a copy newer than the answer stands
+        let moved = lease("us-east-1", 3, 5_000);
+        assert_eq!(fresher(Some(moved.clone()), Some(held)), Some(moved));
+    }
+
+    /// Within one epoch: the expiry of the later command, the later ask.
+    #[test]
+    fn within_an_epoch_the_later_command_and_the_later_ask_stand() {
+        let mut copy = lease("eu-west-1", 2, 3_000);
+        copy.last_ms = 1_000;
+        (copy.wanted_by, copy.wanted_at_ms) = (Some(region("us-east-1")), 1_500);
+        let mut answer = lease("eu-west-1", 2, 2_200);
+        answer.last_ms = 1_800; // a release after the copy's renewal
+        let merged = fresher(Some(copy), Some(answer)).unwrap();
+        assert_eq!((merged.expires_at_ms, merged.last_ms), (2_200, 1_800));
+        assert_eq!(merged.wanted_by, Some(region("us-east-1")));
+        assert_eq!(merged.wanted_at_ms, 1_500);
+        assert_eq!(fresher(None, Some(merged.clone())), Some(merged));
     }
 
     fn one(policy: &Policy, view: ShardView, now: u64, running_for: u64) -> Option<Command> {
