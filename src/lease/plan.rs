@@ -58,17 +58,14 @@ pub fn fresher(view: Option<Lease>, answered: Option<Lease>) -> Option<Lease> {
             view
         });
     }
-    let asked = if answered.wanted_at_ms > view.wanted_at_ms {
-        (answered.wanted_by.clone(), answered.wanted_at_ms)
+    let (mut newer, older) = if answered.last_ms > view.last_ms {
+        (answered, view)
     } else {
-        (view.wanted_by.clone(), view.wanted_at_ms)
+        (view, answered)
     };
-    let mut newer = if answered.last_ms > view.last_ms {
-        answered
-    } else {
-        view
-    };
-    (newer.wanted_by, newer.wanted_at_ms) = asked;
+    if older.wanted_at_ms > newer.wanted_at_ms {
+        (newer.wanted_by, newer.wanted_at_ms) = (older.wanted_by, older.wanted_at_ms);
+    }
     Some(newer)
 }
 
