@@ -373,7 +373,7 @@ const WITNESS_MEMBER: u64 = 3;
 /// `wanted` accepts: whichever member of `freezable` (member id → pid) leads otherwise is
 /// frozen until another one does.
 ///
-/// When the next leader is unwanted too, it is frozen a second after it was elected and
+/// When the next leader is unwanted too, it is frozen once it committed a renewal and
 /// only then is the one before thawed: that one missed the new leader's entries, so its
 /// log is behind the wanted member's and it cannot win the election that follows. (A
 /// member thawed as soon as another led caught up, called an election at once, its
@@ -400,7 +400,8 @@ async fn lead(
         }
         if let (true, Some(&pid)) = (elected, freezable.get(&leader)) {
             if frozen.is_some() {
-                tokio::time::sleep(Duration::from_secs(1)).await;
+                a_renewal_committed(&mut admin, until.saturating_duration_since(Instant::now()))
+                    .await?;
             }
             eprintln!("member {leader} leads the lease group: frozen until another one does");
             // the new one frozen first, then the one before thawed (dropped)
@@ -413,6 +414,37 @@ async fn lead(
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// Waits until the lease table the node behind `admin` applies shows a renewal
+/// committed from now on: some shard's expiry moved more than 100 ms later.
+async fn a_renewal_committed(
+    admin: &mut AdminClient<tonic::transport::Channel>,
+    within: Duration,
+) -> anyhow::Result<()> {
+    let origin = Instant::now();
+    let mut expiries = async || -> anyhow::Result<BTreeMap<u32, i64>> {
+        let shards = admin.leases(pb::LeasesRequest::default()).await?;
+        let now = origin.elapsed().as_millis() as i64;
+        Ok(shards
+            .into_inner()
+            .shards
+            .iter()
+            .map(|s| (s.shard, now + s.expires_in_ms))
+            .collect())
+    };
+    let first = expiries().await?;
+    while Instant::now() < origin + within {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let renewed = expiries().await?;
+        if renewed
+            .iter()
+            .any(|(s, at)| first.get(s).is_some_and(|was| *at > was + 100))
+        {
+            return Ok(());
+        }
+    }
+    bail!("no lease renewal committed within {within:?}")
 }
 
 /// Waits until the node at `addr` holds every shard whose home is its region.
