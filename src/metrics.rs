@@ -115,6 +115,10 @@ pub const LEASE_RENEW_SECONDS: &str = "geostate_lease_renew_seconds";
 pub const LEASE_ENTRIES: &str = "geostate_lease_log_entries_total";
 /// Lease commands proposed, label `outcome` (granted, refused, failed) (counter).
 pub const LEASE_PROPOSALS: &str = "geostate_lease_proposals_total";
+/// Pre-votes this lease group member held after hearing from no leader for an election
+/// timeout, label `outcome`: `won` (a majority would vote for it: it stood for election)
+/// or `lost` (no election) ([`crate::lease::election`]) (counter).
+pub const LEASE_PRE_VOTES: &str = "geostate_lease_pre_votes_total";
 /// Owned-key writes refused because this region holds no valid lease (counter).
 pub const OWNED_WRITES_REFUSED: &str = "geostate_owned_writes_refused_total";
 /// Owned-key events or deltas refused for an epoch below the shard's highest applied,

@@ -954,6 +954,7 @@ impl Handler {
             region: self.0.config.region.to_string(),
             shards: shards.iter().map(shard_lease).collect(),
             leader: leases.leader().unwrap_or(0),
+            term: leases.term(),
         })
     }
 

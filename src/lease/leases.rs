@@ -611,4 +611,9 @@ impl Leases {
     pub fn leader(&self) -> Option<u64> {
         self.proposer.raft().metrics().borrow().current_leader
     }
+
+    /// The lease group's term as this region's member knows it.
+    pub fn term(&self) -> u64 {
+        self.proposer.raft().metrics().borrow().current_term
+    }
 }

@@ -21,6 +21,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{oneshot, watch};
 use tokio_stream::wrappers::TcpListenerStream;
 
+use super::election::Election;
 use super::network::{self, Channels, LearnerChange, Network, Proposer, Service};
 use super::raft_store::{self, LeaseRaft, TableView};
 use crate::clock::Clock;
@@ -58,6 +59,8 @@ pub struct Member {
     learner: Option<(u64, Vec<String>)>,
     joining: Option<tokio::task::JoinHandle<()>>,
     pruning: tokio::task::JoinHandle<()>,
+    /// Pre-vote ([`Election`]).
+    electing: tokio::task::JoinHandle<()>,
 }
 
 /// How long one ask of a member to change the learners may take.
@@ -94,6 +97,7 @@ impl Member {
         .await
         .map_err(|e| MemberError::Storage(e.to_string()))?
         .map_err(MemberError::Storage)?;
+        let election = Election::new(config.election_timeout);
         let raft = Raft::new(
             config.raft_id(),
             Arc::new(raft_config(config)?),
@@ -104,7 +108,7 @@ impl Member {
         .await
         .map_err(|e| MemberError::Raft(e.to_string()))?;
         let (stop, stopped) = oneshot::channel::<()>();
-        let service = Service::server(raft.clone(), wall);
+        let service = Service::server(raft.clone(), wall, election.clone());
         let server = tokio::spawn(async move {
             if let Err(e) = tonic::transport::Server::builder()
                 .add_service(service)
@@ -159,6 +163,7 @@ impl Member {
         }
         Ok(Self {
             pruning: tokio::spawn(prune_learners(raft.clone())),
+            electing: tokio::spawn(election.run(raft.clone())),
             joined,
             proposer: Proposer::new(raft.clone(), config.duration),
             raft,
@@ -190,6 +195,7 @@ impl Member {
     /// Leaves the group's traffic (a learner asks to be removed first) and stops serving.
     pub async fn stop(mut self) {
         self.pruning.abort();
+        self.electing.abort();
         if let Some(joining) = self.joining.take() {
             joining.abort();
         }

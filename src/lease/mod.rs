@@ -12,6 +12,7 @@
 //!                       and a read-only view of the applied table
 //!  network.rs           Raft traffic, `Propose` and `Clock` over tonic gRPC (`LeaseRaft`
 //!                       service, JSON bodies); the proposer that forwards to the leader
+//!  election.rs          pre-vote around openraft 0.9's elections
 //!  member.rs            one member as a running part: storage, service, group start
 //!  witness.rs           the member with no region (`geostate run --role witness`)
 //!  leases.rs            a region's leases: runs the rounds `plan.rs` decides, transfer,
@@ -26,6 +27,7 @@
 //! group over gRPC keeps granting after its leader stops (`tests/lease_group.rs`).
 
 pub mod clock_check;
+pub mod election;
 pub mod holdings;
 pub mod invariants;
 pub mod leases;

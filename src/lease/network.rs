@@ -24,6 +24,7 @@ use serde::{Deserialize, Serialize};
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Request, Response, Status};
 
+use super::election::{Election, PreVote};
 use super::raft_store::{LeaseRaft, Proposal, Reply};
 use super::table::{Command, Outcome};
 
@@ -164,13 +165,23 @@ pub struct Service {
     raft: Raft<LeaseRaft>,
     /// This member's wall clock, for the other members' clock checks.
     wall: Arc<dyn Clock>,
+    /// Notes each leader's message; answers `PreVote`.
+    election: Election,
 }
 
 impl Service {
-    pub fn server(raft: Raft<LeaseRaft>, wall: Arc<dyn Clock>) -> LeaseRaftServer<Self> {
-        LeaseRaftServer::new(Self { raft, wall })
-            .max_decoding_message_size(MAX_MESSAGE)
-            .max_encoding_message_size(MAX_MESSAGE)
+    pub fn server(
+        raft: Raft<LeaseRaft>,
+        wall: Arc<dyn Clock>,
+        election: Election,
+    ) -> LeaseRaftServer<Self> {
+        LeaseRaftServer::new(Self {
+            raft,
+            wall,
+            election,
+        })
+        .max_decoding_message_size(MAX_MESSAGE)
+        .max_encoding_message_size(MAX_MESSAGE)
     }
 }
 
@@ -187,6 +198,15 @@ pub enum LearnerChange {
 }
 
 impl Service {
+    /// A leader's message arrived: noted as heard when its sender leads at this member's
+    /// vote or a later one (openraft accepts it then), before Raft handles it, so a slow
+    /// answer that the sender stopped waiting for still counts.
+    fn note_leader(&self, vote: &openraft::Vote<NodeId>) {
+        if vote.is_committed() && *vote >= self.raft.metrics().borrow().vote {
+            self.election.heard();
+        }
+    }
+
     async fn change_learner(&self, change: LearnerChange) -> Result<u64, String> {
         self.apply_learner_change(change).await?;
         Ok(self.raft.metrics().borrow().last_log_index.unwrap_or(0))
@@ -277,7 +297,9 @@ impl pb::lease_raft_server::LeaseRaft for Service {
         &self,
         request: Request<pb::RaftMessage>,
     ) -> Result<Response<pb::RaftMessage>, Status> {
-        encode(&self.raft.append_entries(decode(request)?).await)
+        let request: AppendEntriesRequest<LeaseRaft> = decode(request)?;
+        self.note_leader(&request.vote);
+        encode(&self.raft.append_entries(request).await)
     }
 
     async fn vote(
@@ -291,7 +313,17 @@ impl pb::lease_raft_server::LeaseRaft for Service {
         &self,
         request: Request<pb::RaftMessage>,
     ) -> Result<Response<pb::RaftMessage>, Status> {
-        encode(&self.raft.install_snapshot(decode(request)?).await)
+        let request: InstallSnapshotRequest<LeaseRaft> = decode(request)?;
+        self.note_leader(&request.vote);
+        encode(&self.raft.install_snapshot(request).await)
+    }
+
+    async fn pre_vote(
+        &self,
+        request: Request<pb::RaftMessage>,
+    ) -> Result<Response<pb::RaftMessage>, Status> {
+        let ask: PreVote = decode(request)?;
+        encode(&self.election.would_vote(&self.raft, &ask))
     }
 
     async fn clock(

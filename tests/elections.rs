@@ -1,0 +1,180 @@
+//! The lease group's elections on the test cluster: a voter cut off (iptables) or frozen
+//! (SIGSTOP) past its election timeout, then back, finds a leader the others still follow
+//! and stays its follower. With openraft 0.9's own elections a cut-off member stands again
+//! and again, each time at a higher term, and a thawed one may stand at once; the leader
+//! steps down on seeing the higher term (`lease::election`'s pre-vote prevents both).
+//! And a leader whose links turn slower than a heartbeat (100 ± 50 ms each way) is still
+//! replaced by one that can commit: its calls time out, and the others, hearing nothing,
+//! stand (a pre-vote that counted a slow leader's late messages would keep it leading
+//! while it commits nothing).
+//!
+//! Its own test binary: it cuts off and freezes cluster parts the other tests use.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail, ensure};
+use common::failover::{Frozen, Region, make_a_region_lead, regions};
+use common::{cluster, cluster_script};
+use geostate::pb;
+
+/// (leader, term) of the lease group as `region`'s member knows them.
+async fn group(region: &mut Region) -> anyhow::Result<(u64, u64)> {
+    let answer = region
+        .admin
+        .leases(pb::LeasesRequest::default())
+        .await?
+        .into_inner();
+    Ok((answer.leader, answer.term))
+}
+
+/// Waits until the group's leader and term stayed the same for `calm`; answers them.
+async fn settled(region: &mut Region, calm: Duration) -> anyhow::Result<(u64, u64)> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut seen = group(region).await?;
+    let mut since = Instant::now();
+    while since.elapsed() < calm {
+        ensure!(
+            Instant::now() < deadline,
+            "the lease group did not settle within 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let now = group(region).await?;
+        if now != seen || now.0 == 0 {
+            (seen, since) = (now, Instant::now());
+        }
+    }
+    Ok(seen)
+}
+
+/// The tests cut off and freeze the cluster's parts: one at a time.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Heals the network when dropped.
+struct Healed;
+
+impl Drop for Healed {
+    fn drop(&mut self) {
+        let _ = cluster_script(&["net", "heal"]);
+    }
+}
+
+/// How a voter is kept away from the group.
+enum Fault {
+    CutOff(String),
+    Frozen(String, u32),
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_voter_frozen_past_its_election_timeout_comes_back_as_a_follower() -> anyhow::Result<()> {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let cluster = cluster()?;
+    let (mut regions, lease) = regions(&cluster).await?;
+    let witness = witness_pid(&cluster)?;
+    let leading = region_leading(&mut regions, witness).await?;
+    let follower = regions[1 - leading].name.clone();
+    // away for several election timeouts (openraft draws them up to 2 × 2 × the setting)
+    let away_for = 6 * lease.election_timeout;
+    // a thawed member that stands at once does so before or after it handles the leader's
+    // first message, by chance; a cut-off one stands while cut off
+    let faults = [
+        Fault::CutOff(follower.clone()),
+        Fault::Frozen("the witness".into(), witness),
+        Fault::Frozen(follower, regions[1 - leading].pid),
+    ];
+    for fault in &faults {
+        let before = settled(&mut regions[leading], Duration::from_secs(1)).await?;
+        ensure!(
+            before.0 == leading as u64 + 1,
+            "member {} leads, not {}",
+            before.0,
+            regions[leading].name
+        );
+        let name = match fault {
+            Fault::CutOff(region) => {
+                let _healed = Healed;
+                cluster_script(&["net", "isolate", region])?;
+                tokio::time::sleep(away_for).await;
+                format!("{region}, cut off,")
+            }
+            Fault::Frozen(name, pid) => {
+                let _frozen = Frozen::new(*pid)?;
+                tokio::time::sleep(away_for).await;
+                format!("{name}, frozen,")
+            }
+        };
+        let resumed = Instant::now();
+        while resumed.elapsed() < Duration::from_secs(2) {
+            let now = group(&mut regions[leading]).await?;
+            if now != before {
+                bail!(
+                    "{:?} after {name} came back from {away_for:?} away, the lease group went \
+                     from leader {} at term {} to leader {} at term {}",
+                    resumed.elapsed(),
+                    before.0,
+                    before.1,
+                    now.0,
+                    now.1
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        println!(
+            "{name} back after {away_for:?}: member {} still leads at term {}",
+            before.0, before.1
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_whose_links_turn_slower_than_a_heartbeat_hands_over() -> anyhow::Result<()> {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let cluster = cluster()?;
+    let (mut regions, _) = regions(&cluster).await?;
+    let witness = witness_pid(&cluster)?;
+    let leading = region_leading(&mut regions, witness).await?;
+    let (slow, observer) = (regions[leading].name.clone(), 1 - leading);
+    let _healed = Healed;
+    cluster_script(&["net", "delay", &slow, "--ms", "100", "--jitter", "50"])?;
+    let delayed = Instant::now();
+    loop {
+        let (leader, term) = group(&mut regions[observer]).await?;
+        if leader != 0 && leader != leading as u64 + 1 {
+            println!(
+                "{:?} after {slow}'s links turned slow, member {leader} leads at term {term}",
+                delayed.elapsed()
+            );
+            return Ok(());
+        }
+        if delayed.elapsed() > Duration::from_secs(10) {
+            bail!("{slow} still leads the lease group 10 s after its links turned slow");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn witness_pid(cluster: &common::Cluster) -> anyhow::Result<u32> {
+    cluster
+        .witness
+        .as_ref()
+        .and_then(|w| w.pid)
+        .context("make test starts a witness")
+}
+
+/// Makes a region lead the group (the witness frozen while it leads), settled; answers
+/// its index in `regions`.
+async fn region_leading(regions: &mut [Region], witness: u32) -> anyhow::Result<usize> {
+    ensure!(regions.len() == 2, "the test needs two regions");
+    let mut leading = settled(&mut regions[0], Duration::from_secs(2)).await?.0;
+    for _ in 0..3 {
+        if leading != 3 {
+            break;
+        }
+        make_a_region_lead(regions, witness).await?;
+        leading = settled(&mut regions[0], Duration::from_secs(2)).await?.0;
+    }
+    ensure!(leading != 3, "the witness still leads the lease group");
+    Ok(leading as usize - 1)
+}
