@@ -81,7 +81,9 @@ impl Election {
     }
 
     fn since_heard(&self) -> Duration {
-        Duration::from_millis(self.now_ms() - self.0.heard_ms.load(Ordering::Relaxed))
+        // (heard may move past the now read first)
+        let heard = self.0.heard_ms.load(Ordering::Relaxed);
+        Duration::from_millis(self.now_ms().saturating_sub(heard))
     }
 
     /// The answer to a `PreVote`: yes only from a member that is no leader, has not heard
