@@ -14,7 +14,6 @@
 //! runs out of time and remakes its connection (`network::Peer`), which then cannot
 //! connect within a heartbeat either, so the others stop hearing from it and elect.
 
-use std::collections::BTreeMap;
 use std::hash::BuildHasher;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -36,7 +35,6 @@ const TICK: Duration = Duration::from_millis(20);
 /// What a candidate asks in `PreVote`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct PreVote {
-    pub candidate: u64,
     /// The candidate's last log id (term, then index: Raft's "at least as up to date").
     pub last_log: Option<LogId<u64>>,
 }
@@ -137,14 +135,13 @@ impl Election {
             tried_ms = now;
             timeout = self.draw_timeout();
             let ask = PreVote {
-                candidate: metrics.id,
                 last_log: raft.data_metrics().borrow().last_log,
             };
             let membership = metrics.membership_config.membership();
-            let others: BTreeMap<u64, String> = membership
+            let others: Vec<String> = membership
                 .voter_ids()
                 .filter(|&id| id != metrics.id)
-                .filter_map(|id| Some((id, membership.get_node(&id)?.addr.clone())))
+                .filter_map(|id| Some(membership.get_node(&id)?.addr.clone()))
                 .collect();
             let voters = others.len() + 1;
             let yes = 1 + self.ask_all(&channels, &others, &ask).await;
@@ -172,16 +169,11 @@ impl Election {
     }
 
     /// Asks `others` at once; counts the yeses that came within a leader lease.
-    async fn ask_all(
-        &self,
-        channels: &Channels,
-        others: &BTreeMap<u64, String>,
-        ask: &PreVote,
-    ) -> usize {
+    async fn ask_all(&self, channels: &Channels, others: &[String], ask: &PreVote) -> usize {
         let Ok(json) = serde_json::to_vec(ask) else {
             return 0;
         };
-        let asks = others.values().map(|addr| {
+        let asks = others.iter().map(|addr| {
             let json = json.clone();
             async move {
                 let mut client = LeaseRaftClient::new(channels.get(addr).ok()?);
