@@ -67,14 +67,16 @@ enum Fault {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_voter_frozen_past_its_election_timeout_comes_back_as_a_follower() -> anyhow::Result<()> {
+async fn a_voter_kept_away_past_its_election_timeout_comes_back_as_a_follower() -> anyhow::Result<()>
+{
     let _alone = ONE_AT_A_TIME.lock().await;
     let cluster = cluster()?;
     let (mut regions, lease) = regions(&cluster).await?;
     let witness = witness_pid(&cluster)?;
     let leading = region_leading(&mut regions, witness).await?;
     let follower = regions[1 - leading].name.clone();
-    // away for several election timeouts (openraft draws them up to 2 × 2 × the setting)
+    // away past the longest election timeout (the leader lease, twice the setting, plus
+    // up to twice the setting again)
     let away_for = 6 * lease.election_timeout;
     // a thawed member that stands at once does so before or after it handles the leader's
     // first message, by chance; a cut-off one stands while cut off
