@@ -245,14 +245,7 @@ async fn first_node_dies(leading: bool) -> anyhow::Result<()> {
                 EU_WEST_1_MEMBER,
                 cluster.regions["eu-west-1"].pid.context("eu pid")?,
             ),
-            (
-                WITNESS_MEMBER,
-                cluster
-                    .witness
-                    .as_ref()
-                    .and_then(|w| w.pid)
-                    .context("witness pid")?,
-            ),
+            (WITNESS_MEMBER, common::failover::witness_pid(&cluster)?),
         ]);
         lead(&first, |l| l == US_EAST_1_MEMBER, &others, wait).await?;
     } else {
@@ -375,10 +368,8 @@ const WITNESS_MEMBER: u64 = 3;
 ///
 /// When the next leader is unwanted too, it is frozen once it committed a renewal and
 /// only then is the one before thawed: that one missed the new leader's entries, so its
-/// log is behind the wanted member's and it cannot win the election that follows. (A
-/// member thawed as soon as another led caught up, called an election at once, its
-/// timers having run out while stopped, and the lead went back and forth between the
-/// two unwanted members until the test gave up.)
+/// log is behind the wanted member's and it cannot win the election that follows (its
+/// pre-vote is refused for its older log).
 async fn lead(
     observer: &str,
     wanted: impl Fn(u64) -> bool,

@@ -14,8 +14,8 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, bail, ensure};
-use common::failover::{Frozen, Region, make_a_region_lead, regions};
+use anyhow::{bail, ensure};
+use common::failover::{Frozen, Region, make_a_region_lead, regions, witness_pid};
 use common::{cluster, cluster_script};
 use geostate::pb;
 
@@ -155,14 +155,6 @@ async fn a_leader_whose_links_turn_slower_than_a_heartbeat_hands_over() -> anyho
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-}
-
-fn witness_pid(cluster: &common::Cluster) -> anyhow::Result<u32> {
-    cluster
-        .witness
-        .as_ref()
-        .and_then(|w| w.pid)
-        .context("make test starts a witness")
 }
 
 /// Makes a region lead the group (the witness frozen while it leads), settled; answers

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail, ensure};
 use common::failover::{
     cut_off, epoch_of, key_homed_at, make_a_region_lead, regions, renewing, replica, set,
-    wait_held, write_until_accepted,
+    wait_held, witness_pid, write_until_accepted,
 };
 use common::{cluster, http_get, unique};
 use geostate::crdt::{CrdtValue, Delta, LwwRegister, OrderStamp, RegionId};
@@ -59,11 +59,7 @@ async fn a_cut_off_holder_loses_its_shard_and_epochs_never_overlap() -> anyhow::
 
     // the victim: the lease group leader's region (if the witness leads, it is paused
     // until a region is elected), so the remaining majority must elect a leader to grant
-    let witness = cluster
-        .witness
-        .as_ref()
-        .and_then(|w| w.pid)
-        .context("make test starts a witness")?;
+    let witness = witness_pid(&cluster)?;
     let victim = make_a_region_lead(&mut regions, witness).await?;
     let (mut holder, mut other) = {
         let mut it = regions.drain(..);

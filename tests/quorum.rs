@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail, ensure};
 use common::failover::{
     Frozen, at_holder, key_homed_at, regions, register, renewing, set, wait_held, wait_value,
+    witness_pid,
 };
 use common::{cluster, unique};
 use tonic::Code;
@@ -24,11 +25,7 @@ async fn a_holder_without_a_quorum_refuses_as_transient_while_it_renews() -> any
     ensure!(regions.len() == 2, "the test needs two regions");
     let other = regions.pop().context("region")?;
     let mut holder = regions.pop().context("region")?;
-    let witness = cluster
-        .witness
-        .as_ref()
-        .and_then(|w| w.pid)
-        .context("make test starts a witness")?;
+    let witness = witness_pid(&cluster)?;
     let (key, shard) = key_homed_at(&lease, &holder.name, &unique("quorum"));
     wait_held(&mut holder, shard, Duration::from_secs(30)).await?;
     holder.state.update(set(&key, "before")).await?;

@@ -52,8 +52,7 @@ struct Inner {
     /// waits a whole election timeout before it stands itself, so that two members that
     /// lost their leader at once do not split the vote.
     granted_ms: AtomicU64,
-    /// openraft's leader lease: `election_timeout_max`.
-    lease: Duration,
+    /// The configured `election-timeout` (openraft draws between it and twice it).
     timeout_min: Duration,
 }
 
@@ -64,9 +63,13 @@ impl Election {
             origin: Instant::now(),
             heard_ms: AtomicU64::new(0),
             granted_ms: AtomicU64::new(0),
-            lease: 2 * election_timeout,
             timeout_min: election_timeout,
         }))
+    }
+
+    /// openraft's leader lease: `election_timeout_max`, twice the setting.
+    fn lease(&self) -> Duration {
+        2 * self.0.timeout_min
     }
 
     fn now_ms(&self) -> u64 {
@@ -90,7 +93,7 @@ impl Election {
     pub fn would_vote(&self, raft: &Raft<LeaseRaft>, ask: &PreVote) -> bool {
         let leads = raft.metrics().borrow().state == ServerState::Leader;
         let last_log = raft.data_metrics().borrow().last_log;
-        let yes = !leads && self.since_heard() >= self.0.lease && ask.last_log >= last_log;
+        let yes = !leads && self.since_heard() >= self.lease() && ask.last_log >= last_log;
         if yes {
             self.0
                 .granted_ms
@@ -104,7 +107,7 @@ impl Election {
     fn draw_timeout(&self) -> Duration {
         let spread = self.0.timeout_min.as_millis() as u64;
         let random = std::collections::hash_map::RandomState::new().hash_one(self.now_ms());
-        self.0.lease + self.0.timeout_min + Duration::from_millis(random % spread.max(1))
+        self.lease() + self.0.timeout_min + Duration::from_millis(random % spread.max(1))
     }
 
     /// Runs the voter's elections (openraft's own are turned off here) until the task is
@@ -116,54 +119,50 @@ impl Election {
         let mut tried_ms = 0;
         loop {
             tokio::time::sleep(TICK).await;
-            let metrics = raft.metrics().borrow().clone();
             let now = self.now_ms();
             let granted = self.0.granted_ms.load(Ordering::Relaxed);
             let waited = self.since_heard().min(Duration::from_millis(
                 now.saturating_sub(tried_ms.max(granted)),
             ));
-            if waited < timeout
-                || metrics.state == ServerState::Leader
-                || !metrics
-                    .membership_config
-                    .membership()
-                    .voter_ids()
-                    .any(|v| v == metrics.id)
-            {
+            if waited < timeout {
                 continue;
             }
+            // the other voters' addresses, unless this member leads or does not vote
+            let (term, others) = {
+                let receiver = raft.metrics();
+                let metrics = receiver.borrow();
+                let membership = metrics.membership_config.membership();
+                if metrics.state == ServerState::Leader
+                    || !membership.voter_ids().any(|v| v == metrics.id)
+                {
+                    continue;
+                }
+                let others: Vec<String> = membership
+                    .voter_ids()
+                    .filter(|&id| id != metrics.id)
+                    .filter_map(|id| Some(membership.get_node(&id)?.addr.clone()))
+                    .collect();
+                (metrics.current_term, others)
+            };
             tried_ms = now;
             timeout = self.draw_timeout();
             let ask = PreVote {
                 last_log: raft.data_metrics().borrow().last_log,
             };
-            let membership = metrics.membership_config.membership();
-            let others: Vec<String> = membership
-                .voter_ids()
-                .filter(|&id| id != metrics.id)
-                .filter_map(|id| Some(membership.get_node(&id)?.addr.clone()))
-                .collect();
             let voters = others.len() + 1;
             let yes = 1 + self.ask_all(&channels, &others, &ask).await;
-            if 2 * yes > voters {
-                metrics::counter!(m::LEASE_PRE_VOTES, "outcome" => "won").increment(1);
-                tracing::info!(
-                    term = metrics.current_term,
-                    yes,
-                    voters,
-                    "no leader heard from: a majority would vote for this member, so it stands for election"
-                );
-                if let Err(e) = raft.trigger().elect().await {
-                    tracing::warn!(error = %e, "starting an election");
-                }
-            } else {
-                metrics::counter!(m::LEASE_PRE_VOTES, "outcome" => "lost").increment(1);
-                tracing::info!(
-                    term = metrics.current_term,
-                    yes,
-                    voters,
-                    "no leader heard from, but no majority would vote for this member: no election"
-                );
+            let won = 2 * yes > voters;
+            let outcome = if won { "won" } else { "lost" };
+            metrics::counter!(m::LEASE_PRE_VOTES, "outcome" => outcome).increment(1);
+            tracing::info!(
+                term,
+                yes,
+                voters,
+                outcome,
+                "no leader heard from: asked the other voters whether they would vote for this member (won: it stands for election)"
+            );
+            if won && let Err(e) = raft.trigger().elect().await {
+                tracing::warn!(error = %e, "starting an election");
             }
         }
     }
@@ -178,7 +177,7 @@ impl Election {
             async move {
                 let mut client = LeaseRaftClient::new(channels.get(addr).ok()?);
                 let mut request = Request::new(pb::RaftMessage { json });
-                request.set_timeout(self.0.lease);
+                request.set_timeout(self.lease());
                 let reply = client.pre_vote(request).await.ok()?.into_inner();
                 serde_json::from_slice::<bool>(&reply.json).ok()
             }

@@ -155,6 +155,15 @@ impl Drop for Frozen {
     }
 }
 
+/// The witness's pid, from the cluster file.
+pub fn witness_pid(cluster: &Cluster) -> anyhow::Result<u32> {
+    cluster
+        .witness
+        .as_ref()
+        .and_then(|w| w.pid)
+        .context("make test starts a witness")
+}
+
 /// `kill <sig> <pid>`.
 pub fn signal(sig: &str, pid: u32) -> anyhow::Result<()> {
     let status = Command::new("kill")
