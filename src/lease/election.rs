@@ -10,9 +10,10 @@
 //! without a higher term: it no longer deposes a leader the others still follow
 //! (openraft's leader steps down on any higher term).
 //!
-//! A leader whose links turn slower than a heartbeat is still replaced: each of its calls
-//! runs out of time and remakes its connection (`network::Peer`), which then cannot
-//! connect within a heartbeat either, so the others stop hearing from it and elect.
+//! A leader whose links turn slower than a heartbeat keeps leading: its calls may take up
+//! to `runtime::RPC_TIMEOUT_FLOOR`, so the others still hear it and it still commits. One
+//! whose calls take longer than that is replaced: each call runs out of time and remakes
+//! its connection (`network::Peer`), the others stop hearing from it and elect.
 
 use std::hash::BuildHasher;
 use std::sync::Arc;

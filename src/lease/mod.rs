@@ -13,6 +13,7 @@
 //!  network.rs           Raft traffic, `Propose` and `Clock` over tonic gRPC (`LeaseRaft`
 //!                       service, JSON bodies); the proposer that forwards to the leader
 //!  election.rs          pre-vote around openraft 0.9's elections
+//!  runtime.rs           openraft's tokio runtime with a floor under its RPC timeouts
 //!  member.rs            one member as a running part: storage, service, group start
 //!  witness.rs           the member with no region (`geostate run --role witness`)
 //!  leases.rs            a region's leases: runs the rounds `plan.rs` decides, transfer,
@@ -35,6 +36,7 @@ pub mod member;
 pub mod network;
 pub mod plan;
 pub mod raft_store;
+pub mod runtime;
 pub mod table;
 pub mod witness;
 

@@ -26,6 +26,7 @@ use tonic::{Code, Request, Response, Status};
 
 use super::election::{Election, PreVote};
 use super::raft_store::{LeaseRaft, Proposal, Reply};
+use super::runtime::RPC_TIMEOUT_FLOOR;
 use super::table::{Command, Outcome};
 
 use crate::clock::Clock;
@@ -111,7 +112,7 @@ impl Peer {
             serde_json::to_vec(request).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         let mut client = self.client().await?;
         let mut message = Request::new(pb::RaftMessage { json });
-        message.set_timeout(option.hard_ttl());
+        message.set_timeout(option.hard_ttl().max(RPC_TIMEOUT_FLOOR));
         let reply = match method {
             Method::AppendEntries => client.append_entries(message).await,
             Method::Vote => client.vote(message).await,

@@ -43,6 +43,7 @@ openraft::declare_raft_types!(
         R = Reply,
         NodeId = u64,
         Node = BasicNode,
+        AsyncRuntime = super::runtime::LeaseRuntime,
 );
 
 /// One log entry's lease commands, applied in order.
