@@ -213,16 +213,19 @@ pub async fn write_until_accepted(
     }
 }
 
-/// One failover: `holder` (holding `key`'s lease) is frozen, `other` writes until it is
-/// accepted. Returns the time from the freeze to the accepted write and the two epochs;
-/// the holder stays frozen until the returned guard drops.
+/// One failover: `holder` (holding `key`'s lease) writes the key, is frozen, and `other`
+/// writes until it is accepted. Returns the time from the freeze to the accepted write and
+/// the two epochs; the holder stays frozen until the returned guard drops. The holder's
+/// own write is retried like the other's: its renewal may be on the way (an election
+/// just ended, a renewal answered late).
 pub async fn cut_off(
     holder: &mut Region,
     other: &mut Region,
     key: &str,
     value: &str,
 ) -> anyhow::Result<(Duration, u64, u64, Frozen)> {
-    let before = epoch_of(&holder.state.update(set(key, "before")).await?.into_inner());
+    let (_, before) = write_until_accepted(holder, key, "before", Duration::from_secs(60)).await?;
+    let before = epoch_of(&before);
     let frozen = Frozen::new(holder.pid)?;
     let (took, accepted) = write_until_accepted(other, key, value, Duration::from_secs(60)).await?;
     Ok((took, before, epoch_of(&accepted), frozen))
