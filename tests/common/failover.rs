@@ -89,7 +89,10 @@ pub fn epoch_of(r: &pb::UpdateResponse) -> u64 {
     r.stamp.as_ref().map_or(0, |s| s.epoch)
 }
 
-/// Waits until `region` holds a valid lease on `shard`.
+/// Waits until `region` holds a valid lease on `shard`, and its own table names it the
+/// holder (a follower's table applies the grant a heartbeat after the answer that made
+/// the lease valid here: until then it shows the previous holder's epoch). Answers the
+/// epoch.
 pub async fn wait_held(region: &mut Region, shard: u32, within: Duration) -> anyhow::Result<u64> {
     let deadline = Instant::now() + within;
     loop {
@@ -101,7 +104,7 @@ pub async fn wait_held(region: &mut Region, shard: u32, within: Duration) -> any
         if let Some(s) = leases
             .shards
             .iter()
-            .find(|s| s.shard == shard && s.held_here)
+            .find(|s| s.shard == shard && s.held_here && s.holder == region.name)
         {
             return Ok(s.epoch);
         }
