@@ -22,12 +22,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use common::failover::{
-    Region, cut_off, key_homed_at, leader, make_a_region_lead, regions, wait_held,
+    Region, cut_off, key_homed_at, leader, leases, make_a_region_lead, regions, wait_held,
     write_until_accepted,
 };
 use common::{cluster, cluster_script_env, http_get, ms, percentile, unique};
 use geostate::config::LeaseConfig;
-use geostate::pb;
 
 /// Trials per setting and kind (`GEOSTATE_FAILOVER_TRIALS` overrides).
 const TRIALS: usize = 20;
@@ -102,11 +101,8 @@ fn counter(region: &Region, name: &str) -> anyhow::Result<f64> {
 }
 
 async fn epochs(region: &mut Region) -> anyhow::Result<BTreeMap<u32, (String, u64)>> {
-    Ok(region
-        .admin
-        .leases(pb::LeasesRequest::default())
+    Ok(leases(region)
         .await?
-        .into_inner()
         .shards
         .into_iter()
         .map(|s| (s.shard, (s.holder, s.epoch)))
@@ -123,12 +119,7 @@ async fn settled(regions: &mut [Region], lease: &LeaseConfig) -> anyhow::Result<
         let mut views = Vec::new();
         let mut held = true;
         for region in regions.iter_mut() {
-            let shards = region
-                .admin
-                .leases(pb::LeasesRequest::default())
-                .await?
-                .into_inner()
-                .shards;
+            let shards = leases(region).await?.shards;
             held &= lease.all_shards().all(|s| {
                 lease.home_of(s).as_ref().map(|r| r.as_str()) != Some(region.name.as_str())
                     || shards.iter().any(|l| l.shard == s && l.held_here)
@@ -159,8 +150,7 @@ async fn unheld_during(regions: &mut [Region], window: Duration) -> anyhow::Resu
     while Instant::now() < end {
         let mut held = BTreeMap::<u32, bool>::new();
         for region in regions.iter_mut() {
-            let shards = region.admin.leases(pb::LeasesRequest::default()).await?;
-            for s in shards.into_inner().shards {
+            for s in leases(region).await?.shards {
                 *held.entry(s.shard).or_default() |= s.held_here;
             }
         }

@@ -16,17 +16,12 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
-use common::failover::{Frozen, Region, make_a_region_lead, regions, witness_pid};
+use common::failover::{Frozen, Region, leases, make_a_region_lead, regions, witness_pid};
 use common::{cluster, cluster_script};
-use geostate::pb;
 
 /// (leader, term) of the lease group as `region`'s member knows them.
 async fn group(region: &mut Region) -> anyhow::Result<(u64, u64)> {
-    let answer = region
-        .admin
-        .leases(pb::LeasesRequest::default())
-        .await?
-        .into_inner();
+    let answer = leases(region).await?;
     Ok((answer.leader, answer.term))
 }
 
@@ -188,12 +183,7 @@ const SLOW_FOR: Duration = Duration::from_secs(6);
 async fn holders(regions: &mut [Region]) -> anyhow::Result<BTreeMap<u32, (String, u64)>> {
     let mut views = Vec::new();
     for region in regions.iter_mut() {
-        let shards = region
-            .admin
-            .leases(pb::LeasesRequest::default())
-            .await?
-            .into_inner()
-            .shards;
+        let shards = leases(region).await?.shards;
         for s in &shards {
             ensure!(
                 s.holder != region.name || s.held_here,

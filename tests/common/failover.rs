@@ -96,11 +96,7 @@ pub fn epoch_of(r: &pb::UpdateResponse) -> u64 {
 pub async fn wait_held(region: &mut Region, shard: u32, within: Duration) -> anyhow::Result<u64> {
     let deadline = Instant::now() + within;
     loop {
-        let leases = region
-            .admin
-            .leases(pb::LeasesRequest::default())
-            .await?
-            .into_inner();
+        let leases = leases(region).await?;
         if let Some(s) = leases
             .shards
             .iter()
@@ -236,12 +232,16 @@ pub async fn cut_off(
 
 /// The lease group leader's member id, as `region` knows it (0: none).
 pub async fn leader(region: &mut Region) -> anyhow::Result<usize> {
+    Ok(leases(region).await?.leader as usize)
+}
+
+/// `region`'s own view of the lease group and table (`Admin/Leases`).
+pub async fn leases(region: &mut Region) -> anyhow::Result<pb::LeasesResponse> {
     Ok(region
         .admin
         .leases(pb::LeasesRequest::default())
         .await?
-        .into_inner()
-        .leader as usize)
+        .into_inner())
 }
 
 /// Makes one of the regions the lease group's leader, if the witness leads: the witness is
