@@ -8,7 +8,7 @@
 //! floor of [`RPC_TIMEOUT_FLOOR`], a slow link carries the log as slowly as it is, and a
 //! leader is replaced only when the others do not hear it at all (`election.rs`). The
 //! calls' gRPC deadlines have the same floor (`network::Peer`). The runtime's only timed
-//! calls are openraft's RPC timeouts (geostate never waits on `Raft::wait`), so the floor
+//! calls are openraft's RPC timeouts (the node never calls `Raft::wait`), so the floor
 //! changes nothing else.
 
 use std::future::Future;
