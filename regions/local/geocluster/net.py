@@ -83,17 +83,26 @@ def drop(source: dict, target: dict) -> None:
 # `net delay`: packets of the connections between a region and the other sites are queued
 # (NFQUEUE, this run folder's own queue number) to wan-delay, which holds each one.
 WAN_QUEUE = 100 + int(RUN_TAG, 16) % 60000
-WAN_MARK = "0x4757"
 WAN_PID = RUN / "wan-delay.pid"
 
 
-def mark(source: dict, target: dict) -> None:
-    """Marks the connections `source`'s processes open to `target`'s listening ports."""
+def wan_mark() -> str:
+    """A connection mark of its own for each `net delay`: a heal flushes the rules but
+    not the marks the connections already carry, so with one mark for all, the next delay
+    would hold every connection an earlier one marked too (a delay of one region also
+    slowed the other region's links to the witness, marked when that region was
+    delayed before)."""
+    return f"0x4757{random.randrange(1, 1 << 16):04x}"
+
+
+def mark(source: dict, target: dict, value: str) -> None:
+    """Marks (`value`) the connections `source`'s processes open to `target`'s listening
+    ports."""
     if not target["ports"]:
         return
     iptables("-A", NET_CHAIN, "-p", "tcp", "-m", "cgroup", "--cgroup", str(source["classid"]),
              "-m", "multiport", "--dports", ",".join(map(str, target["ports"])),
-             "-j", "CONNMARK", "--set-mark", WAN_MARK)
+             "-j", "CONNMARK", "--set-mark", value)
 
 
 def delayed_packets() -> int:
@@ -163,11 +172,12 @@ def cmd_net(args: argparse.Namespace) -> None:
             if daemon.poll() is not None or time.monotonic() > deadline:
                 die(f"wan-delay did not bind queue {WAN_QUEUE}; see {log_file}")
             time.sleep(0.02)
+        value = wan_mark()
         for name, other in by_site.items():
             if name != args.region:
-                mark(region, other)
-                mark(other, region)
-        iptables("-A", NET_CHAIN, "-p", "tcp", "-m", "connmark", "--mark", WAN_MARK,
+                mark(region, other, value)
+                mark(other, region, value)
+        iptables("-A", NET_CHAIN, "-p", "tcp", "-m", "connmark", "--mark", value,
                  "-j", "NFQUEUE", "--queue-num", str(WAN_QUEUE), "--queue-bypass")
         log(f"network: {args.region}'s links to the other sites delayed "
             f"{args.ms} ms ± {args.jitter} ms per packet")
