@@ -119,6 +119,13 @@ pub const LEASE_PROPOSALS: &str = "geostate_lease_proposals_total";
 /// timeout, label `outcome`: `won` (a majority would vote for it: it stood for election)
 /// or `lost` (no election) ([`crate::lease::election`]) (counter).
 pub const LEASE_PRE_VOTES: &str = "geostate_lease_pre_votes_total";
+/// This lease group member's median round trip to another voter, label `member`
+/// (gauge, seconds): where the leader should be ([`crate::lease::placement`]).
+pub const LEASE_ROUND_TRIP: &str = "geostate_lease_round_trip_seconds";
+/// Times this member, leading, handed the lead to a voter better placed, label `outcome`:
+/// `moved` (another member leads) or `failed` (it still leads) ([`crate::lease::placement`])
+/// (counter).
+pub const LEASE_HANDOVERS: &str = "geostate_lease_handovers_total";
 /// Owned-key writes refused because this region holds no valid lease (counter).
 pub const OWNED_WRITES_REFUSED: &str = "geostate_owned_writes_refused_total";
 /// Owned-key events or deltas refused for an epoch below the shard's highest applied,

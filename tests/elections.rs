@@ -3,10 +3,11 @@
 //! and stays its follower. With openraft 0.9's own elections a cut-off member stands again
 //! and again, each time at a higher term, and a thawed one may stand at once; the leader
 //! steps down on seeing the higher term (`lease::election`'s pre-vote prevents both).
-//! And a leader whose links turn slower than a heartbeat (100 ± 50 ms each way) keeps
-//! leading and no lease moves: openraft 0.9 would time its calls out after a heartbeat,
-//! the others would hear nothing and elect, and the slow region's renewals would lapse
-//! (`lease::runtime` keeps its calls going for a second).
+//! And a leader whose links turn slow (100 ± 50 ms each way) hands the lead to a voter
+//! whose links are fast, and no lease moves: it keeps leading while slow, its calls going
+//! for a second (`lease::runtime`; openraft 0.9 would time them out after a heartbeat, the
+//! others would elect and the slow region's renewals lapse), until the voters' round
+//! trips show another voter better placed (`lease::placement`).
 //!
 //! Its own test binary: it cuts off and freezes cluster parts the other tests use.
 
@@ -127,7 +128,7 @@ async fn a_voter_kept_away_past_its_election_timeout_comes_back_as_a_follower() 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_leader_whose_links_turn_slower_than_a_heartbeat_keeps_leading_and_no_lease_moves()
+async fn a_leader_whose_links_turn_slow_hands_the_lead_to_a_voter_with_fast_links_and_no_lease_moves()
 -> anyhow::Result<()> {
     let _alone = ONE_AT_A_TIME.lock().await;
     let cluster = cluster()?;
@@ -141,25 +142,34 @@ async fn a_leader_whose_links_turn_slower_than_a_heartbeat_keeps_leading_and_no_
             .context("before the links turned slow")?,
     );
     let slow = regions[leading].name.clone();
+    let fast = 1 - leading;
     let _healed = Healed;
     cluster_script(&["net", "delay", &slow, "--ms", "100", "--jitter", "50"])?;
     let delayed = Instant::now();
-    while delayed.elapsed() < SLOW_FOR {
-        for region in regions.iter_mut() {
-            let now = group(region).await?;
-            ensure!(
-                now == before.0,
-                "{:?} after {slow}'s links turned slow, {} sees leader {} at term {} (was {} at term {})",
-                delayed.elapsed(),
-                region.name,
-                now.0,
-                now.1,
-                before.0.0,
-                before.0.1
-            );
+    let moved = loop {
+        let now = group(&mut regions[fast]).await?;
+        if now.0 != before.0.0 && now.0 != 0 {
+            break (now, delayed.elapsed());
         }
+        ensure!(
+            delayed.elapsed() < SLOW_FOR,
+            "{SLOW_FOR:?} after {slow}'s links turned slow, its member {} still leads at term {}",
+            before.0.0,
+            now.1
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    };
+    // the lead stays with the member on fast links while the slow one's links stay slow
+    tokio::time::sleep(SLOW_FOR.saturating_sub(delayed.elapsed())).await;
+    let last = group(&mut regions[fast]).await?;
+    ensure!(
+        last == moved.0,
+        "after the handover to member {} at term {}, the lead moved on to {} at term {}",
+        moved.0.0,
+        moved.0.1,
+        last.0,
+        last.1
+    );
     let after = holders(&mut regions)
         .await
         .with_context(|| format!("{SLOW_FOR:?} after {slow}'s links turned slow"))?;
@@ -169,14 +179,16 @@ async fn a_leader_whose_links_turn_slower_than_a_heartbeat_keeps_leading_and_no_
         before.1
     );
     println!(
-        "{slow}'s links slow for {SLOW_FOR:?}: member {} still leads at term {}, every shard with its holder at its epoch, held in its holder's view",
-        before.0.0, before.0.1
+        "{slow}'s links slow: member {} handed the lead to member {} (term {} -> {}) after {:?}; every shard with its holder at its epoch, held in its holder's view",
+        before.0.0, moved.0.0, before.0.1, moved.0.1, moved.1
     );
     Ok(())
 }
 
-/// How long the leader's links stay slow: 60 heartbeats and three leases of the template.
-const SLOW_FOR: Duration = Duration::from_secs(6);
+/// How long the leader's links stay slow: long enough for the voters' round trips to
+/// show it (`lease::placement`: the median of five probes half a second apart, three in
+/// a row) and the handover, and five leases of the template.
+const SLOW_FOR: Duration = Duration::from_secs(12);
 
 /// Each shard's (holder, epoch), the same in every region's table, and held (valid, in
 /// its holder's own view).

@@ -106,7 +106,7 @@ impl ClockCheck {
 
     async fn read(&self, addr: &str) -> Option<Reading> {
         let mut client = LeaseRaftClient::new(self.channels.get(addr).ok()?);
-        let mut request = Request::new(pb::ClockReading { wall_nanos: 0 });
+        let mut request = Request::new(pb::ClockReading::default());
         request.set_timeout(TIMEOUT);
         let (sent, started) = (self.wall.now_nanos(), Instant::now());
         let peer = client.clock(request).await.ok()?.into_inner().wall_nanos;

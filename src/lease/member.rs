@@ -22,7 +22,8 @@ use tokio::sync::{oneshot, watch};
 use tokio_stream::wrappers::TcpListenerStream;
 
 use super::election::Election;
-use super::network::{self, Channels, LearnerChange, Network, Proposer, Service};
+use super::network::{self, Channels, LearnerChange, Network, Proposer, Quiet, Service};
+use super::placement::{Placement, RoundTrips};
 use super::raft_store::{self, LeaseRaft, TableView};
 use crate::clock::Clock;
 use crate::config::LeaseConfig;
@@ -61,6 +62,8 @@ pub struct Member {
     pruning: tokio::task::JoinHandle<()>,
     /// Pre-vote ([`Election`]).
     electing: tokio::task::JoinHandle<()>,
+    /// A voter's round trips and leader handover ([`Placement`]).
+    placing: Option<tokio::task::JoinHandle<()>>,
 }
 
 /// How long one ask of a member to change the learners may take.
@@ -98,17 +101,20 @@ impl Member {
         .map_err(|e| MemberError::Storage(e.to_string()))?
         .map_err(MemberError::Storage)?;
         let election = Election::new(config.election_timeout);
+        let (quiet, trips) = (Quiet::default(), RoundTrips::default());
         let raft = Raft::new(
             config.raft_id(),
             Arc::new(raft_config(config)?),
-            Network,
+            Network {
+                quiet: quiet.clone(),
+            },
             log,
             machine,
         )
         .await
         .map_err(|e| MemberError::Raft(e.to_string()))?;
         let (stop, stopped) = oneshot::channel::<()>();
-        let service = Service::server(raft.clone(), wall, election.clone());
+        let service = Service::server(raft.clone(), wall, election.clone(), trips.clone());
         let server = tokio::spawn(async move {
             if let Err(e) = tonic::transport::Server::builder()
                 .add_service(service)
@@ -161,7 +167,25 @@ impl Member {
                 Err(e) => tracing::info!(reason = %e, "lease group already formed"),
             }
         }
+        let placing = (config.learner == 0).then(|| {
+            let placement = Placement {
+                me: config.member_id,
+                voters: (config.members.values())
+                    .map(|m| (m.id, m.addr.clone()))
+                    .collect(),
+                regions: (config.members.values())
+                    .filter(|m| m.region.is_some())
+                    .map(|m| m.id)
+                    .collect(),
+                leader_lease: 2 * config.election_timeout,
+                heartbeat: config.heartbeat,
+                trips,
+                quiet,
+            };
+            tokio::spawn(placement.run(raft.clone()))
+        });
         Ok(Self {
+            placing,
             pruning: tokio::spawn(prune_learners(raft.clone())),
             electing: tokio::spawn(election.run(raft.clone())),
             joined,
@@ -196,6 +220,9 @@ impl Member {
     pub async fn stop(mut self) {
         self.pruning.abort();
         self.electing.abort();
+        if let Some(placing) = self.placing.take() {
+            placing.abort();
+        }
         if let Some(joining) = self.joining.take() {
             joining.abort();
         }

@@ -13,6 +13,8 @@
 //!  network.rs           Raft traffic, `Propose` and `Clock` over tonic gRPC (`LeaseRaft`
 //!                       service, JSON bodies); the proposer that forwards to the leader
 //!  election.rs          pre-vote around openraft 0.9's elections
+//!  placement.rs         where the leader should be (the regions' renewal paths; pure),
+//!                       the voters' round trips, the leader's handover
 //!  runtime.rs           openraft's tokio runtime with a floor under its RPC timeouts
 //!  member.rs            one member as a running part: storage, service, group start
 //!  witness.rs           the member with no region (`geostate run --role witness`)
@@ -34,6 +36,7 @@ pub mod invariants;
 pub mod leases;
 pub mod member;
 pub mod network;
+pub mod placement;
 pub mod plan;
 pub mod raft_store;
 pub mod runtime;

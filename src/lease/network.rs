@@ -6,7 +6,7 @@
 //! error, retried at the next heartbeat on a new connection.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use openraft::error::{
@@ -25,6 +25,7 @@ use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Request, Response, Status};
 
 use super::election::{Election, PreVote};
+use super::placement::RoundTrips;
 use super::raft_store::{LeaseRaft, Proposal, Reply};
 use super::runtime::RPC_TIMEOUT_FLOOR;
 use super::table::{Command, Outcome};
@@ -43,7 +44,9 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Builds a client per peer.
 #[derive(Clone, Default)]
-pub struct Network;
+pub struct Network {
+    pub quiet: Quiet,
+}
 
 impl RaftNetworkFactory<LeaseRaft> for Network {
     type Network = Peer;
@@ -53,7 +56,26 @@ impl RaftNetworkFactory<LeaseRaft> for Network {
             target,
             addr: node.addr.clone(),
             client: None,
+            quiet: self.quiet.clone(),
         }
+    }
+}
+
+/// The voters a leader handing the lead over sends no log to (`placement.rs`): until
+/// their leader lease runs out, they would refuse its successor their votes.
+#[derive(Clone, Default)]
+pub struct Quiet(Arc<Mutex<BTreeSet<NodeId>>>);
+
+impl Quiet {
+    pub fn set(&self, voters: BTreeSet<NodeId>) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = voters;
+    }
+
+    fn holds(&self, voter: NodeId) -> bool {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(&voter)
     }
 }
 
@@ -62,6 +84,7 @@ pub struct Peer {
     target: NodeId,
     addr: String,
     client: Option<LeaseRaftClient<Channel>>,
+    quiet: Quiet,
 }
 
 impl Peer {
@@ -108,6 +131,10 @@ impl Peer {
         Resp: DeserializeOwned,
         E: std::error::Error + DeserializeOwned,
     {
+        if !matches!(method, Method::Vote) && self.quiet.holds(self.target) {
+            let handing_over = std::io::Error::other("handing the lead over");
+            return Err(RPCError::Unreachable(Unreachable::new(&handing_over)));
+        }
         let json =
             serde_json::to_vec(request).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         let mut client = self.client().await?;
@@ -168,6 +195,8 @@ pub struct Service {
     wall: Arc<dyn Clock>,
     /// Notes each leader's message; answers `PreVote`.
     election: Election,
+    /// This member's round trips to the other voters, answered with its clock.
+    trips: RoundTrips,
 }
 
 impl Service {
@@ -175,11 +204,13 @@ impl Service {
         raft: Raft<LeaseRaft>,
         wall: Arc<dyn Clock>,
         election: Election,
+        trips: RoundTrips,
     ) -> LeaseRaftServer<Self> {
         LeaseRaftServer::new(Self {
             raft,
             wall,
             election,
+            trips,
         })
         .max_decoding_message_size(MAX_MESSAGE)
         .max_encoding_message_size(MAX_MESSAGE)
@@ -331,9 +362,35 @@ impl pb::lease_raft_server::LeaseRaft for Service {
         &self,
         _request: Request<pb::ClockReading>,
     ) -> Result<Response<pb::ClockReading>, Status> {
+        let round_trip_nanos = self.trips.medians().into_iter();
         Ok(Response::new(pb::ClockReading {
             wall_nanos: self.wall.now_nanos(),
+            round_trip_nanos: round_trip_nanos
+                .map(|(id, rtt)| (id, rtt.as_nanos() as u64))
+                .collect(),
         }))
+    }
+
+    async fn stand(
+        &self,
+        _request: Request<pb::StandRequest>,
+    ) -> Result<Response<pb::StandReply>, Status> {
+        let (voter, leads) = {
+            let metrics = self.raft.metrics();
+            let metrics = metrics.borrow();
+            let voter = metrics
+                .membership_config
+                .membership()
+                .voter_ids()
+                .any(|v| v == metrics.id);
+            (voter, metrics.current_leader == Some(metrics.id))
+        };
+        let standing = voter && !leads && self.raft.trigger().elect().await.is_ok();
+        tracing::info!(
+            standing,
+            "the lease group's leader handed the lead to this member"
+        );
+        Ok(Response::new(pb::StandReply { standing }))
     }
 
     async fn propose(
@@ -466,6 +523,7 @@ mod tests {
             target: 2,
             addr: "127.0.0.1:9".into(),
             client: None,
+            quiet: Quiet::default(),
         };
         for (status, slow) in [
             (Status::cancelled("Timeout expired"), true),
