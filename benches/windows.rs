@@ -125,6 +125,9 @@ async fn node_over(
     };
     let mut node = Node::configure_region(dir, region, kafka, &topics, &[])?;
     node.set("namespace", &namespaces(shape, retention));
+    // no pricer runs here, and the control's `requests/` is not windowed as `[pricing]`
+    // needs its demand to be
+    node.set("pricing", "");
     Ok(node)
 }
 
