@@ -10,7 +10,7 @@
 //!  sim.rs         test  the protocol simulated over skewed clocks and delayed commands
 //!  raft_store.rs        openraft 0.9 log + state machine storage in RocksDB (synced),
 //!                       and a read-only view of the applied table
-//!  network.rs           Raft traffic, `Propose` and `Clock` over tonic gRPC (`LeaseRaft`
+//!  network.rs           Raft traffic, `Propose`, `Clock`, `Stand` over tonic gRPC (`LeaseRaft`
 //!                       service, JSON bodies); the proposer that forwards to the leader
 //!  election.rs          pre-vote around openraft 0.9's elections
 //!  placement.rs         where the leader should be (the regions' renewal paths; pure),

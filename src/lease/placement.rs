@@ -19,8 +19,9 @@
 //! log current; once their leader lease (openraft refuses votes for it after a leader's
 //! message) ran out, it tells the successor to stand (`LeaseRaft/Stand`), which wins their
 //! votes with a log at least as long as theirs. Lease holdings and epochs are not touched:
-//! the table is the same under any leader, and the commits pause for about a leader
-//! lease, within what a renewal round may take.
+//! the table is the same under any leader. Meanwhile entries still commit (the leader and
+//! the successor are a majority of three), and the election takes a round trip between
+//! voters with fast links.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::{Arc, Mutex};
