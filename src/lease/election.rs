@@ -13,7 +13,8 @@
 //! A leader whose links turn slower than a heartbeat keeps leading: its calls may take up
 //! to `runtime::RPC_TIMEOUT_FLOOR`, so the others still hear it and it still commits. One
 //! whose calls take longer than that is replaced: each call runs out of time and remakes
-//! its connection (`network::Peer`), the others stop hearing from it and elect.
+//! its connection (`network::Peer`), the others stop hearing from it and elect. A slow
+//! leader that still commits hands the lead over itself (`placement.rs`).
 
 use std::hash::BuildHasher;
 use std::sync::Arc;

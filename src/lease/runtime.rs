@@ -6,7 +6,8 @@
 //! completes one: the leader's calls are cancelled before they arrive, the others hear
 //! nothing, elect, and the shards whose renewals went through the old leader lapse. With a
 //! floor of [`RPC_TIMEOUT_FLOOR`], a slow link carries the log as slowly as it is, and a
-//! leader is replaced only when the others do not hear it at all (`election.rs`). The
+//! leader is replaced only when the others do not hear it at all (`election.rs`), or hands
+//! the lead to a voter whose links are faster (`placement.rs`). The
 //! calls' gRPC deadlines have the same floor (`network::Peer`). The runtime's only timed
 //! calls are openraft's RPC timeouts (the node never calls `Raft::wait`), so the floor
 //! changes nothing else.
