@@ -119,7 +119,7 @@ pub const LEASE_PROPOSALS: &str = "geostate_lease_proposals_total";
 /// timeout, label `outcome`: `won` (a majority would vote for it: it stood for election)
 /// or `lost` (no election) ([`crate::lease::election`]) (counter).
 pub const LEASE_PRE_VOTES: &str = "geostate_lease_pre_votes_total";
-/// This lease group member's median round trip to another voter, label `member`
+/// This lease group member's last round trip to another voter, label `member`
 /// (gauge, seconds): where the leader should be ([`crate::lease::placement`]).
 pub const LEASE_ROUND_TRIP: &str = "geostate_lease_round_trip_seconds";
 /// Times this member, leading, handed the lead to a voter better placed, label `outcome`:
