@@ -26,6 +26,7 @@
 //!               region's lease manager and clock check; PURE table, holdings, invariants
 //!  checkpoint   incremental checkpoints to S3 or a folder, restore, savepoints
 //!  replay       `geostate dlq replay`: late or dead-lettered records back into the log
+//!  security     TLS on every listener and client (reloaded), API roles, member identity
 //!  store        RocksDB column families and the one-WriteBatch commit
 //!  log          Kafka clients, positioning, consumed records, dead-letter headers
 //!  config       TOML → validated Config
@@ -55,6 +56,7 @@ pub mod pricer;
 pub use geostate_proto::pb;
 pub mod replay;
 pub mod replication;
+pub mod security;
 pub mod shutdown;
 pub mod sink;
 pub mod store;

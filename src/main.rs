@@ -29,12 +29,88 @@ enum Role {
     Witness,
 }
 
-/// The node a client command talks to.
+/// The node a client command talks to, and how.
 #[derive(clap::Args)]
 struct Node {
     /// The node's gRPC address.
     #[arg(long = "addr", default_value = "http://127.0.0.1:50051")]
     addr: String,
+    /// Connect over TLS, checking the node's certificate against this CA file (PEM).
+    #[arg(long, env = "GEOSTATE_CA")]
+    ca: Option<PathBuf>,
+    /// Present this client certificate (PEM; with `--key`): its common name is the
+    /// identity `[api.auth] identities` gives a role.
+    #[arg(long, env = "GEOSTATE_CERT", requires = "key", requires = "ca")]
+    cert: Option<PathBuf>,
+    #[arg(long, env = "GEOSTATE_KEY", requires = "cert")]
+    key: Option<PathBuf>,
+    /// Send the bearer token in this file (its first line) with every call.
+    #[arg(long, env = "GEOSTATE_TOKEN_FILE")]
+    token_file: Option<PathBuf>,
+}
+
+/// Adds `authorization: Bearer <token>` to every call of a client.
+#[derive(Clone)]
+struct Bearer(Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>);
+
+impl tonic::service::Interceptor for Bearer {
+    fn call(
+        &mut self,
+        mut request: tonic::Request<()>,
+    ) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(token) = &self.0 {
+            request
+                .metadata_mut()
+                .insert("authorization", token.clone());
+        }
+        Ok(request)
+    }
+}
+
+type Channel = tonic::codegen::InterceptedService<tonic::transport::Channel, Bearer>;
+
+impl Node {
+    /// A channel to the node, over TLS with `--ca`, carrying the token of `--token-file`.
+    async fn channel(&self) -> anyhow::Result<Channel> {
+        let channel = match &self.ca {
+            None => {
+                tonic::transport::Endpoint::from_shared(self.addr.clone())?
+                    .connect()
+                    .await?
+            }
+            Some(ca) => {
+                let identity = self.cert.as_deref().zip(self.key.as_deref());
+                let tls = geostate::security::tls::client(ca, identity)?;
+                let timeout = std::time::Duration::from_secs(10);
+                geostate::security::tls::connect_with(&self.addr, tls, timeout).await?
+            }
+        };
+        let token = match &self.token_file {
+            None => None,
+            Some(file) => {
+                let text = std::fs::read_to_string(file)
+                    .with_context(|| format!("reading the token file {}", file.display()))?;
+                let token = text.lines().next().unwrap_or_default().trim();
+                // the token itself is never part of an error
+                let header = format!("Bearer {token}").parse().map_err(|_| {
+                    anyhow::anyhow!("the token in {} is not ASCII text", file.display())
+                })?;
+                Some(header)
+            }
+        };
+        Ok(tonic::codegen::InterceptedService::new(
+            channel,
+            Bearer(token),
+        ))
+    }
+
+    async fn state(&self) -> anyhow::Result<StateClient<Channel>> {
+        Ok(StateClient::new(self.channel().await?))
+    }
+
+    async fn admin(&self) -> anyhow::Result<AdminClient<Channel>> {
+        Ok(AdminClient::new(self.channel().await?))
+    }
 }
 
 /// A configuration file and its overrides.
@@ -160,6 +236,22 @@ enum Command {
         #[arg(long)]
         addr: Option<String>,
     },
+    /// Make a development CA and a certificate per name in a folder: `ca.pem`, `ca.key`,
+    /// `<name>.pem`, `<name>.key`. A node's certificate is named after its region (the
+    /// witness's `witness`); a client's after the identity `[api.auth]` gives a role.
+    Certs {
+        /// Where to write the files.
+        #[arg(long)]
+        out: PathBuf,
+        /// Further DNS names or IP addresses the certificates are valid for (each also
+        /// has its name, `localhost` and `127.0.0.1`).
+        #[arg(long = "host")]
+        hosts: Vec<String>,
+        /// How long they are valid.
+        #[arg(long, default_value = "365d")]
+        valid_days: String,
+        names: Vec<String>,
+    },
     /// Hand a shard this region holds to another region (planned handoff).
     TransferLease {
         #[command(flatten)]
@@ -253,6 +345,22 @@ fn main() -> std::process::ExitCode {
 async fn dispatch(command: Command) -> anyhow::Result<()> {
     match command {
         Command::Run { config, role } => run(config, role).await,
+        Command::Certs {
+            out,
+            hosts,
+            valid_days,
+            names,
+        } => {
+            let days: u64 = valid_days
+                .trim_end_matches('d')
+                .parse()
+                .context("--valid-days is a number of days, like 365d")?;
+            let valid_for = std::time::Duration::from_secs(days * 86_400);
+            for file in geostate::security::certs::make(&out, &names, &hosts, valid_for)? {
+                println!("{}", file.display());
+            }
+            Ok(())
+        }
         Command::Restore {
             config,
             checkpoint,
@@ -483,7 +591,7 @@ fn decode_delta() -> anyhow::Result<()> {
 }
 
 async fn get(node: Node, key: String) -> anyhow::Result<()> {
-    let mut client = StateClient::connect(node.addr).await?;
+    let mut client = node.state().await?;
     let request = pb::GetRequest {
         key,
         ..Default::default()
@@ -505,7 +613,7 @@ async fn update(
         (None, Some(v)) => pb::update_request::Op::Set(v.into_bytes()),
         _ => anyhow::bail!("give exactly one of --add or --set"),
     };
-    let mut client = StateClient::connect(node.addr).await?;
+    let mut client = node.state().await?;
     let request = pb::UpdateRequest {
         key,
         op: Some(op),
@@ -519,7 +627,7 @@ async fn update(
 }
 
 async fn scan(node: Node, prefix: String, limit: u32) -> anyhow::Result<()> {
-    let mut client = StateClient::connect(node.addr).await?;
+    let mut client = node.state().await?;
     let mut page_token = String::new();
     loop {
         let request = pb::ScanRequest {
@@ -540,7 +648,7 @@ async fn scan(node: Node, prefix: String, limit: u32) -> anyhow::Result<()> {
 }
 
 async fn status(node: Node) -> anyhow::Result<()> {
-    let mut client = AdminClient::connect(node.addr).await?;
+    let mut client = node.admin().await?;
     let s = client.status(pb::StatusRequest {}).await?.into_inner();
     println!(
         "region {} incarnation {} topic {} applied {} dead-lettered {}",
@@ -584,7 +692,7 @@ async fn status(node: Node) -> anyhow::Result<()> {
 }
 
 async fn checkpoint(node: Node) -> anyhow::Result<()> {
-    let mut client = AdminClient::connect(node.addr).await?;
+    let mut client = node.admin().await?;
     let c = client
         .checkpoint(pb::CheckpointRequest {})
         .await?
@@ -597,7 +705,7 @@ async fn checkpoint(node: Node) -> anyhow::Result<()> {
 }
 
 async fn savepoint(node: Node) -> anyhow::Result<()> {
-    let mut client = AdminClient::connect(node.addr).await?;
+    let mut client = node.admin().await?;
     let s = client
         .savepoint(pb::SavepointRequest {})
         .await?
@@ -610,7 +718,7 @@ async fn savepoint(node: Node) -> anyhow::Result<()> {
 }
 
 async fn leases(node: Node, key: String) -> anyhow::Result<()> {
-    let mut client = AdminClient::connect(node.addr).await?;
+    let mut client = node.admin().await?;
     let r = client.leases(pb::LeasesRequest { key }).await?.into_inner();
     println!(
         "region {} (lease group leader: member {})",
@@ -630,7 +738,7 @@ async fn leases(node: Node, key: String) -> anyhow::Result<()> {
 }
 
 async fn route(node: Node, key: String) -> anyhow::Result<()> {
-    let mut client = AdminClient::connect(node.addr).await?;
+    let mut client = node.admin().await?;
     let r = client.route(pb::RouteRequest { key }).await?.into_inner();
     println!(
         "{}: partition {} of {}, served in {} by {}",
@@ -640,7 +748,7 @@ async fn route(node: Node, key: String) -> anyhow::Result<()> {
 }
 
 async fn transfer_lease(node: Node, shard: u32, to: String) -> anyhow::Result<()> {
-    let mut client = AdminClient::connect(node.addr).await?;
+    let mut client = node.admin().await?;
     let request = pb::TransferLeaseRequest {
         shard,
         to_region: to,

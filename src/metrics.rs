@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpListener;
 
 /// Own deltas merged into a partition's copy, label `by`: `take` (the catch-up before
 /// the node owns it), `standby` (a warm standby's refresh) or `join` (the catch-up of
@@ -126,6 +125,18 @@ pub const LEASE_ROUND_TRIP: &str = "geostate_lease_round_trip_seconds";
 /// `moved` (another member leads) or `failed` (it still leads) ([`crate::lease::placement`])
 /// (counter).
 pub const LEASE_HANDOVERS: &str = "geostate_lease_handovers_total";
+/// When this process's own TLS certificate expires, Unix seconds (gauge): alert well
+/// before it (the files are reloaded without a restart).
+pub const TLS_CERT_EXPIRES: &str = "geostate_tls_certificate_expires_unix_seconds";
+/// Reloads of the TLS files after a change or SIGHUP, label `outcome` (loaded, failed:
+/// the current certificates stay) (counter).
+pub const TLS_RELOADS: &str = "geostate_tls_reloads_total";
+/// TLS handshakes a listener refused (bad, expired or missing client certificate, wrong
+/// CA, timeout), label `listener` (api, lease, metrics) (counter).
+pub const TLS_REFUSED: &str = "geostate_tls_handshakes_refused_total";
+/// Calls refused before any handler ran (no credentials, a role too low, not a lease
+/// group member), label `code` (counter).
+pub const CALLS_REFUSED: &str = "geostate_calls_refused_total";
 /// Owned-key writes refused because this region holds no valid lease (counter).
 pub const OWNED_WRITES_REFUSED: &str = "geostate_owned_writes_refused_total";
 /// Owned-key events or deltas refused for an epoch below the shard's highest applied,
@@ -187,10 +198,16 @@ pub fn install() -> Option<PrometheusHandle> {
     Some(handle)
 }
 
-/// Serves the metrics as Prometheus text over plain HTTP/1.1 on `listener`.
-pub async fn serve(listener: TcpListener, handle: Option<PrometheusHandle>) {
-    loop {
-        let Ok((mut socket, _)) = listener.accept().await else {
+/// Serves the metrics as Prometheus text over HTTP/1.1 on the connections of a listener
+/// (TLS when the node has it; `GET /health` answers `ok`).
+pub async fn serve(
+    mut connections: impl tokio_stream::Stream<Item = std::io::Result<crate::security::tls::Conn>>
+    + Unpin,
+    handle: Option<PrometheusHandle>,
+) {
+    use tokio_stream::StreamExt;
+    while let Some(accepted) = connections.next().await {
+        let Ok(mut socket) = accepted else {
             continue;
         };
         let handle = handle.clone();

@@ -33,12 +33,15 @@ use crate::ingest::ingestor::{IngestShared, Ingestor};
 use crate::keeper::{Copies, Keeper, Standby};
 use crate::lease::leases::Leases;
 use crate::lease::member::{Member, MemberError};
+use crate::lease::network::Channels;
 use crate::log::membership::{Membership, MembershipSpec};
 use crate::log::{self, LogError};
 use crate::metrics as m;
 use crate::replication::bootstrap::{self, BootstrapError};
 use crate::replication::merger::Merger;
 use crate::replication::{Freshness, RemoteProgress};
+use crate::security::tls::incoming;
+use crate::security::{ApiPolicy, Guard, Listener, Tls};
 use crate::shutdown::stopped;
 use crate::store::{Store, StoreError};
 use crate::supervise::{OnStop, Tasks};
@@ -91,6 +94,10 @@ pub enum NodeError {
     Join(#[from] tokio::task::JoinError),
     #[error(transparent)]
     Lease(#[from] MemberError),
+    #[error("tls: {0}")]
+    Tls(#[from] crate::security::TlsError),
+    #[error("api.auth: {0}")]
+    Auth(String),
     #[error("{0}")]
     TaskEnded(String),
     #[error(
@@ -158,9 +165,13 @@ struct Opened {
     /// The node had no incarnation: it rebuilt itself from its own deltas topic, and
     /// serves only once it holds what the other regions wrote.
     bootstrapping: bool,
+    /// Its listeners' and clients' TLS (`None`: plaintext).
+    tls: Option<Tls>,
 }
 
 async fn open(config: Arc<Config>) -> Result<Opened, NodeError> {
+    // first: a certificate that does not load stops the node before it touches anything
+    let tls = config.tls.as_ref().map(Tls::load).transpose()?;
     std::fs::create_dir_all(&config.data_dir).map_err(|source| NodeError::DataDir {
         path: config.data_dir.display().to_string(),
         source,
@@ -197,6 +208,7 @@ async fn open(config: Arc<Config>) -> Result<Opened, NodeError> {
         hlc,
         incarnation,
         bootstrapping,
+        tls,
     })
 }
 
@@ -336,11 +348,20 @@ impl Opened {
         self.spawn_ingest(&mut tasks, &shared, &remotes, &leases, &stop_rx)?;
         let (checkpoints, checkpoint_status) =
             self.spawn_checkpointer(&mut tasks, &shared, &stop_rx)?;
+        let tls = self.tls.clone();
+        if let Some(tls) = &tls {
+            let reload = tls.clone().watch(stop_rx.clone());
+            tasks.spawn("the TLS reloader", OnStop::Abort, returns(reload));
+        }
+        let metrics = incoming(metrics, tls.clone(), Listener::Metrics);
         tasks.spawn(
             "the metrics server",
             OnStop::Abort,
             returns(m::serve(metrics, recorder)),
         );
+        let members = config.lease.iter().flat_map(|l| l.members.values());
+        let members = members.map(|m| m.name().to_owned()).collect();
+        let policy = ApiPolicy::new(config.api.auth.clone(), members).map_err(NodeError::Auth)?;
         let gauges = report_gauges(
             config.clone(),
             self.store.clone(),
@@ -368,7 +389,9 @@ impl Opened {
             checkpoint_status,
             objects: self.objects.clone(),
             leases,
-            peers: Default::default(),
+            peers: Channels::new(tls.clone()),
+            guard: Guard::new(policy),
+            tls,
             entries: Default::default(),
             ends: Default::default(),
             routes: Default::default(),
@@ -462,6 +485,7 @@ impl Opened {
             &raft_dir(&config.data_dir),
             config.max_clock_offset.as_millis() as u64,
             self.clock.clone(),
+            self.tls.clone(),
         )
         .await?;
         let leases = Arc::new(Leases::new(
@@ -470,6 +494,7 @@ impl Opened {
             config.max_clock_offset,
             member.view.clone(),
             member.proposer.clone(),
+            member.channels.clone(),
             self.clock.clone(),
         ));
         let (mut joined, mut stopping) = (member.joined.clone(), stop.clone());

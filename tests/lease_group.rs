@@ -12,13 +12,19 @@ use std::time::Duration;
 
 use anyhow::Context;
 use common::now_ms;
+use common::pki::Pki;
 use geostate::clock::SystemClock;
 use geostate::config::{LeaseConfig, Member as MemberConfig};
 use geostate::crdt::RegionId;
 use geostate::lease::member::Member;
 use geostate::lease::raft_store::{Proposal, Reply};
-use geostate::lease::table::{Command, Outcome};
+use geostate::lease::table::{Command, Outcome, Refusal};
+use geostate::pb;
+use geostate::pb::lease_raft_client::LeaseRaftClient;
+use geostate::security::{Tls, tls};
+use openraft::Vote;
 use openraft::error::{ClientWriteError, RaftError};
+use openraft::raft::AppendEntriesRequest;
 
 /// Member `id` of a three-member group on `ports`, with fast Raft timings.
 fn config(id: u64, ports: &[u16]) -> LeaseConfig {
@@ -27,10 +33,12 @@ fn config(id: u64, ports: &[u16]) -> LeaseConfig {
         .enumerate()
         .map(|(i, port)| {
             let id = i as u64 + 1;
+            // the table takes commands for the group's regions only
+            let region = ["us-east-1", "eu-west-1"].get(i).map(|r| RegionId::new(*r));
             let member = MemberConfig {
                 id,
                 addr: format!("127.0.0.1:{port}"),
-                region: None,
+                region: region.transpose().expect("a region name"),
                 api: Vec::new(),
             };
             (id, member)
@@ -45,7 +53,7 @@ fn config(id: u64, ports: &[u16]) -> LeaseConfig {
         members,
         shards: 8,
         homes: Vec::new(),
-        duration: Duration::from_millis(500),
+        duration: Duration::from_millis(2000),
         renew_every: Duration::from_millis(100),
         heartbeat: Duration::from_millis(100),
         election_timeout: Duration::from_millis(400),
@@ -128,7 +136,14 @@ async fn leases_are_granted_by_the_majority_after_the_leader_stops() -> anyhow::
         let id = i as u64 + 1;
         members.insert(
             id,
-            Member::start(&config(id, &ports), dir.path(), 100, Arc::new(SystemClock)).await?,
+            Member::start(
+                &config(id, &ports),
+                dir.path(),
+                100,
+                Arc::new(SystemClock),
+                None,
+            )
+            .await?,
         );
     }
 
@@ -170,10 +185,144 @@ async fn leases_are_granted_by_the_majority_after_the_leader_stops() -> anyhow::
         dirs[old_leader as usize - 1].path(),
         100,
         Arc::new(SystemClock),
+        None,
     )
     .await?;
     members.insert(old_leader, back);
     applied_everywhere(&members, 2).await?;
+    for (_, m) in members {
+        m.stop().await;
+    }
+    Ok(())
+}
+
+/// A `LeaseRaft` client of the member at `port` over TLS with `client`.
+async fn raft_client(
+    port: u16,
+    client: Arc<rustls::ClientConfig>,
+) -> Result<LeaseRaftClient<tonic::transport::Channel>, tonic::transport::Error> {
+    let addr = format!("127.0.0.1:{port}");
+    let channel = tls::connect_with(&addr, client, Duration::from_secs(2)).await?;
+    Ok(LeaseRaftClient::new(channel))
+}
+
+fn message<T: serde::Serialize>(value: &T) -> pb::RaftMessage {
+    pb::RaftMessage {
+        json: serde_json::to_vec(value).expect("json"),
+    }
+}
+
+/// Over TLS, the group runs as before, and takes calls only from its members'
+/// certificates (signed by its CA, not expired), each for its own region: a region's
+/// certificate cannot propose for another, nor send a Raft message as another member; a
+/// stranger's certificate sends nothing; and the table refuses impossible commands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_tls_the_group_takes_its_members_only_each_for_its_own_region() -> anyhow::Result<()> {
+    let dirs: Vec<tempfile::TempDir> = (0..4)
+        .map(|_| tempfile::tempdir())
+        .collect::<Result<_, _>>()?;
+    let certs = dirs[3].path();
+    let pki = Pki::new(certs, "group")?;
+    let other = Pki::new(certs, "other")?;
+    let ports: Vec<u16> = (0..3).map(|_| common::free_port()).collect();
+    let mut members = BTreeMap::new();
+    for (i, name) in ["us-east-1", "eu-west-1", "witness"].iter().enumerate() {
+        let id = i as u64 + 1;
+        let tls = Tls::load(&pki.tls(name)?)?;
+        let member = Member::start(
+            &config(id, &ports),
+            dirs[i].path(),
+            100,
+            Arc::new(SystemClock),
+            Some(tls),
+        )
+        .await?;
+        members.insert(id, member);
+    }
+    // the group elects and grants over TLS
+    let Outcome::Granted(first) = acquire(&members, "us-east-1", 2000).await? else {
+        anyhow::bail!("the first acquire was refused");
+    };
+    applied_everywhere(&members, first.epoch).await?;
+    let leader_port = ports[leader(&members).await? as usize - 1];
+
+    let eu = pki.issue("eu-west-1")?;
+    let mut as_eu = raft_client(leader_port, pki.client(Some(&eu))?).await?;
+    let acquire_for = |region: &str, shard| {
+        Proposal(vec![Command::Acquire {
+            shard,
+            region: RegionId::new(region).expect("a region"),
+            now_ms: now_ms(),
+            duration_ms: 2000,
+        }])
+    };
+    // a region proposes for itself only
+    let stolen = as_eu.propose(message(&acquire_for("us-east-1", 7))).await;
+    let refused = stolen.expect_err("eu-west-1 proposed for us-east-1");
+    assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{refused:?}");
+    let own = as_eu.propose(message(&acquire_for("eu-west-1", 6))).await?;
+    let own: Result<Reply, String> = serde_json::from_slice(&own.into_inner().json)?;
+    assert!(
+        matches!(own.as_ref().map(|r| &r.0[..]), Ok([Outcome::Granted(_)])),
+        "{own:?}"
+    );
+    // ... and the table refuses what no member proposes, whoever sends it
+    let impossible = as_eu
+        .propose(message(&acquire_for("eu-west-1", 99)))
+        .await?;
+    let impossible: Result<Reply, String> = serde_json::from_slice(&impossible.into_inner().json)?;
+    assert!(
+        matches!(
+            impossible.as_ref().map(|r| &r.0[..]),
+            Ok([Outcome::Refused {
+                reason: Refusal::Impossible,
+                ..
+            }])
+        ),
+        "{impossible:?}"
+    );
+
+    // a Raft message sent as another member, or by a certificate naming no member
+    let forged = |leader: u64| AppendEntriesRequest::<geostate::lease::raft_store::LeaseRaft> {
+        vote: Vote::new_committed(99, leader),
+        prev_log_id: None,
+        entries: Vec::new(),
+        leader_commit: None,
+    };
+    let as_other = as_eu.append_entries(message(&forged(1))).await;
+    let refused = as_other.expect_err("eu-west-1 sent a message as member 1");
+    assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{refused:?}");
+    let mallory = pki.issue("mallory")?;
+    let mut as_mallory = raft_client(leader_port, pki.client(Some(&mallory))?).await?;
+    let refused = (as_mallory.append_entries(message(&forged(3))).await)
+        .expect_err("a stranger's message was taken");
+    assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{refused:?}");
+    // (asking a member to stand for election would depose the leader)
+    let refused =
+        (as_mallory.stand(pb::StandRequest {}).await).expect_err("a stranger made a member stand");
+    assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{refused:?}");
+
+    // no certificate, another CA's, an expired one: no connection at all
+    let expired = pki.expired("eu-west-1", "eu-west-1-expired")?;
+    let foreign = other.issue("eu-west-1")?;
+    let refusals = [
+        ("no certificate", pki.client(None)?),
+        ("another CA's", pki.client(Some(&foreign))?),
+        ("an expired one", pki.client(Some(&expired))?),
+    ];
+    for (what, client) in refusals {
+        let call = async {
+            let mut client = raft_client(leader_port, client).await?;
+            client
+                .propose(message(&acquire_for("eu-west-1", 5)))
+                .await?;
+            anyhow::Ok(())
+        };
+        assert!(call.await.is_err(), "a client with {what} was served");
+    }
+    // the group never moved shard 7 (still us-east-1's first grant)
+    let leader = &members[&leader(&members).await?];
+    assert_eq!(leader.view.lease(7).map(|l| l.holder), Some(first.holder));
     for (_, m) in members {
         m.stop().await;
     }

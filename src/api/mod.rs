@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use crate::log::Made;
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
-use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
 pub use error::ApiError;
@@ -31,6 +31,8 @@ use crate::metrics as m;
 use crate::pb;
 use crate::pb::admin_server::{Admin, AdminServer};
 use crate::pb::state_server::{State, StateServer};
+use crate::security::tls::incoming;
+use crate::security::{Guard, Listener, Tls};
 use crate::shutdown::stopped;
 use crate::store::Store;
 use crate::window;
@@ -93,6 +95,10 @@ pub struct Api {
     pub ends: EndOffsets,
     /// The region's routing table as last read from its group, and when.
     pub routes: Routes,
+    /// Who may call what ([`crate::security::ApiPolicy`]).
+    pub guard: Guard,
+    /// The listener's TLS (`None`: plaintext).
+    pub tls: Option<Tls>,
 }
 
 /// Per region, the index of its entry address (`lease.member.api`) that answered last:
@@ -170,8 +176,11 @@ pub async fn serve(
             tracing::error!(error = %e, "reflection descriptors are invalid");
             e
         });
+    let incoming = incoming(listener, api.tls.clone(), Listener::Api);
+    let guard = api.guard.clone();
     let handler = Handler(api);
     let mut router = tonic::transport::Server::builder()
+        .layer(guard)
         .add_service(health_service)
         .add_service(StateServer::new(handler.clone()))
         .add_service(AdminServer::new(handler));
@@ -179,7 +188,7 @@ pub async fn serve(
         router = router.add_service(reflection);
     }
     router
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .serve_with_incoming_shutdown(incoming, shutdown)
         .await
 }
 

@@ -24,6 +24,16 @@ pub struct Member {
     pub api: Vec<String>,
 }
 
+impl Member {
+    /// The name its certificate carries (its common name): its region, or `witness`.
+    pub fn name(&self) -> &str {
+        self.region.as_ref().map_or(WITNESS, RegionId::as_str)
+    }
+}
+
+/// The name of the member with no region.
+pub const WITNESS: &str = "witness";
+
 /// A validated `[lease]` section.
 #[derive(Clone, Debug)]
 pub struct LeaseConfig {
@@ -99,6 +109,11 @@ impl LeaseConfig {
                 || shard_of(key, self.shards),
                 |(i, _)| self.shards + i as u32,
             )
+    }
+
+    /// The member whose certificate names `name` ([`Member::name`]).
+    pub fn member_named(&self, name: &str) -> Option<&Member> {
+        self.members.values().find(|m| m.name() == name)
     }
 
     /// The gRPC API entry addresses of `region` (empty: not configured).
@@ -330,6 +345,13 @@ impl RawLease {
                 ),
             ));
         }
+        let longest = Duration::from_millis(crate::lease::table::MAX_DURATION_MS);
+        if duration > longest {
+            return Err(invalid(
+                "lease.duration",
+                format!("{duration:?} is longer than the lease table takes ({longest:?})"),
+            ));
+        }
         let config = LeaseConfig {
             member_id: self.member_id,
             learner: self.learner,
@@ -361,6 +383,7 @@ pub struct WitnessConfig {
     pub data_dir: PathBuf,
     pub max_clock_offset: Duration,
     pub lease: LeaseConfig,
+    pub tls: Option<super::TlsConfig>,
 }
 
 #[derive(Deserialize)]
@@ -370,6 +393,9 @@ struct RawWitness {
     #[serde(default = "default_max_clock_offset")]
     max_clock_offset: String,
     lease: RawLease,
+    tls: Option<super::security::RawTls>,
+    #[serde(default)]
+    allow_plaintext: bool,
 }
 
 fn default_max_clock_offset() -> String {
@@ -381,10 +407,18 @@ impl WitnessConfig {
     pub fn load(path: &Path, settings: &[Setting]) -> Result<Self, ConfigError> {
         let raw: RawWitness = super::settings::read(path, settings)?;
         let max_clock_offset = parse_duration("max-clock-offset", &raw.max_clock_offset)?;
+        let lease = raw.lease.validate(None, max_clock_offset)?;
+        let tls = raw.tls.map(super::security::RawTls::validate);
+        super::security::check_plaintext(
+            tls.as_ref(),
+            raw.allow_plaintext,
+            &[("lease.listen", lease.listen)],
+        )?;
         Ok(Self {
             data_dir: raw.data_dir,
             max_clock_offset,
-            lease: raw.lease.validate(None, max_clock_offset)?,
+            lease,
+            tls,
         })
     }
 }

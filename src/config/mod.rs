@@ -14,6 +14,7 @@ use crate::crdt::{CrdtType, RegionId};
 mod fields;
 mod lease;
 mod pricing;
+mod security;
 mod settings;
 mod window;
 
@@ -22,6 +23,8 @@ use lease::RawLease;
 pub use lease::{LeaseConfig, Member, WitnessConfig};
 use pricing::RawPricing;
 pub use pricing::{Formula, PricingConfig};
+pub use security::{AuthConfig, Role, TlsConfig, TlsVersion};
+use security::{RawAuth, RawTls};
 pub use settings::Setting;
 pub use window::WatermarkConfig;
 use window::{RawWatermark, RawWindow};
@@ -48,6 +51,8 @@ pub struct Config {
     pub lease: Option<LeaseConfig>,
     /// What `geostate pricer` computes (`None`: it refuses to start).
     pub pricing: Option<PricingConfig>,
+    /// TLS on every listener and client of the node (`None`: plaintext).
+    pub tls: Option<TlsConfig>,
 }
 
 /// Incremental checkpoints of the store to object storage.
@@ -179,6 +184,8 @@ pub struct ApiConfig {
     pub max_batch_keys: usize,
     /// Most `Watch` streams open at once.
     pub max_watchers: usize,
+    /// Who may call what.
+    pub auth: AuthConfig,
 }
 
 /// Whether any region may write a namespace, or only the holder of the key's lease.
@@ -319,6 +326,9 @@ struct RawConfig {
     checkpoint: RawCheckpoint,
     lease: Option<RawLease>,
     pricing: Option<RawPricing>,
+    tls: Option<RawTls>,
+    #[serde(default)]
+    allow_plaintext: bool,
 }
 
 #[derive(Deserialize)]
@@ -496,6 +506,7 @@ struct RawApi {
     max_batch_keys: usize,
     #[serde(default = "default_max_watchers")]
     max_watchers: usize,
+    auth: Option<RawAuth>,
 }
 
 fn default_max_batch_keys() -> usize {
@@ -701,9 +712,20 @@ impl RawConfig {
             .lease
             .map(|l| l.validate(Some(&region), max_clock_offset))
             .transpose()?;
+        let tls = self.tls.map(RawTls::validate);
+        let grpc_listen = parse_addr("api.grpc-listen", &self.api.grpc_listen)?;
+        let metrics_listen = parse_addr("api.metrics-listen", &self.api.metrics_listen)?;
+        let mut listeners = vec![
+            ("api.grpc-listen", grpc_listen),
+            ("api.metrics-listen", metrics_listen),
+        ];
+        listeners.extend(lease.as_ref().map(|l| ("lease.listen", l.listen)));
+        security::check_plaintext(tls.as_ref(), self.allow_plaintext, &listeners)?;
+        let auth = security::api_auth(self.api.auth, tls.as_ref(), grpc_listen)?;
         Ok(Config {
             lease,
             pricing,
+            tls,
             checkpoint,
             region,
             data_dir: self.data_dir,
@@ -731,11 +753,12 @@ impl RawConfig {
                 dedup_window: self.ingest.dedup_window,
             },
             api: ApiConfig {
-                grpc_listen: parse_addr("api.grpc-listen", &self.api.grpc_listen)?,
+                grpc_listen,
                 advertise: self.api.advertise.filter(|a| !a.is_empty()),
-                metrics_listen: parse_addr("api.metrics-listen", &self.api.metrics_listen)?,
+                metrics_listen,
                 max_batch_keys: self.api.max_batch_keys,
                 max_watchers: self.api.max_watchers,
+                auth,
             },
             namespaces,
             watermark: self.watermark.validate()?,

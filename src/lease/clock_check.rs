@@ -81,12 +81,13 @@ impl ClockCheck {
         peers: BTreeMap<u64, String>,
         max_clock_offset: Duration,
         wall: Arc<dyn Clock>,
+        channels: Channels,
     ) -> Self {
         Self {
             wall,
             peers,
             threshold: (max_clock_offset.as_nanos() as f64 * SHARE) as u64,
-            channels: Channels::default(),
+            channels,
             readings: Mutex::default(),
         }
     }

@@ -114,9 +114,8 @@ impl Election {
 
     /// Runs the voter's elections (openraft's own are turned off here) until the task is
     /// dropped.
-    pub async fn run(self, raft: Raft<LeaseRaft>) {
+    pub async fn run(self, raft: Raft<LeaseRaft>, channels: Channels) {
         raft.runtime_config().elect(false);
-        let channels = Channels::default();
         let mut timeout = self.draw_timeout();
         let mut tried_ms = 0;
         loop {

@@ -20,7 +20,7 @@ use tokio::sync::watch;
 
 use super::clock_check::{ClockCheck, SHARE, Verdict};
 use super::holdings::Holdings;
-use super::network::{ProposeError, Proposer};
+use super::network::{Channels, ProposeError, Proposer};
 use super::plan::{self, Policy, ShardView};
 use super::raft_store::TableView;
 use super::table::{Command, Lease, Outcome, Refusal, ShardId};
@@ -133,6 +133,7 @@ impl Leases {
         max_clock_offset: Duration,
         view: TableView,
         proposer: Proposer,
+        channels: Channels,
         wall: Arc<dyn Clock>,
     ) -> Self {
         let peers = config
@@ -142,7 +143,7 @@ impl Leases {
             .map(|(id, m)| (*id, m.addr.clone()))
             .collect();
         Self {
-            clock: ClockCheck::new(peers, max_clock_offset, wall.clone()),
+            clock: ClockCheck::new(peers, max_clock_offset, wall.clone(), channels),
             wall,
             holdings: Mutex::new(Holdings::new(
                 region.clone(),

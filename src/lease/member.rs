@@ -19,7 +19,6 @@ use std::time::Duration;
 use openraft::{BasicNode, ChangeMembers, Raft};
 use tokio::net::TcpListener;
 use tokio::sync::{oneshot, watch};
-use tokio_stream::wrappers::TcpListenerStream;
 
 use super::election::Election;
 use super::network::{self, Channels, LearnerChange, Network, Proposer, Quiet, Service};
@@ -28,6 +27,7 @@ use super::raft_store::{self, LeaseRaft, TableView};
 use crate::clock::Clock;
 use crate::config::LeaseConfig;
 use crate::peers::refuses;
+use crate::security::{Guard, Listener, MemberPolicy, Tls};
 
 #[derive(Debug, thiserror::Error)]
 pub enum MemberError {
@@ -42,6 +42,8 @@ pub enum MemberError {
     },
     #[error(transparent)]
     Config(#[from] crate::config::ConfigError),
+    #[error("tls: {0}")]
+    Tls(String),
 }
 
 /// A running member.
@@ -49,6 +51,9 @@ pub struct Member {
     pub raft: Raft<LeaseRaft>,
     pub view: TableView,
     pub proposer: Proposer,
+    /// Connections to the other members (and, for a region's node, its API peers), over
+    /// TLS when the process has it.
+    pub channels: Channels,
     /// Set once this node is in the group: at once for a member (0), for a learner once
     /// the leader added it, to the leader's last log index then. Until then it proposes
     /// nothing: a region's release or transfer is refused only while its learners are
@@ -83,6 +88,7 @@ impl Member {
         dir: &Path,
         max_offset_ms: u64,
         wall: Arc<dyn Clock>,
+        tls: Option<Tls>,
     ) -> Result<Self, MemberError> {
         let listener =
             TcpListener::bind(config.listen)
@@ -93,9 +99,10 @@ impl Member {
                 })?;
         let dir = dir.to_owned();
         let voters = config.voters();
+        let shards = config.all_shards().end;
         std::fs::create_dir_all(&dir).map_err(|e| MemberError::Storage(e.to_string()))?;
         let (log, machine, view) = tokio::task::spawn_blocking(move || {
-            raft_store::open(&dir, max_offset_ms, voters).map_err(|e| e.to_string())
+            raft_store::open(&dir, max_offset_ms, voters, shards).map_err(|e| e.to_string())
         })
         .await
         .map_err(|e| MemberError::Storage(e.to_string()))?
@@ -107,6 +114,7 @@ impl Member {
             Arc::new(raft_config(config)?),
             Network {
                 quiet: quiet.clone(),
+                tls: tls.clone(),
             },
             log,
             machine,
@@ -114,11 +122,22 @@ impl Member {
         .await
         .map_err(|e| MemberError::Raft(e.to_string()))?;
         let (stop, stopped) = oneshot::channel::<()>();
-        let service = Service::server(raft.clone(), wall, election.clone(), trips.clone());
+        let service = Service::server(raft.clone(), wall, election.clone(), trips.clone(), config);
+        // with TLS, only the members' certificates are let in
+        let members = config.members.values().map(|m| m.name().to_owned());
+        let guard = match tls {
+            Some(_) => Guard::new(MemberPolicy {
+                members: members.collect(),
+            }),
+            None => Guard::none(),
+        };
+        let incoming = crate::security::tls::incoming(listener, tls.clone(), Listener::Lease);
+        let channels = Channels::new(tls);
         let server = tokio::spawn(async move {
             if let Err(e) = tonic::transport::Server::builder()
+                .layer(guard)
                 .add_service(service)
-                .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
+                .serve_with_incoming_shutdown(incoming, async {
                     let _ = stopped.await;
                 })
                 .await
@@ -138,8 +157,8 @@ impl Member {
                 addr: config.listen.to_string(),
             };
             let asked = members.clone();
+            let channels = channels.clone();
             let joining = tokio::spawn(async move {
-                let channels = Channels::default();
                 loop {
                     match network::change_learner(&channels, &asked, &join, LEARNER_ASK).await {
                         Ok(index) => {
@@ -182,14 +201,15 @@ impl Member {
                 trips,
                 quiet,
             };
-            tokio::spawn(placement.run(raft.clone()))
+            tokio::spawn(placement.run(raft.clone(), channels.clone()))
         });
         Ok(Self {
             placing,
             pruning: tokio::spawn(prune_learners(raft.clone())),
-            electing: tokio::spawn(election.run(raft.clone())),
+            electing: tokio::spawn(election.run(raft.clone(), channels.clone())),
             joined,
-            proposer: Proposer::new(raft.clone(), config.duration),
+            proposer: Proposer::new(raft.clone(), channels.clone(), config.duration),
+            channels,
             raft,
             view,
             stop: Some(stop),
@@ -228,8 +248,7 @@ impl Member {
         }
         if let Some((id, members)) = self.learner.take() {
             let leave = LearnerChange::Leave { id };
-            match network::change_learner(&Channels::default(), &members, &leave, LEARNER_ASK).await
-            {
+            match network::change_learner(&self.channels, &members, &leave, LEARNER_ASK).await {
                 Ok(_) => tracing::info!("left the lease group"),
                 Err(e) => tracing::warn!(error = %e, "leaving the lease group as a learner"),
             }

@@ -21,7 +21,7 @@ use openraft::raft::{
 use openraft::{BasicNode, ChangeMembers, Raft};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 use tonic::{Code, Request, Response, Status};
 
 use super::election::{Election, PreVote};
@@ -31,9 +31,11 @@ use super::runtime::RPC_TIMEOUT_FLOOR;
 use super::table::{Command, Outcome};
 
 use crate::clock::Clock;
+use crate::config::LeaseConfig;
 use crate::pb;
 use crate::pb::lease_raft_client::LeaseRaftClient;
 use crate::pb::lease_raft_server::LeaseRaftServer;
+use crate::security::{Caller, Tls};
 
 type NodeId = u64;
 type RpcError<E = openraft::error::Infallible> = RPCError<NodeId, BasicNode, RaftError<NodeId, E>>;
@@ -46,6 +48,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 #[derive(Clone, Default)]
 pub struct Network {
     pub quiet: Quiet,
+    pub tls: Option<Tls>,
 }
 
 impl RaftNetworkFactory<LeaseRaft> for Network {
@@ -57,6 +60,7 @@ impl RaftNetworkFactory<LeaseRaft> for Network {
             addr: node.addr.clone(),
             client: None,
             quiet: self.quiet.clone(),
+            tls: self.tls.clone(),
         }
     }
 }
@@ -85,6 +89,7 @@ pub struct Peer {
     addr: String,
     client: Option<LeaseRaftClient<Channel>>,
     quiet: Quiet,
+    tls: Option<Tls>,
 }
 
 impl Peer {
@@ -92,10 +97,9 @@ impl Peer {
         if let Some(client) = &self.client {
             return Ok(client.clone());
         }
-        let endpoint = Endpoint::from_shared(format!("http://{}", self.addr))
-            .map_err(|e| Unreachable::new(&e))?
-            .connect_timeout(CONNECT_TIMEOUT);
-        let channel = endpoint.connect().await.map_err(|e| Unreachable::new(&e))?;
+        let channel = crate::security::tls::connect(&self.addr, self.tls.as_ref(), CONNECT_TIMEOUT)
+            .await
+            .map_err(|e| Unreachable::new(&e))?;
         let client = LeaseRaftClient::new(channel)
             .max_decoding_message_size(MAX_MESSAGE)
             .max_encoding_message_size(MAX_MESSAGE);
@@ -197,6 +201,9 @@ pub struct Service {
     election: Election,
     /// This member's round trips to the other voters, answered with its clock.
     trips: RoundTrips,
+    /// Each member's name (its certificate's common name) by id: a caller with a
+    /// certificate proposes only for its own region and sends Raft messages only as itself.
+    names: BTreeMap<NodeId, String>,
 }
 
 impl Service {
@@ -205,12 +212,15 @@ impl Service {
         wall: Arc<dyn Clock>,
         election: Election,
         trips: RoundTrips,
+        config: &LeaseConfig,
     ) -> LeaseRaftServer<Self> {
+        let names = config.members.values();
         LeaseRaftServer::new(Self {
             raft,
             wall,
             election,
             trips,
+            names: names.map(|m| (m.id, m.name().to_owned())).collect(),
         })
         .max_decoding_message_size(MAX_MESSAGE)
         .max_encoding_message_size(MAX_MESSAGE)
@@ -230,6 +240,53 @@ pub enum LearnerChange {
 }
 
 impl Service {
+    /// Refuses a message that names member `sender` (a learner: its region's member)
+    /// from a caller whose certificate names another (a plaintext caller is not checked:
+    /// plaintext listens on loopback only, or where the configuration allows it).
+    fn check_sender(
+        caller: &Caller,
+        names: &BTreeMap<NodeId, String>,
+        sender: NodeId,
+    ) -> Result<(), Status> {
+        let Some(name) = caller.name.as_deref() else {
+            return Ok(());
+        };
+        let member = if sender >> 32 == 0 {
+            sender
+        } else {
+            sender >> 32
+        };
+        match names.get(&member) {
+            Some(own) if own == name => Ok(()),
+            _ => Err(Status::permission_denied(format!(
+                "{name} sent a message as member {sender}"
+            ))),
+        }
+    }
+
+    /// Refuses commands for a region other than the caller's: a region's certificate
+    /// acquires, renews, releases and transfers only its own leases.
+    fn check_proposal(caller: &Caller, commands: &[Command]) -> Result<(), Status> {
+        let Some(name) = caller.name.as_deref() else {
+            return Ok(());
+        };
+        for command in commands {
+            let region = match command {
+                Command::Acquire { region, .. }
+                | Command::Renew { region, .. }
+                | Command::Release { region, .. } => region,
+                Command::Transfer { from, .. } => from,
+                Command::Read { .. } => continue,
+            };
+            if region.as_str() != name {
+                return Err(Status::permission_denied(format!(
+                    "{name} proposed a lease command for {region}"
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// A leader's message arrived: noted as heard when its sender leads at this member's
     /// vote or a later one (openraft accepts it then), before Raft handles it, so a slow
     /// answer that the sender stopped waiting for still counts.
@@ -329,7 +386,10 @@ impl pb::lease_raft_server::LeaseRaft for Service {
         &self,
         request: Request<pb::RaftMessage>,
     ) -> Result<Response<pb::RaftMessage>, Status> {
+        let caller = Caller::of(&request);
         let request: AppendEntriesRequest<LeaseRaft> = decode(request)?;
+        let sender = request.vote.leader_id().voted_for().unwrap_or_default();
+        Self::check_sender(&caller, &self.names, sender)?;
         self.note_leader(&request.vote);
         encode(&self.raft.append_entries(request).await)
     }
@@ -338,14 +398,21 @@ impl pb::lease_raft_server::LeaseRaft for Service {
         &self,
         request: Request<pb::RaftMessage>,
     ) -> Result<Response<pb::RaftMessage>, Status> {
-        encode(&self.raft.vote(decode(request)?).await)
+        let caller = Caller::of(&request);
+        let request: VoteRequest<NodeId> = decode(request)?;
+        let sender = request.vote.leader_id().voted_for().unwrap_or_default();
+        Self::check_sender(&caller, &self.names, sender)?;
+        encode(&self.raft.vote(request).await)
     }
 
     async fn install_snapshot(
         &self,
         request: Request<pb::RaftMessage>,
     ) -> Result<Response<pb::RaftMessage>, Status> {
+        let caller = Caller::of(&request);
         let request: InstallSnapshotRequest<LeaseRaft> = decode(request)?;
+        let sender = request.vote.leader_id().voted_for().unwrap_or_default();
+        Self::check_sender(&caller, &self.names, sender)?;
         self.note_leader(&request.vote);
         encode(&self.raft.install_snapshot(request).await)
     }
@@ -397,7 +464,9 @@ impl pb::lease_raft_server::LeaseRaft for Service {
         &self,
         request: Request<pb::RaftMessage>,
     ) -> Result<Response<pb::RaftMessage>, Status> {
+        let caller = Caller::of(&request);
         let proposal: Proposal = decode(request)?;
+        Self::check_proposal(&caller, &proposal.0)?;
         let result: Result<Reply, String> = self
             .raft
             .client_write(proposal)
@@ -411,25 +480,38 @@ impl pb::lease_raft_server::LeaseRaft for Service {
         &self,
         request: Request<pb::RaftMessage>,
     ) -> Result<Response<pb::RaftMessage>, Status> {
-        encode(&self.change_learner(decode(request)?).await)
+        let caller = Caller::of(&request);
+        let change: LearnerChange = decode(request)?;
+        let (LearnerChange::Join { id, .. } | LearnerChange::Leave { id }) = &change;
+        Self::check_sender(&caller, &self.names, *id)?;
+        encode(&self.change_learner(change).await)
     }
 }
 
 /// Connections to other processes by address, each made lazily on first use and kept
-/// (a forwarded lease proposal, a forwarded owned write).
-#[derive(Clone, Default)]
-pub struct Channels(std::sync::Arc<std::sync::Mutex<BTreeMap<String, Channel>>>);
+/// (a forwarded lease proposal, a forwarded owned write), over TLS when the process has
+/// a `[tls]` section.
+#[derive(Clone)]
+pub struct Channels {
+    tls: Option<Tls>,
+    made: Arc<Mutex<BTreeMap<String, Channel>>>,
+}
 
 impl Channels {
+    pub fn new(tls: Option<Tls>) -> Self {
+        Self {
+            tls,
+            made: Arc::default(),
+        }
+    }
+
     pub fn get(&self, addr: &str) -> Result<Channel, String> {
-        let mut channels = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut channels = self.made.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(channel) = channels.get(addr) {
             return Ok(channel.clone());
         }
-        let channel = Endpoint::from_shared(format!("http://{addr}"))
-            .map_err(|e| e.to_string())?
-            .connect_timeout(CONNECT_TIMEOUT)
-            .connect_lazy();
+        let channel = crate::security::tls::channel(addr, self.tls.as_ref(), CONNECT_TIMEOUT)
+            .map_err(|e| e.to_string())?;
         channels.insert(addr.to_owned(), channel.clone());
         Ok(channel)
     }
@@ -458,10 +540,10 @@ pub struct Proposer {
 }
 
 impl Proposer {
-    pub fn new(raft: Raft<LeaseRaft>, timeout: Duration) -> Self {
+    pub fn new(raft: Raft<LeaseRaft>, leaders: Channels, timeout: Duration) -> Self {
         Self {
             raft,
-            leaders: Channels::default(),
+            leaders,
             timeout,
         }
     }
@@ -518,12 +600,13 @@ mod tests {
 
     #[tokio::test]
     async fn a_call_that_ran_out_of_time_is_retried_not_backed_off() {
-        let channel = Endpoint::from_static("http://127.0.0.1:9").connect_lazy();
+        let channel = tonic::transport::Endpoint::from_static("http://127.0.0.1:9").connect_lazy();
         let mut peer = Peer {
             target: 2,
             addr: "127.0.0.1:9".into(),
             client: None,
             quiet: Quiet::default(),
+            tls: None,
         };
         for (status, slow) in [
             (Status::cancelled("Timeout expired"), true),

@@ -183,8 +183,7 @@ pub struct Placement {
 }
 
 impl Placement {
-    pub async fn run(self, raft: Raft<LeaseRaft>) {
-        let channels = Channels::default();
+    pub async fn run(self, raft: Raft<LeaseRaft>, channels: Channels) {
         let ids: BTreeSet<u64> = self.voters.keys().copied().collect();
         // probes in a row that found a voter better placed (not always the same one: two
         // equally placed voters take turns at being the best)

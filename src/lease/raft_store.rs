@@ -32,7 +32,7 @@ use rocksdb::{
 };
 use serde::{Deserialize, Serialize};
 
-use super::table::{Command, LeaseTable, Outcome, Refusal};
+use super::table::{Bounds, Command, LeaseTable, Outcome, Refusal, ShardId};
 use crate::crdt::RegionId;
 
 openraft::declare_raft_types!(
@@ -81,10 +81,12 @@ impl TableView {
 /// Opens (or creates) the lease group's store in `dir`.
 /// `voters`: each region's member id (its further nodes are learners under it, see
 /// [`learner_id`]).
+/// `shards`: the group's shard count (a command for another is refused, [`Bounds`]).
 pub fn open(
     dir: &Path,
     max_offset_ms: u64,
     voters: BTreeMap<RegionId, NodeId>,
+    shards: ShardId,
 ) -> Result<(LogStore, StateMachine, TableView), Error> {
     let mut opts = Options::default();
     opts.create_if_missing(true);
@@ -112,6 +114,7 @@ pub fn open(
         StateMachine {
             db,
             machine: machine.clone(),
+            bounds: Bounds::new(voters.keys().cloned().collect(), shards),
             voters,
         },
         TableView(machine),
@@ -298,6 +301,7 @@ pub struct StateMachine {
     db: Arc<DB>,
     machine: Arc<std::sync::RwLock<Machine>>,
     voters: BTreeMap<RegionId, NodeId>,
+    bounds: Bounds,
 }
 
 /// The id of learner `n` (1, 2, …) of the region whose member is `member`: the member's id
@@ -313,12 +317,21 @@ pub fn learner_id(member: NodeId, n: u32) -> NodeId {
 /// - a grant or renewal never counts as superseded by another node's later one: its time
 ///   is taken as the later of its own and the lease's last, which keeps the lease at least
 ///   `duration` past the proposer's time and the last time monotonic.
+///
+/// A command outside the group's [`Bounds`] is refused `Impossible` whoever proposed it.
 fn apply(
     voters: &BTreeMap<RegionId, NodeId>,
+    bounds: &Bounds,
     membership: &StoredMembership<NodeId, BasicNode>,
     table: &mut LeaseTable,
     command: &Command,
 ) -> Outcome {
+    if !bounds.admit(command) {
+        return Outcome::Refused {
+            reason: Refusal::Impossible,
+            current: table.get(command.shard()).cloned(),
+        };
+    }
     let region = match command {
         Command::Acquire { region, .. }
         | Command::Renew { region, .. }
@@ -436,7 +449,7 @@ impl RaftStateMachine<LeaseRaft> for StateMachine {
                                 let Machine {
                                     membership, table, ..
                                 } = &mut *machine;
-                                apply(&self.voters, membership, table, command)
+                                apply(&self.voters, &self.bounds, membership, table, command)
                             })
                             .collect(),
                     ),
@@ -512,7 +525,7 @@ mod tests {
     impl StoreBuilder<LeaseRaft, LogStore, StateMachine, tempfile::TempDir> for Builder {
         async fn build(&self) -> Result<(tempfile::TempDir, LogStore, StateMachine), Error> {
             let dir = tempfile::tempdir().map_err(|e| StorageIOError::write(&e))?;
-            let (log, machine, _) = open(dir.path(), 100, BTreeMap::new())?;
+            let (log, machine, _) = open(dir.path(), 100, BTreeMap::new(), 8)?;
             Ok((dir, log, machine))
         }
     }
@@ -540,6 +553,10 @@ mod tests {
     fn a_region_with_several_nodes_keeps_its_leases_until_expiry() {
         use crate::lease::table::Refusal;
         let voters = BTreeMap::from([(r("us-east-1"), 1), (r("eu-west-1"), 2)]);
+        let bounds = Bounds {
+            times: 0..u64::MAX,
+            ..Bounds::new(voters.keys().cloned().collect(), 8)
+        };
         let renew = |now_ms| Command::Renew {
             shard: 0,
             region: r("us-east-1"),
@@ -562,7 +579,9 @@ mod tests {
         for (learners, several) in [(vec![], false), (vec![1, 2], true)] {
             let membership = group(&learners);
             let mut table = LeaseTable::new(100);
-            let apply = |table: &mut LeaseTable, c: &Command| apply(&voters, &membership, table, c);
+            let apply = |table: &mut LeaseTable, c: &Command| {
+                apply(&voters, &bounds, &membership, table, c)
+            };
             assert!(matches!(apply(&mut table, &acquire), Outcome::Granted(_)));
             assert!(matches!(
                 apply(&mut table, &renew(500)),
@@ -608,7 +627,7 @@ mod tests {
             other => other,
         };
         assert!(matches!(
-            apply(&voters, &membership, &mut table, &eu(acquire)),
+            apply(&voters, &bounds, &membership, &mut table, &eu(acquire)),
             Outcome::Granted(_)
         ));
         let release = Command::Release {
@@ -618,7 +637,7 @@ mod tests {
             now_ms: 600,
         };
         assert!(matches!(
-            apply(&voters, &membership, &mut table, &release),
+            apply(&voters, &bounds, &membership, &mut table, &release),
             Outcome::Granted(_)
         ));
     }

@@ -21,7 +21,7 @@
 //!   may order a renewal sent after a release before it, and that release must not cut
 //!   the renewed lease (found by the simulation).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
@@ -141,6 +141,67 @@ pub enum Refusal {
     /// other nodes may still write under their own renewals, so the shard moves only
     /// once the lease expires.
     SeveralNodes,
+    /// A region not in the group, a shard that does not exist, or times no member's clock
+    /// can have sent ([`Bounds`]): a forged or corrupt command.
+    Impossible,
+}
+
+/// The longest lease any configuration grants (`lease.duration` is at most this).
+pub const MAX_DURATION_MS: u64 = 3_600_000;
+/// A proposer's time is after 2020-01-01 ...
+const EARLIEST_MS: u64 = 1_577_836_800_000;
+/// ... and before 2200-01-01.
+const LATEST_MS: u64 = 7_258_118_400_000;
+
+/// What a command may name: the group's regions and shards, times that a clock of this
+/// century sent, a duration no longer than [`MAX_DURATION_MS`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Bounds {
+    pub regions: BTreeSet<RegionId>,
+    /// Shards are `0..shards`.
+    pub shards: ShardId,
+    /// Proposers' times (milliseconds since the Unix epoch).
+    pub times: std::ops::Range<u64>,
+}
+
+impl Bounds {
+    /// The group's regions and shard count, times of this century and the next.
+    pub fn new(regions: BTreeSet<RegionId>, shards: ShardId) -> Self {
+        Self {
+            regions,
+            shards,
+            times: EARLIEST_MS..LATEST_MS,
+        }
+    }
+
+    /// Whether `command` is possible.
+    pub fn admit(&self, command: &Command) -> bool {
+        let time = |ms: &u64| self.times.contains(ms);
+        let duration = |ms: &u64| (1..=MAX_DURATION_MS).contains(ms);
+        let region = |r: &RegionId| self.regions.contains(r);
+        command.shard() < self.shards
+            && match command {
+                Command::Read { .. } => true,
+                Command::Acquire {
+                    region: r,
+                    now_ms,
+                    duration_ms,
+                    ..
+                }
+                | Command::Renew {
+                    region: r,
+                    now_ms,
+                    duration_ms,
+                    ..
+                } => region(r) && time(now_ms) && duration(duration_ms),
+                Command::Release {
+                    region: r, now_ms, ..
+                } => region(r) && time(now_ms),
+                Command::Transfer {
+                    from, to, now_ms, ..
+                } => region(from) && region(to) && from != to && time(now_ms),
+            }
+    }
 }
 
 /// The epoch of the next grant after `current` (`None`: there is none).
@@ -287,6 +348,39 @@ impl LeaseTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Regions outside the group, shards that do not exist, durations of zero or over an
+    /// hour, and times outside 2020..2200 are refused, whoever sends them.
+    #[test]
+    fn bounds_refuse_what_no_member_proposes() {
+        let bounds = Bounds::new(BTreeSet::from([r("eu-west-1"), r("us-east-1")]), 8);
+        let now_ms = 1_800_000_000_000;
+        let acquire = |region: &str, shard, now_ms, duration_ms| Command::Acquire {
+            shard,
+            region: r(region),
+            now_ms,
+            duration_ms,
+        };
+        assert!(bounds.admit(&acquire("eu-west-1", 7, now_ms, 2000)));
+        assert!(!bounds.admit(&acquire("ap-south-1", 7, now_ms, 2000)));
+        assert!(!bounds.admit(&acquire("eu-west-1", 8, now_ms, 2000)));
+        assert!(!bounds.admit(&acquire("eu-west-1", 7, now_ms, 0)));
+        assert!(!bounds.admit(&acquire("eu-west-1", 7, now_ms, MAX_DURATION_MS + 1)));
+        assert!(!bounds.admit(&acquire("eu-west-1", 7, 1000, 2000)));
+        assert!(!bounds.admit(&acquire("eu-west-1", 7, u64::MAX - 1, 2000)));
+        let transfer = |from: &str, to: &str| Command::Transfer {
+            shard: 1,
+            from: r(from),
+            to: r(to),
+            epoch: 3,
+            now_ms,
+        };
+        assert!(bounds.admit(&transfer("eu-west-1", "us-east-1")));
+        assert!(!bounds.admit(&transfer("eu-west-1", "eu-west-1")));
+        assert!(!bounds.admit(&transfer("eu-west-1", "mallory")));
+        assert!(bounds.admit(&Command::Read { shard: 7 }));
+        assert!(!bounds.admit(&Command::Read { shard: 9 }));
+    }
 
     fn r(name: &str) -> RegionId {
         RegionId::new(name).unwrap()

@@ -5,6 +5,7 @@
 
 pub mod failover;
 pub mod histogram;
+pub mod pki;
 pub mod unwritable;
 
 use std::collections::BTreeMap;
