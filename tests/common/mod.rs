@@ -444,7 +444,28 @@ pub struct Node {
     /// host:port of the Prometheus endpoint.
     pub metrics: String,
     pub log: PathBuf,
+    /// How to reach a node with `[tls]` and `[api.auth]` (`None`: plaintext, open).
+    pub secure: Option<Secure>,
     child: Option<Child>,
+}
+
+/// A TLS client of a secure node and an admin token it takes.
+#[derive(Clone)]
+pub struct Secure {
+    pub client: std::sync::Arc<rustls::ClientConfig>,
+    pub admin_token: String,
+}
+
+impl Secure {
+    /// `request` with the admin token.
+    pub fn admin<T>(&self, message: T) -> tonic::Request<T> {
+        let mut request = tonic::Request::new(message);
+        let header = format!("Bearer {}", self.admin_token)
+            .parse()
+            .expect("ASCII");
+        request.metadata_mut().insert("authorization", header);
+        request
+    }
 }
 
 impl Node {
@@ -492,6 +513,7 @@ impl Node {
             grpc: format!("http://{grpc}"),
             metrics,
             log: dir.join("node.log"),
+            secure: None,
             child: None,
         })
     }
@@ -556,9 +578,7 @@ impl Node {
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
-            if let Ok(mut admin) = AdminClient::connect(self.grpc.clone()).await
-                && admin.status(pb::StatusRequest {}).await.is_ok()
-            {
+            if self.ready().await {
                 return Ok(pid);
             }
             if let Some(status) = self
@@ -573,6 +593,29 @@ impl Node {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+
+    /// Whether the node answers `Admin/Status`.
+    async fn ready(&self) -> bool {
+        let Some(secure) = &self.secure else {
+            let Ok(mut admin) = AdminClient::connect(self.grpc.clone()).await else {
+                return false;
+            };
+            return admin.status(pb::StatusRequest {}).await.is_ok();
+        };
+        let connecting = geostate::security::tls::connect_with(
+            &self.grpc,
+            secure.client.clone(),
+            Duration::from_secs(1),
+        );
+        let Ok(channel) = connecting.await else {
+            return false;
+        };
+        let mut admin = AdminClient::new(channel);
+        admin
+            .status(secure.admin(pb::StatusRequest {}))
+            .await
+            .is_ok()
     }
 
     /// SIGTERM, then waits for a clean exit; fails if the node takes longer than `grace`

@@ -1,0 +1,214 @@
+//! A region node with `[tls]` and `[api.auth]`, on the test cluster's Kafka: every call
+//! comes over TLS, and what a caller may do follows its role. A client with no
+//! credentials is unauthenticated; a read token reads, and neither writes nor calls Admin;
+//! a certificate named as admin does everything; certificates of another CA, expired
+//! ones and plaintext clients get no connection. A CA added to the node's CA file is
+//! trusted without a restart, and no secret reaches the node's log.
+
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::pki::Pki;
+use common::{Node, Secure, Topics, cluster};
+use geostate::pb;
+use geostate::pb::admin_client::AdminClient;
+use geostate::pb::state_client::StateClient;
+use geostate::security::tls;
+use tonic::Code;
+use tonic::transport::Channel;
+
+const READ_TOKEN: &str = "read-7f3a9c1e-token";
+const ADMIN_TOKEN: &str = "admin-52d8b6e4-token";
+
+fn add(key: &str, n: i64) -> pb::UpdateRequest {
+    pb::UpdateRequest {
+        key: key.into(),
+        op: Some(pb::update_request::Op::Add(n)),
+        id: String::new(),
+        event_time_ms: 0,
+    }
+}
+
+fn get(key: &str) -> pb::GetRequest {
+    pb::GetRequest {
+        key: key.into(),
+        ..Default::default()
+    }
+}
+
+fn with_token<T>(message: T, token: Option<&str>) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    if let Some(token) = token {
+        let header = format!("Bearer {token}").parse().expect("ASCII");
+        request.metadata_mut().insert("authorization", header);
+    }
+    request
+}
+
+async fn connect(node: &Node, client: Arc<rustls::ClientConfig>) -> anyhow::Result<Channel> {
+    Ok(tls::connect_with(&node.grpc, client, Duration::from_secs(2)).await?)
+}
+
+/// The code of a call's error (`Ok`: served).
+fn code<T>(answer: Result<T, tonic::Status>) -> Result<(), Code> {
+    answer.map(drop).map_err(|s| s.code())
+}
+
+fn toml_path(path: &Path) -> String {
+    format!("{:?}", path.display().to_string())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_secure_node_serves_each_caller_what_its_role_allows() -> anyhow::Result<()> {
+    let cluster = cluster()?;
+    let region = &cluster.regions["us-east-1"];
+    let topics = Topics::create(&region.kafka, "secure", 2).await?;
+    let dir = tempfile::tempdir()?;
+    let certs = dir.path().join("certs");
+    std::fs::create_dir_all(&certs)?;
+    let pki = Pki::new(&certs, "region")?;
+    let other = Pki::new(&certs, "other")?;
+    let node_tls = pki.tls("us-east-1")?;
+    let (read_tokens, admin_tokens) = (certs.join("read.tokens"), certs.join("admin.tokens"));
+    std::fs::write(
+        &read_tokens,
+        format!("# pricing dashboards\n{READ_TOKEN}\n"),
+    )?;
+    std::fs::write(&admin_tokens, format!("{ADMIN_TOKEN}\n"))?;
+
+    let mut node = Node::configure(dir.path(), &region.kafka, &topics)?;
+    node.set("checkpoint.interval", "\"0s\"");
+    node.set(
+        "tls",
+        &format!(
+            "{{ cert = {}, key = {}, ca = {} }}",
+            toml_path(&node_tls.cert),
+            toml_path(&node_tls.key),
+            toml_path(&node_tls.ca)
+        ),
+    );
+    node.set(
+        "api.auth",
+        &format!(
+            "{{ anonymous = \"none\", identities = {{ ops = \"admin\" }}, token-files = {{ read = {}, admin = {} }} }}",
+            toml_path(&read_tokens),
+            toml_path(&admin_tokens)
+        ),
+    );
+    node.secure = Some(Secure {
+        client: pki.client(None)?,
+        admin_token: ADMIN_TOKEN.to_owned(),
+    });
+    node.start().await?;
+
+    // no credentials: unauthenticated, whatever the call
+    let anonymous = connect(&node, pki.client(None)?).await?;
+    let mut state = StateClient::new(anonymous.clone());
+    let mut admin = AdminClient::new(anonymous);
+    assert_eq!(
+        code(state.get(with_token(get("trips/a"), None)).await),
+        Err(Code::Unauthenticated)
+    );
+    assert_eq!(
+        code(admin.checkpoint(pb::CheckpointRequest {}).await),
+        Err(Code::Unauthenticated)
+    );
+    // a token nobody issued is not anonymous
+    let forged = with_token(get("trips/a"), Some("read-0000"));
+    assert_eq!(code(state.get(forged).await), Err(Code::Unauthenticated));
+
+    // the read token reads, and neither writes nor administers
+    let read = Some(READ_TOKEN);
+    assert_eq!(
+        code(state.get(with_token(get("trips/a"), read)).await),
+        Ok(())
+    );
+    let written = state.update(with_token(add("trips/a", 1), read)).await;
+    assert_eq!(code(written), Err(Code::PermissionDenied));
+    let transfer = pb::TransferLeaseRequest {
+        shard: 0,
+        to_region: "eu-west-1".into(),
+    };
+    let transferred = admin.transfer_lease(with_token(transfer, read)).await;
+    assert_eq!(code(transferred), Err(Code::PermissionDenied));
+    let savepoint = admin
+        .savepoint(with_token(pb::SavepointRequest::default(), read))
+        .await;
+    assert_eq!(code(savepoint), Err(Code::PermissionDenied));
+
+    // the certificate named admin writes and administers, no token needed
+    let ops = pki.issue("ops")?;
+    let as_ops = connect(&node, pki.client(Some(&ops))?).await?;
+    let mut ops_state = StateClient::new(as_ops.clone());
+    ops_state.update(add("trips/a", 5)).await?;
+    let value = ops_state.get(get("trips/a")).await?.into_inner();
+    assert_eq!(common::counter(&value), 5);
+    AdminClient::new(as_ops)
+        .status(pb::StatusRequest {})
+        .await?;
+
+    // another CA's certificate, an expired one, plaintext: no connection
+    let foreign = other.issue("ops")?;
+    let expired = pki.expired("ops", "ops-expired")?;
+    for (what, client) in [
+        ("another CA's certificate", pki.client(Some(&foreign))?),
+        ("an expired certificate", pki.client(Some(&expired))?),
+    ] {
+        let served = async {
+            let mut state = StateClient::new(connect(&node, client).await?);
+            state.get(get("trips/a")).await?;
+            anyhow::Ok(())
+        };
+        assert!(served.await.is_err(), "a client with {what} was served");
+    }
+    let plaintext = async {
+        let mut state = StateClient::connect(node.grpc.clone()).await?;
+        state
+            .get(with_token(get("trips/a"), Some(ADMIN_TOKEN)))
+            .await?;
+        anyhow::Ok(())
+    };
+    assert!(plaintext.await.is_err(), "a plaintext client was served");
+
+    // a CA added to the node's CA file is trusted from then on, without a restart
+    let both = format!(
+        "{}{}",
+        std::fs::read_to_string(&pki.ca)?,
+        std::fs::read_to_string(&other.ca)?
+    );
+    std::fs::write(&node_tls.ca, both)?;
+    let until = Instant::now() + Duration::from_secs(20);
+    loop {
+        let served = async {
+            let mut admin = AdminClient::new(connect(&node, pki.client(Some(&foreign))?).await?);
+            admin.status(pb::StatusRequest {}).await?;
+            anyhow::Ok(())
+        };
+        match served.await {
+            Ok(()) => break,
+            Err(e) if Instant::now() > until => {
+                anyhow::bail!("the added CA was not trusted within 20 s: {e:#}")
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+
+    node.terminate(Duration::from_secs(30)).await?;
+    // no secret in the log: neither token nor any private key
+    let log = std::fs::read_to_string(&node.log)?;
+    for secret in [READ_TOKEN, ADMIN_TOKEN, "PRIVATE KEY"] {
+        assert!(!log.contains(secret), "the node's log holds {secret}");
+    }
+    for key in [&node_tls.key, &ops.1] {
+        let pem = std::fs::read_to_string(key)?;
+        let body: String = pem.lines().filter(|l| !l.starts_with("-----")).collect();
+        assert!(
+            !log.contains(&body[..40]),
+            "the node's log holds a private key"
+        );
+    }
+    Ok(())
+}
