@@ -52,7 +52,11 @@ impl Objects {
                     (Some(access), Some(secret)) => aws_sdk_s3::config::Builder::new()
                         .behavior_version(BehaviorVersion::latest())
                         .credentials_provider(Credentials::new(
-                            access, secret, None, None, "geostate",
+                            access,
+                            secret.expose(),
+                            None,
+                            None,
+                            "geostate",
                         )),
                     _ => aws_sdk_s3::config::Builder::from(
                         &aws_config::defaults(BehaviorVersion::latest()).load().await,

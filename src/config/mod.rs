@@ -18,13 +18,13 @@ mod security;
 mod settings;
 mod window;
 
-pub use fields::{ConfigError, invalid, parse_addr, parse_duration};
+pub use fields::{ConfigError, Secret, invalid, parse_addr, parse_duration};
 use lease::RawLease;
 pub use lease::{LeaseConfig, Member, WitnessConfig};
 use pricing::RawPricing;
 pub use pricing::{Formula, PricingConfig};
-pub use security::{AuthConfig, Role, TlsConfig, TlsVersion};
-use security::{RawAuth, RawTls};
+pub use security::{AuthConfig, KafkaSecurity, Role, TlsConfig, TlsVersion};
+use security::{RawAuth, RawKafkaSecurity, RawTls};
 pub use settings::Setting;
 pub use window::WatermarkConfig;
 use window::{RawWatermark, RawWindow};
@@ -89,7 +89,7 @@ pub struct S3Target {
     pub path_style: bool,
     /// Static credentials; default the standard AWS environment and profile chain.
     pub access_key: Option<String>,
-    pub secret_key: Option<String>,
+    pub secret_key: Option<Secret>,
     /// Longest wait for a connection, and for the first byte of an answer, per attempt: a
     /// server that accepts and never answers fails the attempt instead of stalling.
     pub timeout: Duration,
@@ -133,7 +133,7 @@ impl RemoteConfig {
     }
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct KafkaConfig {
     pub bootstrap: String,
     pub updates_topic: String,
@@ -144,8 +144,41 @@ pub struct KafkaConfig {
     /// Where final windows go, each exactly once, in the shipping round that saw it final.
     pub outputs_topic: String,
     pub format: RecordFormat,
-    /// Extra librdkafka properties for every client (e.g. security settings).
+    /// Extra librdkafka properties for every client.
     pub client: BTreeMap<String, String>,
+    /// TLS and SASL to the brokers (`None`: plaintext, or whatever `client` sets).
+    pub security: Option<KafkaSecurity>,
+}
+
+/// Shows every field, and of `client` only the names of properties that may hold a
+/// secret (`*password*`, `*secret*`, `*jaas*`, `*.key.pem`).
+impl std::fmt::Debug for KafkaConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let secret = |k: &str| {
+            ["password", "secret", "jaas", "key.pem"]
+                .iter()
+                .any(|s| k.contains(s))
+        };
+        let client: BTreeMap<&str, &str> = (self.client.iter())
+            .map(|(k, v)| {
+                (
+                    k.as_str(),
+                    if secret(k) { "<redacted>" } else { v.as_str() },
+                )
+            })
+            .collect();
+        f.debug_struct("KafkaConfig")
+            .field("bootstrap", &self.bootstrap)
+            .field("updates_topic", &self.updates_topic)
+            .field("deltas_topic", &self.deltas_topic)
+            .field("dlq_topic", &self.dlq_topic)
+            .field("late_topic", &self.late_topic)
+            .field("outputs_topic", &self.outputs_topic)
+            .field("format", &self.format)
+            .field("client", &client)
+            .field("security", &self.security)
+            .finish()
+    }
 }
 
 /// How records of the updates topic are encoded.
@@ -370,7 +403,7 @@ struct RawS3 {
     #[serde(default)]
     path_style: bool,
     access_key: Option<String>,
-    secret_key: Option<String>,
+    secret_key: Option<Secret>,
     #[serde(default = "default_s3_timeout")]
     timeout: String,
 }
@@ -463,6 +496,7 @@ struct RawKafka {
     format: RecordFormat,
     #[serde(default)]
     client: BTreeMap<String, String>,
+    security: Option<RawKafkaSecurity>,
 }
 
 #[derive(Deserialize)]
@@ -713,6 +747,11 @@ impl RawConfig {
             .map(|l| l.validate(Some(&region), max_clock_offset))
             .transpose()?;
         let tls = self.tls.map(RawTls::validate);
+        let kafka_security = self
+            .kafka
+            .security
+            .map(RawKafkaSecurity::validate)
+            .transpose()?;
         let grpc_listen = parse_addr("api.grpc-listen", &self.api.grpc_listen)?;
         let metrics_listen = parse_addr("api.metrics-listen", &self.api.metrics_listen)?;
         let mut listeners = vec![
@@ -740,6 +779,7 @@ impl RawConfig {
                 outputs_topic: self.kafka.outputs_topic,
                 format: self.kafka.format,
                 client: self.kafka.client,
+                security: kafka_security,
             },
             ingest: IngestConfig {
                 batch_max_events: self.ingest.batch_max_events,
@@ -947,6 +987,28 @@ mod tests {
         assert!(c.namespaces.lookup("nothing/here").is_none());
         assert!(c.namespaces.lookup("surge").is_none());
         assert!(c.replication.remotes.is_empty());
+    }
+
+    /// `Debug` of a configuration (what a log line or a panic would print) never shows
+    /// a password or a secret key.
+    #[test]
+    fn the_debug_of_a_config_hides_its_secrets() {
+        let text = MINIMAL.replace(
+            "[api]",
+            "[kafka.client]\n\"sasl.password\" = \"kafka-pw-1234\"\n\"ssl.key.pem\" = \"pem-9876\"\n\"linger.ms\" = \"5\"\n[api]",
+        );
+        let text = format!(
+            "{text}\n[checkpoint.s3]\nbucket = \"b\"\naccess-key = \"AKID\"\nsecret-key = \"s3-secret-5678\"\n"
+        );
+        let c = Config::parse(&text).unwrap();
+        let shown = format!("{c:?}");
+        for secret in ["kafka-pw-1234", "pem-9876", "s3-secret-5678"] {
+            assert!(!shown.contains(secret), "{secret} in {shown}");
+        }
+        assert!(
+            shown.contains("linger.ms") && shown.contains("AKID"),
+            "{shown}"
+        );
     }
 
     #[test]

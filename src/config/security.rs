@@ -10,7 +10,7 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
-use super::{ConfigError, invalid};
+use super::{ConfigError, Secret, invalid};
 
 /// A validated `[tls]` section.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -79,6 +79,114 @@ impl AuthConfig {
             identities: BTreeMap::new(),
             token_files: BTreeMap::new(),
         }
+    }
+}
+
+/// A validated `[kafka.security]` section: how every Kafka client of the node (and
+/// the merge's clients of other regions' clusters) authenticates and encrypts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KafkaSecurity {
+    /// librdkafka's `security.protocol`: `ssl`, `sasl_ssl` or `sasl_plaintext`.
+    pub protocol: String,
+    /// SASL: the mechanism (`SCRAM-SHA-512`, `SCRAM-SHA-256`, `PLAIN`), user and
+    /// password (read from its file or variable at start-up).
+    pub sasl: Option<(String, String, Secret)>,
+    /// CA file (PEM) that signs the brokers' certificates (default: the system's).
+    pub ca: Option<PathBuf>,
+    /// A client certificate and key (PEM) for brokers that ask for one.
+    pub identity: Option<(PathBuf, PathBuf)>,
+}
+
+impl KafkaSecurity {
+    /// The librdkafka properties.
+    pub fn properties(&self) -> Vec<(&'static str, String)> {
+        let mut properties = vec![("security.protocol", self.protocol.clone())];
+        if let Some((mechanism, username, password)) = &self.sasl {
+            properties.push(("sasl.mechanisms", mechanism.clone()));
+            properties.push(("sasl.username", username.clone()));
+            properties.push(("sasl.password", password.expose().to_owned()));
+        }
+        let path = |p: &PathBuf| p.display().to_string();
+        if let Some(ca) = &self.ca {
+            properties.push(("ssl.ca.location", path(ca)));
+        }
+        if let Some((cert, key)) = &self.identity {
+            properties.push(("ssl.certificate.location", path(cert)));
+            properties.push(("ssl.key.location", path(key)));
+        }
+        properties
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub(crate) struct RawKafkaSecurity {
+    protocol: String,
+    mechanism: Option<String>,
+    username: Option<String>,
+    password_file: Option<PathBuf>,
+    password_env: Option<String>,
+    ca: Option<PathBuf>,
+    cert: Option<PathBuf>,
+    key: Option<PathBuf>,
+}
+
+const PROTOCOLS: [&str; 3] = ["ssl", "sasl_ssl", "sasl_plaintext"];
+const MECHANISMS: [&str; 3] = ["SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN"];
+
+impl RawKafkaSecurity {
+    pub(crate) fn validate(self) -> Result<KafkaSecurity, ConfigError> {
+        let field = "kafka.security";
+        let protocol = self.protocol.to_ascii_lowercase();
+        if !PROTOCOLS.contains(&protocol.as_str()) {
+            return Err(invalid(
+                "kafka.security.protocol",
+                format!("{:?} is not one of {}", self.protocol, PROTOCOLS.join(", ")),
+            ));
+        }
+        let sasl = if protocol.starts_with("sasl") {
+            let mechanism = self.mechanism.unwrap_or_else(|| "SCRAM-SHA-512".into());
+            if !MECHANISMS.contains(&mechanism.as_str()) {
+                return Err(invalid(
+                    "kafka.security.mechanism",
+                    format!("{mechanism:?} is not one of {}", MECHANISMS.join(", ")),
+                ));
+            }
+            let username = self
+                .username
+                .ok_or_else(|| invalid("kafka.security.username", "SASL needs a username"))?;
+            let password = match (self.password_file, self.password_env) {
+                (Some(file), None) => std::fs::read_to_string(&file)
+                    .map(|text| text.trim_end_matches(['\r', '\n']).to_owned())
+                    .map_err(|e| {
+                        let reason = format!("cannot read {}: {e}", file.display());
+                        invalid("kafka.security.password-file", reason)
+                    })?,
+                (None, Some(var)) => std::env::var(&var).map_err(|_| {
+                    invalid("kafka.security.password-env", format!("${var} is not set"))
+                })?,
+                _ => {
+                    return Err(invalid(
+                        field,
+                        "SASL needs one of password-file and password-env",
+                    ));
+                }
+            };
+            Some((mechanism, username, Secret::new(password)))
+        } else {
+            None
+        };
+        let identity = match (self.cert, self.key) {
+            (Some(cert), Some(key)) => Some((cert, key)),
+            (None, None) => None,
+            _ => return Err(invalid(field, "cert and key go together")),
+        };
+        Ok(KafkaSecurity {
+            protocol,
+            sasl,
+            ca: self.ca,
+            identity,
+        })
     }
 }
 
@@ -247,6 +355,53 @@ mod tests {
         assert!(check_plaintext(None, true, &listeners).is_ok());
         assert!(check_plaintext(Some(&tls()), false, &listeners).is_ok());
         assert!(check_plaintext(None, false, &listeners[..1]).is_ok());
+    }
+
+    #[test]
+    fn kafka_sasl_reads_its_password_and_never_shows_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("kafka.password");
+        std::fs::write(&file, "s3cr3t-pass\n").unwrap();
+        let raw: RawKafkaSecurity = toml::from_str(&format!(
+            r#"
+            protocol = "SASL_SSL"
+            username = "geostate"
+            password-file = {:?}
+            ca = "ca.pem"
+            "#,
+            file.display().to_string()
+        ))
+        .unwrap();
+        let security = raw.validate().unwrap();
+        let properties = security.properties();
+        assert!(properties.contains(&("security.protocol", "sasl_ssl".into())));
+        assert!(properties.contains(&("sasl.mechanisms", "SCRAM-SHA-512".into())));
+        assert!(properties.contains(&("sasl.password", "s3cr3t-pass".into())));
+        assert!(properties.contains(&("ssl.ca.location", "ca.pem".into())));
+        let shown = format!("{security:?}");
+        assert!(!shown.contains("s3cr3t"), "{shown}");
+        // no password, an unknown protocol or mechanism: errors naming the field
+        let err = |text: &str| {
+            let raw: RawKafkaSecurity = toml::from_str(text).unwrap();
+            raw.validate().unwrap_err().to_string()
+        };
+        assert!(
+            err(r#"protocol = "sasl_ssl"
+username = "u""#)
+            .contains("password")
+        );
+        assert!(err(r#"protocol = "kerberos""#).contains("kafka.security.protocol"));
+        assert!(
+            err(r#"protocol = "sasl_ssl"
+mechanism = "GSSAPI"
+username = "u"
+password-env = "X""#)
+            .contains("mechanism")
+        );
+        let missing = err(r#"protocol = "sasl_ssl"
+username = "u"
+password-file = "/nonexistent/pw""#);
+        assert!(missing.contains("/nonexistent/pw"), "{missing}");
     }
 
     #[test]

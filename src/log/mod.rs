@@ -110,6 +110,9 @@ fn client_config(kafka: &KafkaConfig) -> ClientConfig {
     for (k, v) in &kafka.client {
         c.set(k, v);
     }
+    for (k, v) in kafka.security.iter().flat_map(|s| s.properties()) {
+        c.set(k, v);
+    }
     c
 }
 
