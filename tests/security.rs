@@ -212,3 +212,83 @@ async fn a_secure_node_serves_each_caller_what_its_role_allows() -> anyhow::Resu
     }
     Ok(())
 }
+
+/// `cluster.py secure-kafka`'s broker: SASL_SSL only.
+#[derive(serde::Deserialize)]
+struct SecureKafka {
+    bootstrap: String,
+    ca: String,
+    username: String,
+    password_file: String,
+}
+
+/// On a broker that takes SASL_SSL only, a node with `[kafka.security]` ingests, answers
+/// and ships (consumer, idempotent producer, transactional shipping, all over TLS with
+/// SCRAM-SHA-512); with a wrong password it stops at start-up, and neither password is in
+/// its log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_reaches_kafka_over_sasl_ssl_with_its_credentials() -> anyhow::Result<()> {
+    common::cluster_script(&["secure-kafka", "start"])?;
+    let info = common::run_dir()?.join("secure-kafka/secure.json");
+    let kafka: SecureKafka = serde_json::from_slice(&std::fs::read(&info)?)?;
+    let password = std::fs::read_to_string(&kafka.password_file)?
+        .trim()
+        .to_owned();
+    let properties = [
+        ("security.protocol", "sasl_ssl".to_owned()),
+        ("sasl.mechanisms", "SCRAM-SHA-512".to_owned()),
+        ("sasl.username", kafka.username.clone()),
+        ("sasl.password", password.clone()),
+        ("ssl.ca.location", kafka.ca.clone()),
+    ];
+    let topics = Topics::create_with(&kafka.bootstrap, &properties, "sasl", 2).await?;
+    let security = |password_file: &str| {
+        format!(
+            "{{ protocol = \"sasl_ssl\", mechanism = \"SCRAM-SHA-512\", username = {:?}, password-file = {password_file:?}, ca = {:?} }}",
+            kafka.username, kafka.ca
+        )
+    };
+
+    let dir = tempfile::tempdir()?;
+    let mut node = Node::configure(dir.path(), &kafka.bootstrap, &topics)?;
+    node.set("checkpoint.interval", "\"0s\"");
+    node.set("kafka.security", &security(&kafka.password_file));
+    node.start().await?;
+    let mut state = StateClient::connect(node.grpc.clone()).await?;
+    state.update(add("trips/sasl", 3)).await?;
+    state.update(add("trips/sasl", 4)).await?;
+    let value = state.get(get("trips/sasl")).await?.into_inner();
+    assert_eq!(common::counter(&value), 7);
+    // its deltas were shipped: a committed transaction on the secure broker
+    let mut consumer = rdkafka::ClientConfig::new();
+    consumer
+        .set("bootstrap.servers", &kafka.bootstrap)
+        .set("group.id", common::unique("sasl-reader"))
+        .set("auto.offset.reset", "earliest")
+        .set("isolation.level", "read_committed");
+    for (k, v) in &properties {
+        consumer.set(*k, v);
+    }
+    let consumer: rdkafka::consumer::StreamConsumer = consumer.create()?;
+    rdkafka::consumer::Consumer::subscribe(&consumer, &[topics.deltas.as_str()])?;
+    let shipped = tokio::time::timeout(Duration::from_secs(30), consumer.recv()).await;
+    shipped.map_err(|_| anyhow::anyhow!("no delta shipped within 30 s"))??;
+    node.terminate(Duration::from_secs(30)).await?;
+
+    let wrong = dir.path().join("wrong.password");
+    let wrong_password = "not-the-password-31337";
+    std::fs::write(&wrong, wrong_password)?;
+    let other = tempfile::tempdir()?;
+    let mut refused = Node::configure(other.path(), &kafka.bootstrap, &topics)?;
+    refused.set("kafka.security", &security(&wrong.display().to_string()));
+    let started = refused.start().await;
+    let error = started.expect_err("a node with a wrong Kafka password started");
+    println!("refused: {error:#}");
+    for log in [&node.log, &refused.log] {
+        let text = std::fs::read_to_string(log)?;
+        for secret in [password.as_str(), wrong_password] {
+            assert!(!text.contains(secret), "{} holds a password", log.display());
+        }
+    }
+    Ok(())
+}

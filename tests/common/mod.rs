@@ -346,9 +346,22 @@ pub fn unique(label: &str) -> String {
 }
 
 pub async fn create_topic(bootstrap: &str, name: &str, partitions: i32) -> anyhow::Result<()> {
-    let admin: KafkaAdmin<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .create()?;
+    create_topic_with(bootstrap, &[], name, partitions).await
+}
+
+/// [`create_topic`] with further client properties (security).
+pub async fn create_topic_with(
+    bootstrap: &str,
+    properties: &[(&str, String)],
+    name: &str,
+    partitions: i32,
+) -> anyhow::Result<()> {
+    let mut config = ClientConfig::new();
+    config.set("bootstrap.servers", bootstrap);
+    for (k, v) in properties {
+        config.set(*k, v);
+    }
+    let admin: KafkaAdmin<DefaultClientContext> = config.create()?;
     let results = admin
         .create_topics(
             &[NewTopic::new(name, partitions, TopicReplication::Fixed(1))],
@@ -416,6 +429,16 @@ pub struct Topics {
 
 impl Topics {
     pub async fn create(bootstrap: &str, label: &str, partitions: i32) -> anyhow::Result<Self> {
+        Self::create_with(bootstrap, &[], label, partitions).await
+    }
+
+    /// [`Topics::create`] with further client properties (security).
+    pub async fn create_with(
+        bootstrap: &str,
+        properties: &[(&str, String)],
+        label: &str,
+        partitions: i32,
+    ) -> anyhow::Result<Self> {
         let base = unique(label);
         let topics = Topics {
             updates: format!("{base}.updates"),
@@ -424,11 +447,15 @@ impl Topics {
             late: format!("{base}.late"),
             outputs: format!("{base}.outputs"),
         };
-        create_topic(bootstrap, &topics.updates, partitions).await?;
-        create_topic(bootstrap, &topics.deltas, partitions).await?;
-        create_topic(bootstrap, &topics.dlq, 1).await?;
-        create_topic(bootstrap, &topics.late, 1).await?;
-        create_topic(bootstrap, &topics.outputs, partitions).await?;
+        for (topic, count) in [
+            (&topics.updates, partitions),
+            (&topics.deltas, partitions),
+            (&topics.dlq, 1),
+            (&topics.late, 1),
+            (&topics.outputs, partitions),
+        ] {
+            create_topic_with(bootstrap, properties, topic, count).await?;
+        }
         Ok(topics)
     }
 }

@@ -9,6 +9,7 @@ from .lifecycle import (cmd_down, cmd_kafka, cmd_mirror, cmd_node, cmd_restart_n
                         cmd_up)
 from .net import cmd_net
 from .postgres import cmd_postgres, cmd_sink
+from .secure import cmd_secure_kafka
 
 
 def main(description: str) -> None:
@@ -41,6 +42,10 @@ def main(description: str) -> None:
     sink.add_argument("action", choices=["kill", "start"])
     sink.add_argument("region")
     sink.set_defaults(fn=cmd_sink)
+    secure = sub.add_parser("secure-kafka", help="start or stop a broker on SASL_SSL only "
+                            "(SCRAM-SHA-512, certificates from geostate certs)")
+    secure.add_argument("action", choices=["start", "stop"])
+    secure.set_defaults(fn=cmd_secure_kafka)
     net = sub.add_parser("net", help="cut a region off the other sites, or heal every cut")
     net.add_argument("action", choices=["isolate", "delay", "heal"])
     net.add_argument("region", nargs="?")
