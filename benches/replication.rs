@@ -238,8 +238,7 @@ fn shipping_lags(kafka: &str, topic: &str) -> ShippingLags {
     let want = Arc::new(AtomicUsize::new(usize::MAX));
     let (kafka, topic, wanted) = (kafka.to_owned(), topic.to_owned(), want.clone());
     let thread = std::thread::spawn(move || {
-        let consumer: BaseConsumer = rdkafka::ClientConfig::new()
-            .set("bootstrap.servers", &kafka)
+        let consumer: BaseConsumer = geostate_jepsen::control::kafka_config(&kafka)
             .set("group.id", unique("bench-shipping"))
             .set("enable.auto.commit", "false")
             .set("auto.offset.reset", "earliest")

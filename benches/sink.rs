@@ -23,7 +23,6 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
 use common::{Topics, cluster, percentile, produce_all, producer, unique};
-use rdkafka::ClientConfig;
 use rdkafka::Message;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::producer::FutureRecord;
@@ -145,8 +144,7 @@ async fn run() -> anyhow::Result<()> {
     let topics = Topics::create(&kafka, "bench-sink-latency", PARTITIONS).await?;
     let (url, db) = database(&pg.url, pg.port).await?;
     let sink = Sink::start(&kafka, &topics.outputs, &url, &dir.path().join("sink2.log"))?;
-    let consumer: StreamConsumer = ClientConfig::new()
-        .set("bootstrap.servers", &kafka)
+    let consumer: StreamConsumer = geostate_jepsen::control::kafka_config(&kafka)
         .set("group.id", unique("bench-sink-floor"))
         .set("auto.offset.reset", "earliest")
         .set("isolation.level", "read_committed")

@@ -348,11 +348,12 @@ impl Opened {
         self.spawn_ingest(&mut tasks, &shared, &remotes, &leases, &stop_rx)?;
         let (checkpoints, checkpoint_status) =
             self.spawn_checkpointer(&mut tasks, &shared, &stop_rx)?;
-        let tls = self.tls.clone();
-        if let Some(tls) = &tls {
+        if let Some(tls) = &self.tls {
             let reload = tls.clone().watch(stop_rx.clone());
             tasks.spawn("the TLS reloader", OnStop::Abort, returns(reload));
         }
+        // the API's and the metrics' (other regions' APIs are served alike)
+        let tls = self.tls.clone().filter(|_| !config.api.plaintext);
         let metrics = incoming(metrics, tls.clone(), Listener::Metrics);
         tasks.spawn(
             "the metrics server",

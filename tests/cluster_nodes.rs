@@ -127,7 +127,6 @@ async fn aborted_deltas_are_never_mirrored() -> anyhow::Result<()> {
     use geostate::crdt::{Actor, CrdtValue, Delta, GCounter, RegionId};
     use geostate::pb;
     use geostate::pb::state_client::StateClient;
-    use rdkafka::ClientConfig;
     use rdkafka::Message;
     use rdkafka::consumer::{BaseConsumer, Consumer};
     use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
@@ -157,8 +156,7 @@ async fn aborted_deltas_are_never_mirrored() -> anyhow::Result<()> {
         format!("trips/{}", unique("aborted")),
         format!("trips/{}", unique("committed")),
     );
-    let producer: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", &cluster.regions[source].kafka)
+    let producer: FutureProducer = common::kafka_config(&cluster.regions[source].kafka)
         .set("transactional.id", unique("abort-test"))
         .create()?;
     let p = producer.clone();
@@ -203,8 +201,7 @@ async fn aborted_deltas_are_never_mirrored() -> anyhow::Result<()> {
     }
     // the mirrored topic holds it, and not the aborted one — even read uncommitted
     let mirrored = format!("{source}.geostate.deltas");
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", &cluster.regions[target].kafka)
+    let consumer: BaseConsumer = common::kafka_config(&cluster.regions[target].kafka)
         .set("group.id", unique("mirror-reader"))
         .set("auto.offset.reset", "earliest")
         .set("isolation.level", "read_uncommitted")

@@ -12,7 +12,6 @@ use anyhow::{Context, bail};
 use aws_sdk_s3::primitives::ByteStream;
 use geostate::clock::HlcTimestamp;
 use geostate::crdt::{Actor, CrdtValue, Delta, GCounter, RegionId};
-use rdkafka::ClientConfig;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::Message;
 use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -45,8 +44,7 @@ async fn mirror_one(cluster: &Cluster, from: &str, to: &str) -> anyhow::Result<D
     let payload = delta.encode();
 
     let mirrored_topic = format!("{from}.geostate.deltas");
-    let consumer: StreamConsumer = ClientConfig::new()
-        .set("bootstrap.servers", &cluster.regions[to].kafka)
+    let consumer: StreamConsumer = common::kafka_config(&cluster.regions[to].kafka)
         .set("group.id", unique("group").replace('/', "-"))
         .set("enable.auto.commit", "false")
         .set("fetch.wait.max.ms", "20")
@@ -66,8 +64,7 @@ async fn mirror_one(cluster: &Cluster, from: &str, to: &str) -> anyhow::Result<D
     }
     consumer.assign(&assignment)?;
 
-    let producer: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", &cluster.regions[from].kafka)
+    let producer: FutureProducer = common::kafka_config(&cluster.regions[from].kafka)
         .set("enable.idempotence", "true")
         .set("acks", "all")
         .set("linger.ms", "0")

@@ -12,7 +12,6 @@ use common::failover::replica;
 use common::{Node, Topics, cluster, counter, producer};
 use geostate::pb;
 use geostate::workload::Rng;
-use rdkafka::ClientConfig;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::Message;
 use rdkafka::producer::FutureProducer;
@@ -144,8 +143,7 @@ async fn bad_records_are_dead_lettered_and_the_partition_keeps_flowing() -> anyh
         (long_id.as_str(), "id_too_long"),
         (huge.as_str(), "value_too_large"),
     ];
-    let producer: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", &kafka)
+    let producer: FutureProducer = common::kafka_config(&kafka)
         .set("message.max.bytes", "1048000")
         .create()?;
     for (payload, _) in &bad {
@@ -540,8 +538,7 @@ async fn applied_keys_ship_their_own_part_to_the_deltas_topic() -> anyhow::Resul
             .await?;
     }
 
-    let consumer: StreamConsumer = ClientConfig::new()
-        .set("bootstrap.servers", &kafka)
+    let consumer: StreamConsumer = common::kafka_config(&kafka)
         .set("group.id", common::unique("deltas-reader"))
         .set("auto.offset.reset", "earliest")
         .set("isolation.level", "read_committed")

@@ -17,7 +17,7 @@ use common::{Node, Topics, cluster, create_topic, repo_file, unique};
 use geostate::config::{Config, Setting};
 use geostate::log::{Made, RenewingProducer, TransactionalSpec, TxRecord, partition_of};
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
+use rdkafka::{Message, Offset, TopicPartitionList};
 
 const PARTITIONS: i32 = 12;
 
@@ -32,10 +32,13 @@ const JAVA: [(&str, i32); 6] = [
 ];
 
 fn kafka(bootstrap: &str) -> anyhow::Result<geostate::config::KafkaConfig> {
-    let set: Setting = format!("kafka.bootstrap={bootstrap:?}")
-        .parse()
-        .map_err(anyhow::Error::msg)?;
-    Ok(Config::load_with(&repo_file("regions/us-east-1.toml"), &[set])?.kafka)
+    let set = [format!("kafka.bootstrap={bootstrap:?}")]
+        .into_iter()
+        .chain(common::kafka_client_setting(bootstrap));
+    let set: Vec<Setting> = set
+        .map(|s| s.parse().map_err(anyhow::Error::msg))
+        .collect::<anyhow::Result<_>>()?;
+    Ok(Config::load_with(&repo_file("regions/us-east-1.toml"), &set)?.kafka)
 }
 
 /// Every record of `topic` (committed ones): key → the partitions it was found on.
@@ -44,8 +47,7 @@ fn partitions_of_keys(
     topic: &str,
     expected: usize,
 ) -> anyhow::Result<BTreeMap<String, Vec<i32>>> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
+    let consumer: BaseConsumer = common::kafka_config(bootstrap)
         .set("group.id", unique("partitioner"))
         .set("isolation.level", "read_committed")
         .create()?;

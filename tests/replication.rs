@@ -17,7 +17,6 @@ use geostate::crdt::{Actor, CrdtValue, Delta, GCounter, RegionId};
 use geostate::pb;
 use geostate::pb::state_client::StateClient;
 use geostate::workload::Rng;
-use rdkafka::ClientConfig;
 use rdkafka::Message;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::error::KafkaError;
@@ -232,8 +231,7 @@ async fn a_shipping_interval_coalesces_a_keys_updates_and_loses_none() -> anyhow
 
 /// Reads every committed record of `topic` from the beginning to its end.
 async fn read_all(kafka: &str, topic: &str) -> anyhow::Result<Vec<(Vec<u8>, Vec<u8>)>> {
-    let consumer: StreamConsumer = ClientConfig::new()
-        .set("bootstrap.servers", kafka)
+    let consumer: StreamConsumer = common::kafka_config(kafka)
         .set("group.id", common::unique("reader"))
         .set("auto.offset.reset", "earliest")
         .set("isolation.level", "read_committed")

@@ -15,7 +15,6 @@ use geostate::ingest::event::{Op, Update};
 use geostate::pb;
 use geostate::pb::state_client::StateClient;
 use geostate::pb::window_selector::Which;
-use rdkafka::ClientConfig;
 use rdkafka::Message;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Headers;
@@ -79,8 +78,7 @@ fn whole_topic(
     kafka: &str,
     topic: &str,
 ) -> anyhow::Result<Vec<(String, BTreeMap<String, String>)>> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", kafka)
+    let consumer: BaseConsumer = common::kafka_config(kafka)
         .set("group.id", unique("late-reader"))
         .set("isolation.level", "read_committed")
         .set("auto.offset.reset", "earliest")

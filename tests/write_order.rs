@@ -13,7 +13,7 @@ use common::failover::{key_homed_at, regions, set, wait_held};
 use common::{cluster, unique};
 use geostate::ingest::event::Update;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
+use rdkafka::{Message, Offset, TopicPartitionList};
 
 /// Writes in flight at once.
 const WRITERS: usize = 16;
@@ -59,8 +59,7 @@ async fn concurrent_writes_of_a_key_enter_the_log_in_stamp_order() -> anyhow::Re
     // the key's records, in log order, with their stamps
     let node = &cluster.regions[&home.name];
     let config = common::node_config(node)?;
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", &node.kafka)
+    let consumer: BaseConsumer = common::kafka_config(&node.kafka)
         .set("group.id", unique("order-reader"))
         .set("enable.auto.commit", "false")
         .create()?;

@@ -71,8 +71,7 @@ pub(crate) async fn ceilings(
     let actor = Actor::new(RegionId::new("us-east-1")?, 1);
     let result = async {
         let consumer = |label: &str| -> anyhow::Result<StreamConsumer> {
-            let consumer: StreamConsumer = ClientConfig::new()
-                .set("bootstrap.servers", kafka)
+            let consumer: StreamConsumer = geostate_jepsen::control::kafka_config(kafka)
                 .set("group.id", common::unique(label))
                 .set("enable.auto.commit", "false")
                 .set("fetch.wait.max.ms", "10")

@@ -142,8 +142,7 @@ pub(crate) fn redis_consumer(spec: &str) -> anyhow::Result<()> {
     let [kafka, topic, group, addr] = spec.split(',').collect::<Vec<_>>()[..] else {
         bail!("GEOSTATE_BENCH_REDIS_CONSUMER={spec}: want kafka,topic,group,redis");
     };
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", kafka)
+    let consumer: BaseConsumer = geostate_jepsen::control::kafka_config(kafka)
         .set("group.id", group)
         .set("enable.auto.commit", "false")
         .set("auto.offset.reset", "earliest")

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::bail;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use rdkafka::{Offset, TopicPartitionList};
 use serde_json::{Value, json};
 
 use crate::common::Node;
@@ -151,8 +151,7 @@ impl Probe<'_> {
         topic: &str,
         partitions: i32,
     ) -> anyhow::Result<Self> {
-        let consumer: BaseConsumer = ClientConfig::new()
-            .set("bootstrap.servers", kafka)
+        let consumer: BaseConsumer = geostate_jepsen::control::kafka_config(kafka)
             .set("group.id", group)
             .set("enable.auto.commit", "false")
             .create()?;

@@ -77,6 +77,10 @@ pub struct RegionFile {
     /// The region's further nodes by index (`make up NODES=N`, `cluster.py node add`).
     #[serde(default)]
     pub nodes: std::collections::BTreeMap<String, NodeFile>,
+    /// What a Kafka client of this region's broker sets besides the bootstrap address
+    /// (SASL_SSL on a `make up SECURE=1` cluster; empty: plaintext).
+    #[serde(default)]
+    pub kafka_client: BTreeMap<String, String>,
 }
 
 /// One of a region's further nodes.
@@ -91,6 +95,29 @@ pub struct NodeFile {
 pub struct WitnessFile {
     pub grpc: Option<String>,
     pub pid: Option<u32>,
+}
+
+/// A Kafka client configuration for the broker at `bootstrap`, with [`kafka_client_of`].
+pub fn kafka_config(bootstrap: &str) -> rdkafka::ClientConfig {
+    let mut config = rdkafka::ClientConfig::new();
+    config.set("bootstrap.servers", bootstrap);
+    for (k, v) in kafka_client_of(bootstrap) {
+        config.set(k, v);
+    }
+    config
+}
+
+/// The client properties the region of the broker at `bootstrap` sets in the cluster file
+/// `$GEOSTATE_CLUSTER` (SASL_SSL on a `make up SECURE=1` cluster; none for a broker it
+/// does not list).
+pub fn kafka_client_of(bootstrap: &str) -> BTreeMap<String, String> {
+    let cluster =
+        std::env::var_os("GEOSTATE_CLUSTER").and_then(|p| read_cluster(Path::new(&p)).ok());
+    let region = cluster
+        .into_iter()
+        .flat_map(|c| c.regions.into_values())
+        .find(|r| r.kafka == bootstrap);
+    region.map(|r| r.kafka_client).unwrap_or_default()
 }
 
 pub fn read_cluster(path: &Path) -> anyhow::Result<ClusterFile> {

@@ -161,7 +161,6 @@ pub(crate) async fn outputs(
     wanted: usize,
     within: Duration,
 ) -> anyhow::Result<BTreeMap<String, Vec<windowed::Output>>> {
-    use rdkafka::ClientConfig;
     use rdkafka::Message;
     use rdkafka::consumer::{Consumer, StreamConsumer};
     use rdkafka::error::KafkaError;
@@ -171,17 +170,14 @@ pub(crate) async fn outputs(
     for region in regions {
         let kafka = &cluster.regions[region].kafka;
         let partitions = {
-            let probe: StreamConsumer = ClientConfig::new()
-                .set("bootstrap.servers", kafka)
-                .create()?;
+            let probe: StreamConsumer = crate::control::kafka_config(kafka).create()?;
             let metadata = probe.fetch_metadata(Some(OUTPUTS_TOPIC), Duration::from_secs(10))?;
             metadata
                 .topics()
                 .first()
                 .map_or(0, |t| t.partitions().len())
         };
-        let consumer: StreamConsumer = ClientConfig::new()
-            .set("bootstrap.servers", kafka)
+        let consumer: StreamConsumer = crate::control::kafka_config(kafka)
             .set("group.id", format!("jepsen-outputs-{}", std::process::id()))
             .set("auto.offset.reset", "earliest")
             .set("isolation.level", "read_committed")

@@ -219,6 +219,9 @@ pub struct ApiConfig {
     pub max_watchers: usize,
     /// Who may call what.
     pub auth: AuthConfig,
+    /// The API and metrics listeners serve plaintext even with `[tls]` (loopback only):
+    /// a process whose lease group runs on TLS behind a local proxy or sidecar.
+    pub plaintext: bool,
 }
 
 /// Whether any region may write a namespace, or only the holder of the key's lease.
@@ -541,6 +544,8 @@ struct RawApi {
     #[serde(default = "default_max_watchers")]
     max_watchers: usize,
     auth: Option<RawAuth>,
+    #[serde(default)]
+    plaintext: bool,
 }
 
 fn default_max_batch_keys() -> usize {
@@ -760,7 +765,11 @@ impl RawConfig {
         ];
         listeners.extend(lease.as_ref().map(|l| ("lease.listen", l.listen)));
         security::check_plaintext(tls.as_ref(), self.allow_plaintext, &listeners)?;
-        let auth = security::api_auth(self.api.auth, tls.as_ref(), grpc_listen)?;
+        let api_tls = tls.as_ref().filter(|_| !self.api.plaintext);
+        if self.api.plaintext {
+            security::check_plaintext(None, self.allow_plaintext, &listeners[..2])?;
+        }
+        let auth = security::api_auth(self.api.auth, api_tls, grpc_listen)?;
         Ok(Config {
             lease,
             pricing,
@@ -799,6 +808,7 @@ impl RawConfig {
                 max_batch_keys: self.api.max_batch_keys,
                 max_watchers: self.api.max_watchers,
                 auth,
+                plaintext: self.api.plaintext,
             },
             namespaces,
             watermark: self.watermark.validate()?,

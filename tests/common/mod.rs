@@ -17,14 +17,13 @@ use anyhow::{Context, bail};
 use geostate::pb;
 use geostate::pb::admin_client::AdminClient;
 use geostate::pb::state_client::StateClient;
-use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient as KafkaAdmin, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use tonic::transport::Channel;
 
 /// `cluster.json`, as the harness and the drills read it.
-pub use geostate_jepsen::control::{ClusterFile as Cluster, RegionFile, S3Endpoint};
+pub use geostate_jepsen::control::{ClusterFile as Cluster, RegionFile, S3Endpoint, kafka_config};
 
 /// The configuration a node of `cluster.json` runs with: its region file and overrides.
 pub fn node_config(r: &RegionFile) -> anyhow::Result<geostate::config::Config> {
@@ -38,6 +37,17 @@ pub fn config_with(path: &Path, set: &[String]) -> anyhow::Result<geostate::conf
         .map(|s| s.parse().map_err(anyhow::Error::msg))
         .collect::<anyhow::Result<Vec<geostate::config::Setting>>>()?;
     Ok(geostate::config::Config::load_with(path, &settings)?)
+}
+
+/// A secure cluster's broker at `bootstrap` (`make up SECURE=1`): the `--set` of its
+/// SASL_SSL client properties (`kafka.client`); `None` for a plaintext one.
+pub fn kafka_client_setting(bootstrap: &str) -> Option<String> {
+    let client = geostate_jepsen::control::kafka_client_of(bootstrap);
+    let table: Vec<String> = client
+        .iter()
+        .map(|(k, v)| format!("{k:?} = {v:?}"))
+        .collect();
+    (!client.is_empty()).then(|| format!("kafka.client={{ {} }}", table.join(", ")))
 }
 
 /// `--set` arguments for the binary.
@@ -91,8 +101,7 @@ pub async fn dead_letters(
     use rdkafka::Message;
     use rdkafka::consumer::{Consumer, StreamConsumer};
     use rdkafka::message::Headers;
-    let consumer: StreamConsumer = ClientConfig::new()
-        .set("bootstrap.servers", kafka)
+    let consumer: StreamConsumer = kafka_config(kafka)
         .set("group.id", unique("dlq-reader"))
         .set("auto.offset.reset", "earliest")
         .create()?;
@@ -130,8 +139,7 @@ pub async fn dead_letters(
 
 /// An idempotent producer for feeding topics in tests.
 pub fn producer(bootstrap: &str) -> anyhow::Result<FutureProducer> {
-    Ok(ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
+    Ok(kafka_config(bootstrap)
         // the Java producer's partitioner, as the node's own producers use
         .set("partitioner", "murmur2_random")
         .set("enable.idempotence", "true")
@@ -356,8 +364,7 @@ pub async fn create_topic_with(
     name: &str,
     partitions: i32,
 ) -> anyhow::Result<()> {
-    let mut config = ClientConfig::new();
-    config.set("bootstrap.servers", bootstrap);
+    let mut config = kafka_config(bootstrap);
     for (k, v) in properties {
         config.set(*k, v);
     }
@@ -534,6 +541,8 @@ impl Node {
             "lease=".to_owned(),
             format!("replication.remote=[{}]", remotes.join(", ")),
         ];
+        let mut set = set;
+        set.extend(kafka_client_setting(kafka));
         Ok(Self {
             config: repo_file(&format!("regions/{region}.toml")),
             set,
@@ -802,8 +811,7 @@ pub async fn read_output_records(
     use rdkafka::Message;
     use rdkafka::consumer::{Consumer, StreamConsumer};
     use rdkafka::error::KafkaError;
-    let consumer: StreamConsumer = ClientConfig::new()
-        .set("bootstrap.servers", kafka)
+    let consumer: StreamConsumer = kafka_config(kafka)
         .set("group.id", unique("outputs-reader"))
         .set("auto.offset.reset", "earliest")
         .set("isolation.level", "read_committed")

@@ -6,7 +6,6 @@
 //! Kafka 4 bounds it by the replica count and takes the writes (KAFKA-21110).
 
 use anyhow::{Context, anyhow};
-use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, AlterConfig, ConfigSource, ResourceSpecifier};
 use rdkafka::client::DefaultClientContext;
 
@@ -95,9 +94,7 @@ const MAX_BYTES: &str = "max.message.bytes";
 pub const LIMIT: &str = "90";
 
 fn admin(bootstrap: &str) -> anyhow::Result<AdminClient<DefaultClientContext>> {
-    Ok(ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .create()?)
+    Ok(super::kafka_config(bootstrap).create()?)
 }
 
 /// Sets `topic`'s configuration to `kept` plus, if given, `max.message.bytes`.

@@ -52,6 +52,13 @@ def cmd_up(_args: argparse.Namespace) -> None:
         cmd_install(_args)
         build_node()
     existing = read_cluster()
+    # SECURE=1: Kafka on SASL_SSL, the lease group on TLS. Unset: as the cluster already
+    # runs (a restart keeps its mode); plaintext for a new one.
+    asked = os.environ.get("SECURE")
+    was = bool(existing and existing.get("security"))
+    secure = was if asked is None else asked not in ("", "0")
+    if existing is not None and secure != was:
+        die(f"the cluster runs with SECURE={int(was)}: `make down` first")
     if existing is not None:
         h = health(existing)
         down = [k for k, v in h.items() if not v]
@@ -99,10 +106,18 @@ def cmd_up(_args: argparse.Namespace) -> None:
     for old in (LOGS, RUN / "nodes", RUN / "s3"):
         shutil.rmtree(old, ignore_errors=True)
     log4j_config()
+    shutil.rmtree(RUN / "security", ignore_errors=True)
+    SECURITY_FILE.unlink(missing_ok=True)
+    security = None
+    if secure:
+        security = make_security(RUN / "security", [*REGIONS, "witness"])
+        SECURITY_FILE.write_text(json.dumps(security, indent=2) + "\n")
+        SECURITY_FILE.chmod(0o600)
     try:
-        regions = {region: start_kafka(region) for region in REGIONS}
+        regions = {region: start_kafka(region, security) for region in REGIONS}
         s3 = start_s3()
         cluster = {"s3": s3, "postgres": {"pid": None}, "regions": {}, "mirrormaker2": {}, "logs": str(LOGS),
+                   "security": security,
                    "tools": {"grpcurl": str(GRPCURL), "geostate": str(geostate_bin()),
                              "s3s_fs": str(S3S_FS), "cluster_py": str(REPO / "regions" / "local" / "cluster.py")}}
         for region, r in regions.items():
@@ -111,7 +126,9 @@ def cmd_up(_args: argparse.Namespace) -> None:
                 # ports fixed up front: every node's config names the others' addresses
                 "grpc": f"127.0.0.1:{free_port()}", "metrics": None,
                 "data_dir": str(RUN / "nodes" / region),
-                "lease": f"127.0.0.1:{free_port()}", "pid": None}
+                "lease": f"127.0.0.1:{free_port()}", "pid": None,
+                # what a Kafka client of this region's broker sets (tests, tools)
+                "kafka_client": client_security(security) if security else {}}
         cluster["mirrormaker2"] = {"pid": None}
         # the lease group's third member (two regions + a witness form a majority)
         cluster["witness"] = {"grpc": None, "lease": f"127.0.0.1:{free_port()}",
@@ -169,6 +186,7 @@ def cmd_down(_args: argparse.Namespace) -> None:
         stop_pid(name, pid)
         (PIDS / name).unlink(missing_ok=True)
     CLUSTER_JSON.unlink(missing_ok=True)
+    SECURITY_FILE.unlink(missing_ok=True)
     if shutil.which("iptables") and os.geteuid() == 0:
         net_heal(remove=True)
     log("down")

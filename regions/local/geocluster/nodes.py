@@ -73,10 +73,23 @@ def assign_grpc_addresses(cluster: dict) -> None:
             n["grpc"] = n.get("grpc") or f"127.0.0.1:{free_port()}"
 
 
+def tls_settings(name: str, cluster: dict) -> list[str]:
+    """A secure cluster's (`make up SECURE=1`) `[tls]` for the process named `name` (its
+    region, or `witness`): the lease group runs on TLS with members' certificates."""
+    security = cluster.get("security")
+    if not security:
+        return []
+    certs = Path(security["certs"])
+    tls = {"cert": str(certs / f"{name}.pem"), "key": str(certs / f"{name}.key"),
+           "ca": security["ca"]}
+    return [f"tls={toml(tls)}"]
+
+
 def witness_settings(cluster: dict) -> list[str]:
     w = cluster["witness"]
     return ([f"data-dir={toml(w['data_dir'])}"]
             + lease_settings(len(cluster["regions"]) + 1, w["lease"], cluster)
+            + tls_settings("witness", cluster)
             + extra_settings())
 
 
@@ -123,6 +136,12 @@ def node_settings(region: str, r: dict, s3: dict, cluster: dict,
     if clock_offset_ms:
         sign = "-" if clock_offset_ms < 0 else ""
         settings.append(f"clock-offset={sign}{abs(clock_offset_ms)}ms")
+    security = cluster.get("security")
+    if security:
+        # Kafka on SASL_SSL, the lease group on TLS; the API stays plaintext on loopback
+        from .kafka import node_security
+        settings += [f"kafka.security={toml(node_security(security))}", "api.plaintext=true"]
+        settings += tls_settings(region, cluster)
     return settings + extra_settings()
 
 
