@@ -77,14 +77,13 @@ pub(crate) fn schedule(started: Instant, rate: u64, i: u64) -> Instant {
 pub(crate) async fn kafka_latencies(kafka: &str, rate: u64) -> anyhow::Result<Vec<Duration>> {
     let topic = common::unique("bench-floor");
     create_topic(kafka, &topic, 1).await?;
-    let producer: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
-        .set("bootstrap.servers", kafka)
-        .set("enable.idempotence", "true")
-        .set("acks", "all")
-        .set("linger.ms", "0")
-        .create()?;
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", kafka)
+    let producer: ThreadedProducer<DefaultProducerContext> =
+        geostate_jepsen::control::kafka_config(kafka)
+            .set("enable.idempotence", "true")
+            .set("acks", "all")
+            .set("linger.ms", "0")
+            .create()?;
+    let consumer: BaseConsumer = geostate_jepsen::control::kafka_config(kafka)
         .set("group.id", common::unique("bench-floor"))
         .set("enable.auto.commit", "false")
         .set("fetch.wait.max.ms", "10")
@@ -254,7 +253,7 @@ pub(crate) async fn latency_and_gets(
     );
     println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let (mut ours_points, mut floor_points) = (Vec::new(), Vec::new());
-    let mut stages = None;
+    let (mut stages, mut at_stages) = (None, None);
     for level in LEVELS {
         let rate = (max * level as f64 / 100.0).max(10.0) as u64;
         let before = common::http_get(&node.metrics, "/metrics")?;
@@ -262,6 +261,7 @@ pub(crate) async fn latency_and_gets(
         if level == STAGES_AT {
             let after = common::http_get(&node.metrics, "/metrics")?;
             stages = Some(stage_quantiles(&before, &after));
+            at_stages = Some((rate, lat.clone()));
         }
         // the floor's clients run where the node runs (it is idle meanwhile)
         let me = std::process::id();
@@ -351,7 +351,12 @@ pub(crate) async fn latency_and_gets(
     }
     node.kill9();
 
+    // 3b. the same at half the maximum over TLS
+    let (tls_rate, plaintext) = at_stages.unwrap_or_default();
+    let tls = super::tls::tls_cost(kafka, work, tls_rate.max(10), &plaintext).await?;
+
     Ok(json!({
+        "tls": tls,
         "latency": [
             {"name": "geostate Update ack", "max_rate": max.round(), "points": ours_points},
             {"name": "Kafka produce→consume", "points": floor_points},

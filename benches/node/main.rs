@@ -27,6 +27,7 @@ mod data;
 mod ingest;
 mod latency;
 mod peers;
+mod tls;
 
 use cpu::*;
 use data::*;
@@ -54,7 +55,7 @@ use rdkafka::message::Message;
 use rdkafka::producer::{
     BaseRecord, DefaultProducerContext, FutureRecord, Producer, ThreadedProducer,
 };
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use rdkafka::{Offset, TopicPartitionList};
 use serde_json::{Value, json};
 
 const EVENTS: usize = 300_000;
@@ -118,6 +119,7 @@ async fn run() -> anyhow::Result<()> {
         "ratios": ratios_json,
         "latency": served["latency"],
         "get": served["get"],
+        "tls": served["tls"],
     });
     std::fs::create_dir_all("bench/results")?;
     std::fs::write(
