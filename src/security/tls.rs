@@ -405,6 +405,9 @@ pub fn incoming(
                     continue;
                 }
             };
+            // as tonic's own listener does: a request's frames written apart (TLS records,
+            // a response's trailers) must not wait on the peer's delayed ACK, a round trip
+            let _ = tcp.set_nodelay(true);
             let Some(tls) = &tls else {
                 let caller = Caller {
                     remote: Some(remote),
@@ -537,6 +540,8 @@ fn connector(
             let name =
                 ServerName::try_from(host.clone()).map_err(|_| invalid("not a server name"))?;
             let tcp = TcpStream::connect((host.as_str(), port)).await?;
+            // tonic's own connector does the same (its default)
+            tcp.set_nodelay(true)?;
             let stream = TlsConnector::from(config).connect(name, tcp).await?;
             Ok(TokioIo::new(stream))
         })
