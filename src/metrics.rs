@@ -232,6 +232,8 @@ pub async fn serve(
                 body.len()
             );
             let _ = socket.write_all(response.as_bytes()).await;
+            // TLS: close_notify, so the client knows the body is whole
+            let _ = socket.shutdown().await;
         });
     }
 }

@@ -495,7 +495,7 @@ impl Opened {
             config.max_clock_offset,
             member.view.clone(),
             member.proposer.clone(),
-            member.channels.clone(),
+            Channels::new(member.tls.clone()),
             self.clock.clone(),
         ));
         let (mut joined, mut stopping) = (member.joined.clone(), stop.clone());

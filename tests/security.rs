@@ -57,6 +57,23 @@ fn code<T>(answer: Result<T, tonic::Status>) -> Result<(), Code> {
     answer.map(drop).map_err(|s| s.code())
 }
 
+/// `GET /metrics` over TLS (HTTP/1.1) from `addr`: the body.
+async fn https_get(addr: &str, client: Arc<rustls::ClientConfig>) -> anyhow::Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut client = Arc::unwrap_or_clone(client);
+    client.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let tcp = tokio::net::TcpStream::connect(addr).await?;
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1")?;
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(client));
+    let mut stream = connector.connect(name, tcp).await?;
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nhost: node\r\n\r\n")
+        .await?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await?;
+    Ok(response)
+}
+
 fn toml_path(path: &Path) -> String {
     format!("{:?}", path.display().to_string())
 }
@@ -149,6 +166,17 @@ async fn a_secure_node_serves_each_caller_what_its_role_allows() -> anyhow::Resu
     AdminClient::new(as_ops)
         .status(pb::StatusRequest {})
         .await?;
+
+    // the metrics come over TLS too, with this certificate's expiry (a day from now)
+    let metrics = https_get(&node.metrics, pki.client(None)?).await?;
+    let expires: f64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("geostate_tls_certificate_expires_unix_seconds "))
+        .and_then(|v| v.trim().parse().ok())
+        .ok_or_else(|| anyhow::anyhow!("no expiry metric in {metrics}"))?;
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?;
+    let left = expires - now.as_secs_f64();
+    assert!((80_000.0..=86_400.0).contains(&left), "expires in {left} s");
 
     // another CA's certificate, an expired one, plaintext: no connection
     let foreign = other.issue("ops")?;

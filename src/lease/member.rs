@@ -51,9 +51,8 @@ pub struct Member {
     pub raft: Raft<LeaseRaft>,
     pub view: TableView,
     pub proposer: Proposer,
-    /// Connections to the other members (and, for a region's node, its API peers), over
-    /// TLS when the process has it.
-    pub channels: Channels,
+    /// New connections to the other members are made with it (`None`: plaintext).
+    pub tls: Option<Tls>,
     /// Set once this node is in the group: at once for a member (0), for a learner once
     /// the leader added it, to the leader's last log index then. Until then it proposes
     /// nothing: a region's release or transfer is refused only while its learners are
@@ -132,7 +131,8 @@ impl Member {
             None => Guard::none(),
         };
         let incoming = crate::security::tls::incoming(listener, tls.clone(), Listener::Lease);
-        let channels = Channels::new(tls);
+        // each part its own connections, as without TLS
+        let channels = || Channels::new(tls.clone());
         let server = tokio::spawn(async move {
             if let Err(e) = tonic::transport::Server::builder()
                 .layer(guard)
@@ -157,7 +157,7 @@ impl Member {
                 addr: config.listen.to_string(),
             };
             let asked = members.clone();
-            let channels = channels.clone();
+            let channels = channels();
             let joining = tokio::spawn(async move {
                 loop {
                     match network::change_learner(&channels, &asked, &join, LEARNER_ASK).await {
@@ -201,15 +201,15 @@ impl Member {
                 trips,
                 quiet,
             };
-            tokio::spawn(placement.run(raft.clone(), channels.clone()))
+            tokio::spawn(placement.run(raft.clone(), channels()))
         });
         Ok(Self {
             placing,
             pruning: tokio::spawn(prune_learners(raft.clone())),
-            electing: tokio::spawn(election.run(raft.clone(), channels.clone())),
+            electing: tokio::spawn(election.run(raft.clone(), channels())),
             joined,
-            proposer: Proposer::new(raft.clone(), channels.clone(), config.duration),
-            channels,
+            proposer: Proposer::new(raft.clone(), channels(), config.duration),
+            tls,
             raft,
             view,
             stop: Some(stop),
@@ -248,7 +248,8 @@ impl Member {
         }
         if let Some((id, members)) = self.learner.take() {
             let leave = LearnerChange::Leave { id };
-            match network::change_learner(&self.channels, &members, &leave, LEARNER_ASK).await {
+            let channels = Channels::new(self.tls.clone());
+            match network::change_learner(&channels, &members, &leave, LEARNER_ASK).await {
                 Ok(_) => tracing::info!("left the lease group"),
                 Err(e) => tracing::warn!(error = %e, "leaving the lease group as a learner"),
             }
