@@ -253,7 +253,7 @@ pub(crate) async fn latency_and_gets(
     );
     println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let (mut ours_points, mut floor_points) = (Vec::new(), Vec::new());
-    let (mut stages, mut at_stages) = (None, None);
+    let (mut stages, mut half) = (None, 10);
     for level in LEVELS {
         let rate = (max * level as f64 / 100.0).max(10.0) as u64;
         let before = common::http_get(&node.metrics, "/metrics")?;
@@ -261,7 +261,7 @@ pub(crate) async fn latency_and_gets(
         if level == STAGES_AT {
             let after = common::http_get(&node.metrics, "/metrics")?;
             stages = Some(stage_quantiles(&before, &after));
-            at_stages = Some((rate, lat.clone()));
+            half = rate;
         }
         // the floor's clients run where the node runs (it is idle meanwhile)
         let me = std::process::id();
@@ -349,11 +349,9 @@ pub(crate) async fn latency_and_gets(
             load.await??;
         }
     }
+    // 3b. TLS at half the maximum, beside this node
+    let tls = super::tls::tls_cost(kafka, work, half, &clients).await?;
     node.kill9();
-
-    // 3b. the same at half the maximum over TLS
-    let (tls_rate, plaintext) = at_stages.unwrap_or_default();
-    let tls = super::tls::tls_cost(kafka, work, tls_rate.max(10), &plaintext).await?;
 
     Ok(json!({
         "tls": tls,
