@@ -320,3 +320,41 @@ async fn a_node_reaches_kafka_over_sasl_ssl_with_its_credentials() -> anyhow::Re
     }
     Ok(())
 }
+
+/// `make up SECURE=1`'s secrets (`run/kafka-security.json`): the Kafka passwords.
+#[derive(serde::Deserialize)]
+struct ClusterSecurity {
+    password_file: String,
+    admin_password: String,
+}
+
+/// On a secure cluster, no process's log (brokers, MirrorMaker 2, nodes, witness, sinks,
+/// pricers), after whatever ran before this test, holds a Kafka password or a private key;
+/// a plaintext cluster has none to leak, and this test says so.
+#[test]
+fn no_log_of_a_secure_cluster_holds_a_secret() -> anyhow::Result<()> {
+    let run = common::run_dir()?;
+    let Ok(text) = std::fs::read(run.join("kafka-security.json")) else {
+        println!("a plaintext cluster: no secret to look for");
+        return Ok(());
+    };
+    let security: ClusterSecurity = serde_json::from_slice(&text)?;
+    let password = std::fs::read_to_string(&security.password_file)?;
+    let secrets = [
+        password.trim(),
+        security.admin_password.as_str(),
+        "PRIVATE KEY",
+    ];
+    let mut read = 0;
+    for entry in std::fs::read_dir(run.join("logs"))? {
+        let path = entry?.path();
+        let log = String::from_utf8_lossy(&std::fs::read(&path)?).into_owned();
+        for secret in secrets {
+            assert!(!log.contains(secret), "{} holds a secret", path.display());
+        }
+        read += 1;
+    }
+    assert!(read >= 6, "only {read} logs");
+    println!("{read} logs of the secure cluster, no secret in any");
+    Ok(())
+}
