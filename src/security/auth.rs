@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::{Arc, RwLock};
 use std::task::{Context, Poll};
-use std::time::SystemTime;
+use std::time::{Duration, Instant, SystemTime};
 
 use tonic::Status;
 
@@ -121,9 +121,29 @@ type Read = (Vec<Option<SystemTime>>, Vec<(String, Role)>);
 struct Tokens {
     files: BTreeMap<Role, PathBuf>,
     read: RwLock<Read>,
+    /// When the files' times were last looked at: at most every `recheck`, so a call
+    /// does no file system call of its own.
+    checked: std::sync::Mutex<Instant>,
+    recheck: Duration,
 }
 
+/// How often the token files' times are looked at (a call that comes later looks).
+const TOKENS_RECHECK: Duration = Duration::from_secs(1);
+
 impl Tokens {
+    /// Reads the files now.
+    fn new(files: &BTreeMap<Role, PathBuf>) -> Result<Self, String> {
+        let mut tokens = Self {
+            files: files.clone(),
+            read: RwLock::new((Vec::new(), Vec::new())),
+            checked: std::sync::Mutex::new(Instant::now()),
+            recheck: TOKENS_RECHECK,
+        };
+        let read = (tokens.stamps(), Self::load(files)?);
+        tokens.read = RwLock::new(read);
+        Ok(tokens)
+    }
+
     fn load(files: &BTreeMap<Role, PathBuf>) -> Result<Vec<(String, Role)>, String> {
         let mut tokens = Vec::new();
         for (role, path) in files {
@@ -144,8 +164,16 @@ impl Tokens {
     /// The role of `token`; the files are read again first when they changed (a file
     /// that cannot be read keeps the tokens read before).
     fn role_of(&self, token: &str) -> Option<Role> {
-        let stamps = self.stamps();
-        if self.read.read().unwrap_or_else(|p| p.into_inner()).0 != stamps {
+        let due = {
+            let mut checked = self.checked.lock().unwrap_or_else(|p| p.into_inner());
+            let due = checked.elapsed() >= self.recheck;
+            if due {
+                *checked = Instant::now();
+            }
+            due
+        };
+        let stamps = if due { self.stamps() } else { Vec::new() };
+        if due && self.read.read().unwrap_or_else(|p| p.into_inner()).0 != stamps {
             match Self::load(&self.files) {
                 Ok(tokens) => {
                     *self.read.write().unwrap_or_else(|p| p.into_inner()) = (stamps, tokens)
@@ -180,15 +208,7 @@ pub struct ApiPolicy {
 impl ApiPolicy {
     /// Reads the token files now: a file that cannot be read is an error at start-up.
     pub fn new(auth: AuthConfig, members: BTreeSet<String>) -> Result<Self, String> {
-        let stamps_of = |files: &BTreeMap<Role, PathBuf>| -> Vec<Option<SystemTime>> {
-            let stamp = |p: &PathBuf| std::fs::metadata(p).and_then(|m| m.modified()).ok();
-            files.values().map(stamp).collect()
-        };
-        let tokens = Tokens::load(&auth.token_files)?;
-        let tokens = Tokens {
-            read: RwLock::new((stamps_of(&auth.token_files), tokens)),
-            files: auth.token_files.clone(),
-        };
+        let tokens = Tokens::new(&auth.token_files)?;
         Ok(Self {
             auth,
             tokens,
@@ -342,7 +362,8 @@ mod tests {
 
     #[test]
     fn a_changed_token_file_is_read_again() {
-        let (p, dir) = policy(None, "old\n");
+        let (mut p, dir) = policy(None, "old\n");
+        p.tokens.recheck = Duration::ZERO;
         assert!(p.admit(&caller(None), GET, Some("old")).is_ok());
         let file = dir.path().join("read.tokens");
         // a later modification time, whatever the file system's resolution

@@ -458,6 +458,17 @@ pub fn incoming(
     ReceiverStream::new(rx)
 }
 
+/// The endpoint of `addr` (`host:port`).
+fn endpoint(addr: &str, connect_timeout: Duration) -> Result<Endpoint, tonic::transport::Error> {
+    Ok(Endpoint::from_shared(format!("http://{addr}"))?.connect_timeout(connect_timeout))
+}
+
+/// Dials with `tls`'s current client configuration.
+fn current(tls: &Tls) -> impl Fn() -> Arc<ClientConfig> + Clone + Send + 'static {
+    let tls = tls.clone();
+    move || tls.client()
+}
+
 /// A channel to `addr` (`host:port`), over TLS when `tls` is set (the server's
 /// certificate must name `host`), made at first use and remade after a failure.
 pub fn channel(
@@ -465,14 +476,10 @@ pub fn channel(
     tls: Option<&Tls>,
     connect_timeout: Duration,
 ) -> Result<Channel, tonic::transport::Error> {
-    let endpoint =
-        Endpoint::from_shared(format!("http://{addr}"))?.connect_timeout(connect_timeout);
+    let endpoint = endpoint(addr, connect_timeout)?;
     Ok(match tls {
         None => endpoint.connect_lazy(),
-        Some(tls) => {
-            let tls = tls.clone();
-            endpoint.connect_with_connector_lazy(connector(move || tls.client()))
-        }
+        Some(tls) => endpoint.connect_with_connector_lazy(connector(current(tls))),
     })
 }
 
@@ -482,14 +489,13 @@ pub async fn connect(
     tls: Option<&Tls>,
     connect_timeout: Duration,
 ) -> Result<Channel, tonic::transport::Error> {
-    let endpoint =
-        Endpoint::from_shared(format!("http://{addr}"))?.connect_timeout(connect_timeout);
+    let endpoint = endpoint(addr, connect_timeout)?;
     match tls {
         None => endpoint.connect().await,
         Some(tls) => {
-            let tls = tls.clone();
-            let connector = connector(move || tls.client());
-            endpoint.connect_with_connector(connector).await
+            endpoint
+                .connect_with_connector(connector(current(tls)))
+                .await
         }
     }
 }
@@ -502,9 +508,7 @@ pub async fn connect_with(
     connect_timeout: Duration,
 ) -> Result<Channel, tonic::transport::Error> {
     let addr = addr.split_once("://").map_or(addr, |(_, rest)| rest);
-    let endpoint =
-        Endpoint::from_shared(format!("http://{addr}"))?.connect_timeout(connect_timeout);
-    endpoint
+    endpoint(addr, connect_timeout)?
         .connect_with_connector(connector(move || config.clone()))
         .await
 }
