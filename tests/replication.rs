@@ -171,6 +171,92 @@ async fn concurrent_writes_in_two_regions_converge_and_count_every_increment() -
     Ok(())
 }
 
+/// `Admin/Status` names, per remote, a time the remote's heartbeats on every partition the
+/// node merges have passed: the node then holds every write the remote acknowledged
+/// before it. Checked while the remote writes: each time the time moves, a read right
+/// after holds every add acknowledged before that time (it fails if the heartbeat's time
+/// were read after the outbox, or if the newest partition's heartbeat stood for all).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remote_heard_from_since_t_is_held_up_to_t() -> anyhow::Result<()> {
+    let cluster = cluster()?;
+    let kafka = cluster.regions["us-east-1"].kafka.clone();
+    let (ta, tb) = (
+        Topics::create(&kafka, "heard-a", 2).await?,
+        Topics::create(&kafka, "heard-b", 2).await?,
+    );
+    let (dir_a, dir_b) = (tempfile::tempdir()?, tempfile::tempdir()?);
+    let (mut a, mut b) = Node::pair(&kafka, (&ta, &tb), (dir_a.path(), dir_b.path()))?;
+    a.start().await?;
+    b.start().await?;
+    let keys: Vec<String> = (0..KEYS).map(|k| format!("trips/heard-{k}")).collect();
+    let now = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
+    };
+
+    // a writes for 8 s; each add's acknowledgement time, in order
+    let (acked_tx, acked) = tokio::sync::watch::channel(Vec::<(u64, usize)>::new());
+    let writer = {
+        let (mut state, keys) = (a.state().await?, keys.clone());
+        tokio::spawn(async move {
+            let until = Instant::now() + Duration::from_secs(8);
+            let mut i = 0;
+            while Instant::now() < until {
+                state.update(add(&keys[i % keys.len()], 1)).await?;
+                acked_tx.send_modify(|acked| acked.push((now(), i % keys.len())));
+                i += 1;
+            }
+            anyhow::Ok(())
+        })
+    };
+    let mut sb = b.state().await?;
+    let (mut checked, mut last) = (0, 0);
+    while !writer.is_finished() {
+        let status = b.status().await?;
+        let since = status
+            .remotes
+            .first()
+            .map_or(0, |r| r.heard_from_all_since_nanos);
+        if since > last {
+            last = since;
+            let mut held = vec![0; keys.len()];
+            for (i, key) in keys.iter().enumerate() {
+                held[i] = counter(&sb.get(replica(key)).await?.into_inner());
+            }
+            let mut before = vec![0; keys.len()];
+            for &(_, k) in acked.borrow().iter().filter(|(at, _)| *at < since) {
+                before[k] += 1;
+            }
+            for (i, key) in keys.iter().enumerate() {
+                ensure!(
+                    held[i] >= before[i],
+                    "{key}: b heard from a since {since} but holds {} of the {} adds a acknowledged before",
+                    held[i],
+                    before[i]
+                );
+            }
+            checked += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    writer.await??;
+    ensure!(
+        checked >= 4,
+        "the heartbeat time moved only {checked} times in 8 s"
+    );
+    Ok(())
+}
+
+fn add(key: &str, n: i64) -> pb::UpdateRequest {
+    pb::UpdateRequest {
+        key: key.into(),
+        op: Some(pb::update_request::Op::Add(n)),
+        id: String::new(),
+        event_time_ms: 0,
+    }
+}
+
 /// With `replication.ship-every`, a partition ships deltas at most once per interval:
 /// updates of a key meanwhile leave one delta, and the other region still counts every one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,13 +1,17 @@
-//! After the faults are healed: every key read in every region until the regions agree.
+//! After the faults are healed: every key read in every region until the regions agree and
+//! each has heard from every other since the clients stopped (`Admin/Status`: a remote's
+//! heartbeats on every partition sent after that moment were merged), so an agreement is
+//! never a coincidence of writes still on their way in both directions.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use geostate_jepsen::control::{grpc, read_cluster};
+use geostate_jepsen::control::{ClusterFile, grpc, node_grpcs, read_cluster};
 use geostate_jepsen::history::Stamp;
 use geostate_jepsen::windowed;
 use geostate_proto::pb;
+use geostate_proto::pb::admin_client::AdminClient;
 use geostate_proto::pb::state_client::StateClient;
 
 use crate::client::{list_value, register_value, stamp};
@@ -100,9 +104,14 @@ pub(crate) async fn converge(
     regions: &[String],
     keys: &[String],
     within: Duration,
-) -> anyhow::Result<Finals> {
+) -> anyhow::Result<(Finals, Vec<String>)> {
     let cluster = read_cluster(cluster_json)?;
     let deadline = Instant::now() + within;
+    // every acknowledged write was applied before now: a region holds all of another's
+    // once it merged that region's heartbeats sent since (equal reads alone can be a
+    // coincidence of writes still on their way in both directions)
+    let barrier = now_nanos();
+    let (mut reads, mut early) = (0, None);
     loop {
         let mut finals: Finals = BTreeMap::new();
         for region in regions {
@@ -140,11 +149,91 @@ pub(crate) async fn converge(
                     .insert(region.clone(), read);
             }
         }
-        if agreed(&finals) || Instant::now() > deadline {
-            return Ok(finals);
+        reads += 1;
+        let agreed = agreed(&finals);
+        // read after the values: what they heard of each other by then, at least
+        let behind = if agreed {
+            not_heard_since(&cluster, regions, barrier).await?
+        } else {
+            Vec::new()
+        };
+        if agreed && behind.is_empty() {
+            println!(
+                "converged: read {reads} times, {} ms after the clients stopped",
+                now_nanos().saturating_sub(barrier) / 1_000_000
+            );
+            if let Some((at, early)) = early.filter(|(_, e)| *e != finals) {
+                println!("the regions had agreed at read {at} on other values: {early:?}");
+            }
+            return Ok((finals, Vec::new()));
+        }
+        if agreed && early.is_none() {
+            println!(
+                "read {reads}: the regions agree, but not on everything yet: {}",
+                behind.join("; ")
+            );
+            early = Some((reads, finals.clone()));
+        }
+        if Instant::now() > deadline {
+            // disagreeing reads are the checker's to report
+            let problems = behind
+                .into_iter()
+                .map(|b| format!("{b} within {} s of the run's end", within.as_secs()))
+                .collect();
+            return Ok((finals, problems));
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+}
+
+/// Wall-clock nanoseconds since the Unix epoch: the nodes' clock (one machine).
+fn now_nanos() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
+/// The nodes of `regions` that have not heard from some other region since `barrier`
+/// (`Admin/Status`: that region's heartbeats on every partition the node merges were
+/// sent at or after it), each as "NODE has not heard from REGION since the clients
+/// stopped". A node that owns no partition, or takes no connection (a stopped one), holds
+/// no key and is left out.
+async fn not_heard_since(
+    cluster: &ClusterFile,
+    regions: &[String],
+    barrier: u64,
+) -> anyhow::Result<Vec<String>> {
+    let mut behind = Vec::new();
+    for region in regions {
+        for node in node_grpcs(&cluster.regions[region])? {
+            let Ok(mut admin) = AdminClient::connect(node.clone()).await else {
+                continue;
+            };
+            let status = match admin.status(pb::StatusRequest {}).await {
+                Ok(s) => s.into_inner(),
+                Err(e) => {
+                    behind.push(format!("{node} answers no status ({})", e.message()));
+                    continue;
+                }
+            };
+            if status.owned_partitions.is_empty() {
+                continue;
+            }
+            behind.extend(
+                status
+                    .remotes
+                    .iter()
+                    .filter(|r| r.heard_from_all_since_nanos < barrier)
+                    .map(|r| {
+                        format!(
+                            "{node} ({region}) has not heard from {} since the clients stopped",
+                            r.region
+                        )
+                    }),
+            );
+        }
+    }
+    Ok(behind)
 }
 
 /// The outputs topic every region's nodes produce final windows to (the region files').

@@ -265,6 +265,7 @@ async fn run(args: Args) -> anyhow::Result<bool> {
     }
     // reads went back up to three windows before the first add
     let (from, to) = (run.event_base_ms - 4 * WINDOW_MS, run.event_time_now());
+    let mut unsettled = Vec::new();
     let finals = if args.workload.windowed() {
         converge::windows(
             &args.cluster,
@@ -275,7 +276,10 @@ async fn run(args: Args) -> anyhow::Result<bool> {
         )
         .await?
     } else {
-        converge(&args.cluster, &regions, &keys, Duration::from_secs(90)).await?
+        let (finals, problems) =
+            converge(&args.cluster, &regions, &keys, Duration::from_secs(90)).await?;
+        unsettled = problems;
+        finals
     };
     // each window final everywhere is in every region's outputs topic, once
     let outputs = if args.workload.windowed() {
@@ -306,7 +310,7 @@ async fn run(args: Args) -> anyhow::Result<bool> {
         }
         problems
     } else {
-        Vec::new()
+        unsettled
     };
     let history = run.history.lock().await.clone();
     report::write(&args, &history, &faults, &finals, outputs)

@@ -844,6 +844,7 @@ impl Handler {
                 deltas_merged: progress.merged.load(std::sync::atomic::Ordering::Relaxed),
                 deltas_refused: progress.refused.load(std::sync::atomic::Ordering::Relaxed),
                 caught_up: *progress.caught_up.borrow(),
+                heard_from_all_since_nanos: progress.heard_from_all_since().unwrap_or(0),
             });
         }
         Ok(pb::StatusResponse {
