@@ -49,7 +49,16 @@ async fn a_frozen_broker_gives_unavailable_and_the_node_recovers() -> anyhow::Re
     .await?;
     let waited = asked.elapsed();
     let status = answer.expect_err("a write with the broker frozen must fail");
-    println!("answered after {:.1} s: {status}", waited.as_secs_f64());
+    // a write acknowledged by a frozen broker cannot be: say what the broker was doing
+    let broker = std::fs::read_to_string(format!("/proc/{}/stat", region.kafka_pid))
+        .ok()
+        .and_then(|stat| Some(stat.rsplit_once(')')?.1.trim().chars().next()?.to_string()))
+        .unwrap_or_else(|| "gone".into());
+    println!(
+        "answered after {:.1} s (broker pid {} in state {broker}): {status}",
+        waited.as_secs_f64(),
+        region.kafka_pid
+    );
     assert_eq!(status.code(), tonic::Code::Unavailable, "{status}");
     assert!(status.message().contains("kafka"), "{status}");
     assert!(waited < Duration::from_secs(30), "took {waited:?}");
