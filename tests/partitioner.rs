@@ -60,7 +60,18 @@ fn partitions_of_keys(
     let deadline = Instant::now() + Duration::from_secs(30);
     while seen < expected {
         if Instant::now() > deadline {
-            bail!("read {seen} of {expected} records of {topic} within 30 s");
+            // where the client stood and what the broker holds, per partition
+            let positions = consumer.position()?;
+            let mut at = Vec::new();
+            for p in 0..PARTITIONS {
+                let position = positions.find_partition(topic, p).map(|e| e.offset());
+                let marks = consumer.fetch_watermarks(topic, p, Duration::from_secs(5));
+                at.push(format!("{p}: position {position:?}, watermarks {marks:?}"));
+            }
+            bail!(
+                "read {seen} of {expected} records of {topic} within 30 s; {}",
+                at.join("; ")
+            );
         }
         if let Some(m) = consumer.poll(Duration::from_millis(200)) {
             let m = m?;
