@@ -62,7 +62,7 @@ pub fn cluster() -> anyhow::Result<Cluster> {
         .context("no cluster: run `make test` (or `make up` first)")
 }
 
-fn cluster_json() -> PathBuf {
+pub fn cluster_json() -> PathBuf {
     std::env::var_os("GEOSTATE_CLUSTER")
         .map(PathBuf::from)
         .unwrap_or_else(|| repo_file("regions/local/run/cluster.json"))
