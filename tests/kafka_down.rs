@@ -14,18 +14,8 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::failover::{Frozen, replica};
-use common::{Node, Topics, cluster, counter, unique};
-use geostate::pb;
+use common::{Node, Topics, add, cluster, counter, unique};
 use geostate::pb::state_client::StateClient;
-
-fn add(key: &str, n: i64) -> pb::UpdateRequest {
-    pb::UpdateRequest {
-        key: key.into(),
-        op: Some(pb::update_request::Op::Add(n)),
-        id: String::new(),
-        event_time_ms: 0,
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_broker_gives_unavailable_and_the_node_recovers() -> anyhow::Result<()> {

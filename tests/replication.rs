@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail, ensure};
 use common::failover::replica;
 use common::unwritable::Unwritable;
-use common::{Node, Topics, cluster, counter, http_get, produce_all, producer};
+use common::{Node, Topics, add, cluster, counter, http_get, produce_all, producer};
+use geostate::clock::{Clock, SystemClock};
 use geostate::crdt::{Actor, CrdtValue, Delta, GCounter, RegionId};
 use geostate::pb;
 use geostate::pb::state_client::StateClient;
@@ -189,11 +190,7 @@ async fn a_remote_heard_from_since_t_is_held_up_to_t() -> anyhow::Result<()> {
     a.start().await?;
     b.start().await?;
     let keys: Vec<String> = (0..KEYS).map(|k| format!("trips/heard-{k}")).collect();
-    let now = || {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64)
-    };
+    let now = || SystemClock.now_nanos();
 
     // a writes for 8 s; each add's acknowledgement time, in order
     let (acked_tx, acked) = tokio::sync::watch::channel(Vec::<(u64, usize)>::new());
@@ -246,15 +243,6 @@ async fn a_remote_heard_from_since_t_is_held_up_to_t() -> anyhow::Result<()> {
         "the heartbeat time moved only {checked} times in 8 s"
     );
     Ok(())
-}
-
-fn add(key: &str, n: i64) -> pb::UpdateRequest {
-    pb::UpdateRequest {
-        key: key.into(),
-        op: Some(pb::update_request::Op::Add(n)),
-        id: String::new(),
-        event_time_ms: 0,
-    }
 }
 
 /// With `replication.ship-every`, a partition ships deltas at most once per interval:

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::pki::Pki;
-use common::{Node, Secure, Topics, cluster};
+use common::{Node, Secure, Topics, add, cluster};
 use geostate::pb;
 use geostate::pb::admin_client::AdminClient;
 use geostate::pb::state_client::StateClient;
@@ -22,15 +22,6 @@ use tonic::transport::Channel;
 
 const READ_TOKEN: &str = "read-7f3a9c1e-token";
 const ADMIN_TOKEN: &str = "admin-52d8b6e4-token";
-
-fn add(key: &str, n: i64) -> pb::UpdateRequest {
-    pb::UpdateRequest {
-        key: key.into(),
-        op: Some(pb::update_request::Op::Add(n)),
-        id: String::new(),
-        event_time_ms: 0,
-    }
-}
 
 fn get(key: &str) -> pb::GetRequest {
     pb::GetRequest {

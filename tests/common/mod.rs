@@ -25,6 +25,16 @@ use tonic::transport::Channel;
 /// `cluster.json`, as the harness and the drills read it.
 pub use geostate_jepsen::control::{ClusterFile as Cluster, RegionFile, S3Endpoint, kafka_config};
 
+/// An `Update` adding `n` to the counter `key`, without an id or event time.
+pub fn add(key: &str, n: i64) -> pb::UpdateRequest {
+    pb::UpdateRequest {
+        key: key.into(),
+        op: Some(pb::update_request::Op::Add(n)),
+        id: String::new(),
+        event_time_ms: 0,
+    }
+}
+
 /// The configuration a node of `cluster.json` runs with: its region file and overrides.
 pub fn node_config(r: &RegionFile) -> anyhow::Result<geostate::config::Config> {
     config_with(r.config.as_ref().context("no node config")?, &r.set)
