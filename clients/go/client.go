@@ -20,6 +20,7 @@ import (
 	"context"
 	crand "crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"sync"
@@ -393,7 +394,7 @@ func (c *Client) Get(ctx context.Context, key string, opts ...ReadOption) (*Valu
 		return pb.NewStateClient(conn).Get(ctx, r)
 	})
 	var e *Error
-	if err != nil && asError(err, &e) && e.Code == codes.NotFound {
+	if errors.As(err, &e) && e.Code == codes.NotFound {
 		return nil, nil
 	}
 	if err != nil {
@@ -401,12 +402,6 @@ func (c *Client) Get(ctx context.Context, key string, opts ...ReadOption) (*Valu
 	}
 	out := valueOf(v)
 	return &out, nil
-}
-
-func asError(err error, e **Error) bool {
-	x, ok := err.(*Error)
-	*e = x
-	return ok
 }
 
 // Counter reads a counter (0 if never touched).

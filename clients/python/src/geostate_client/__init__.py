@@ -131,7 +131,7 @@ _KINDS = {
 }
 
 
-def _stamp(s) -> Optional[Stamp]:
+def _stamp(s) -> Stamp:
     return Stamp(s.epoch, s.hlc.wall_nanos, s.hlc.logical, s.origin)
 
 
