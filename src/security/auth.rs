@@ -133,15 +133,12 @@ const TOKENS_RECHECK: Duration = Duration::from_secs(1);
 impl Tokens {
     /// Reads the files now.
     fn new(files: &BTreeMap<Role, PathBuf>) -> Result<Self, String> {
-        let mut tokens = Self {
+        Ok(Self {
             files: files.clone(),
-            read: RwLock::new((Vec::new(), Vec::new())),
+            read: RwLock::new((stamps(files), Self::load(files)?)),
             checked: std::sync::Mutex::new(Instant::now()),
             recheck: TOKENS_RECHECK,
-        };
-        let read = (tokens.stamps(), Self::load(files)?);
-        tokens.read = RwLock::new(read);
-        Ok(tokens)
+        })
     }
 
     fn load(files: &BTreeMap<Role, PathBuf>) -> Result<Vec<(String, Role)>, String> {
@@ -156,29 +153,28 @@ impl Tokens {
         Ok(tokens)
     }
 
-    fn stamps(&self) -> Vec<Option<SystemTime>> {
-        let stamp = |p: &PathBuf| std::fs::metadata(p).and_then(|m| m.modified()).ok();
-        self.files.values().map(stamp).collect()
+    /// Whether the files' times are to be looked at now (at most every `recheck`).
+    fn due(&self) -> bool {
+        let mut checked = self.checked.lock().unwrap_or_else(|p| p.into_inner());
+        let due = checked.elapsed() >= self.recheck;
+        if due {
+            *checked = Instant::now();
+        }
+        due
     }
 
     /// The role of `token`; the files are read again first when they changed (a file
     /// that cannot be read keeps the tokens read before).
     fn role_of(&self, token: &str) -> Option<Role> {
-        let due = {
-            let mut checked = self.checked.lock().unwrap_or_else(|p| p.into_inner());
-            let due = checked.elapsed() >= self.recheck;
-            if due {
-                *checked = Instant::now();
-            }
-            due
-        };
-        let stamps = if due { self.stamps() } else { Vec::new() };
-        if due && self.read.read().unwrap_or_else(|p| p.into_inner()).0 != stamps {
-            match Self::load(&self.files) {
-                Ok(tokens) => {
-                    *self.read.write().unwrap_or_else(|p| p.into_inner()) = (stamps, tokens)
+        if self.due() {
+            let stamps = stamps(&self.files);
+            if self.read.read().unwrap_or_else(|p| p.into_inner()).0 != stamps {
+                match Self::load(&self.files) {
+                    Ok(tokens) => {
+                        *self.read.write().unwrap_or_else(|p| p.into_inner()) = (stamps, tokens)
+                    }
+                    Err(e) => tracing::error!(error = e, "bearer tokens not reloaded"),
                 }
-                Err(e) => tracing::error!(error = e, "bearer tokens not reloaded"),
             }
         }
         let read = self.read.read().unwrap_or_else(|p| p.into_inner());
@@ -189,6 +185,12 @@ impl Tokens {
             .map(|(_, role)| *role)
             .max()
     }
+}
+
+/// The files' modification times (`None`: unreadable).
+fn stamps(files: &BTreeMap<Role, PathBuf>) -> Vec<Option<SystemTime>> {
+    let stamp = |p: &PathBuf| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    files.values().map(stamp).collect()
 }
 
 /// Constant-time equality of two byte strings of the same length.
