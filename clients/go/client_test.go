@@ -8,6 +8,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"net"
 	"os"
 	"os/exec"
 	"strings"
@@ -123,7 +124,13 @@ func TestARefusedWriteIsNotRetried(t *testing.T) {
 }
 
 func TestAnUnreachableNodeIsRetriedThenReported(t *testing.T) {
-	c, err := Dial("127.0.0.1:1", Options{Retries: 2, Backoff: 10 * time.Millisecond, Timeout: 2 * time.Second, NoRoute: true})
+	free, err := net.Listen("tcp", "127.0.0.1:0") // a port nobody listens on once it is closed
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := free.Addr().String()
+	free.Close()
+	c, err := Dial(addr, Options{Retries: 2, Backoff: 10 * time.Millisecond, Timeout: 2 * time.Second, NoRoute: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -137,7 +144,13 @@ func TestAnUnreachableNodeIsRetriedThenReported(t *testing.T) {
 
 func TestKeysAreRoutedToTheNodeServingTheirPartition(t *testing.T) {
 	ctx := context.Background()
-	us := dial(t, "us-east-1")
+	// seeded under another name of the node than the one it advertises: the route names
+	// the advertised address only if Admin/Route was asked
+	us, err := Dial(strings.Replace(node(t, "us-east-1"), "127.0.0.1", "localhost", 1), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer us.Close()
 	key := unique("trips/")
 	if _, err := us.Add(ctx, key, 2); err != nil {
 		t.Fatal(err)
