@@ -146,21 +146,38 @@ async fn a_leader_whose_links_turn_slow_hands_the_lead_to_a_voter_with_fast_link
     let _healed = Healed;
     cluster_script(&["net", "delay", &slow, "--ms", "100", "--jitter", "50"])?;
     let delayed = Instant::now();
-    let moved = loop {
-        let now = group(&mut regions[fast]).await?;
-        if now.0 != before.0.0 && now.0 != 0 {
-            break (now, delayed.elapsed());
+    // the least time left on a lease the slow region holds (in the fresher of the two
+    // regions' tables), and how long the slow region did not hold one its table gives it
+    let (mut least_left, mut lapsed) = (i64::MAX, Duration::ZERO);
+    let mut moved = None;
+    let mut polled = Instant::now();
+    while delayed.elapsed() < SLOW_FOR {
+        let answer = leases(&mut regions[fast]).await?;
+        if moved.is_none() && answer.leader != before.0.0 && answer.leader != 0 {
+            moved = Some(((answer.leader, answer.term), delayed.elapsed()));
         }
-        ensure!(
-            delayed.elapsed() < SLOW_FOR,
-            "{SLOW_FOR:?} after {slow}'s links turned slow, its member {} still leads at term {}",
-            before.0.0,
-            now.1
-        );
+        let own = leases(&mut regions[1 - fast]).await?;
+        for s in own.shards.iter().filter(|s| s.holder == slow) {
+            let other = answer
+                .shards
+                .iter()
+                .find(|o| o.shard == s.shard && o.holder == slow);
+            let left = other.map_or(s.expires_in_ms, |o| o.expires_in_ms.max(s.expires_in_ms));
+            least_left = least_left.min(left);
+        }
+        if own.shards.iter().any(|s| s.holder == slow && !s.held_here) {
+            lapsed += polled.elapsed();
+        }
+        polled = Instant::now();
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let Some(moved) = moved else {
+        bail!(
+            "{SLOW_FOR:?} after {slow}'s links turned slow, its member {} still leads",
+            before.0.0
+        );
     };
     // the lead stays with the member on fast links while the slow one's links stay slow
-    tokio::time::sleep(SLOW_FOR.saturating_sub(delayed.elapsed())).await;
     let last = group(&mut regions[fast]).await?;
     ensure!(
         last == moved.0,
@@ -175,11 +192,11 @@ async fn a_leader_whose_links_turn_slow_hands_the_lead_to_a_voter_with_fast_link
         .with_context(|| format!("{SLOW_FOR:?} after {slow}'s links turned slow"))?;
     ensure!(
         after == before.1,
-        "with {slow}'s links slow for {SLOW_FOR:?}, leases moved: {:?} -> {after:?}",
+        "with {slow}'s links slow for {SLOW_FOR:?}, leases moved: {:?} -> {after:?} (the least left of {slow}'s: {least_left} ms; not held in its own view for {lapsed:?})",
         before.1
     );
     println!(
-        "{slow}'s links slow: member {} handed the lead to member {} (term {} -> {}) after {:?}; every shard with its holder at its epoch, held in its holder's view",
+        "{slow}'s links slow: member {} handed the lead to member {} (term {} -> {}) after {:?}; every shard with its holder at its epoch, held in its holder's view; the least left of {slow}'s leases: {least_left} ms; not held in its own view for {lapsed:?}",
         before.0.0, moved.0.0, before.0.1, moved.0.1, moved.1
     );
     Ok(())

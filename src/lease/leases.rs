@@ -332,6 +332,8 @@ impl Leases {
                         failed_under = None;
                         break;
                     }
+                    // the lease group's leader is handing the lead over
+                    () = self.proposer.handover().renewal_asked() => break,
                 }
             }
         }

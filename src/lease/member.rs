@@ -21,7 +21,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{oneshot, watch};
 
 use super::election::Election;
-use super::network::{self, Channels, LearnerChange, Network, Proposer, Quiet, Service};
+use super::network::{self, Channels, Handover, LearnerChange, Network, Proposer, Service};
 use super::placement::{Placement, RoundTrips};
 use super::raft_store::{self, LeaseRaft, TableView};
 use crate::clock::Clock;
@@ -107,12 +107,12 @@ impl Member {
         .map_err(|e| MemberError::Storage(e.to_string()))?
         .map_err(MemberError::Storage)?;
         let election = Election::new(config.election_timeout);
-        let (quiet, trips) = (Quiet::default(), RoundTrips::default());
+        let (handover, trips) = (Handover::default(), RoundTrips::default());
         let raft = Raft::new(
             config.raft_id(),
             Arc::new(raft_config(config)?),
             Network {
-                quiet: quiet.clone(),
+                handover: handover.clone(),
                 tls: tls.clone(),
             },
             log,
@@ -199,7 +199,7 @@ impl Member {
                 leader_lease: 2 * config.election_timeout,
                 heartbeat: config.heartbeat,
                 trips,
-                quiet,
+                handover: handover.clone(),
             };
             tokio::spawn(placement.run(raft.clone(), channels()))
         });
@@ -208,7 +208,7 @@ impl Member {
             pruning: tokio::spawn(prune_learners(raft.clone())),
             electing: tokio::spawn(election.run(raft.clone(), channels())),
             joined,
-            proposer: Proposer::new(raft.clone(), channels(), config.duration),
+            proposer: Proposer::new(raft.clone(), channels(), config.duration, handover),
             tls,
             raft,
             view,

@@ -47,7 +47,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 /// Builds a client per peer.
 #[derive(Clone, Default)]
 pub struct Network {
-    pub quiet: Quiet,
+    pub handover: Handover,
     pub tls: Option<Tls>,
 }
 
@@ -59,27 +59,59 @@ impl RaftNetworkFactory<LeaseRaft> for Network {
             target,
             addr: node.addr.clone(),
             client: None,
-            quiet: self.quiet.clone(),
+            handover: self.handover.clone(),
             tls: self.tls.clone(),
         }
     }
 }
 
-/// The voters a leader handing the lead over sends no log to (`placement.rs`): until
-/// their leader lease runs out, they would refuse its successor their votes.
+/// A leader's handover of the lead (`placement.rs`), as this member's network and
+/// proposer see it.
 #[derive(Clone, Default)]
-pub struct Quiet(Arc<Mutex<BTreeSet<NodeId>>>);
+pub struct Handover(Arc<Mutex<Handing>>, Arc<tokio::sync::Notify>);
 
-impl Quiet {
-    pub fn set(&self, voters: BTreeSet<NodeId>) {
-        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = voters;
+#[derive(Default)]
+struct Handing {
+    /// The voters sent no log: until their leader lease runs out, they would refuse the
+    /// successor their votes.
+    quiet: BTreeSet<NodeId>,
+    /// The address of the successor once it stands: this member's proposals go there
+    /// while it still takes itself for the leader (an entry appended to its own log then
+    /// is lost with the lead) or knows no leader yet.
+    standing: Option<String>,
+}
+
+impl Handover {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Handing> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn holds(&self, voter: NodeId) -> bool {
-        self.0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .contains(&voter)
+    pub fn quiet(&self, voters: BTreeSet<NodeId>) {
+        self.lock().quiet = voters;
+    }
+
+    fn holds_quiet(&self, voter: NodeId) -> bool {
+        self.lock().quiet.contains(&voter)
+    }
+
+    pub fn standing(&self, successor: Option<String>) {
+        self.lock().standing = successor;
+    }
+
+    fn successor(&self) -> Option<String> {
+        self.lock().standing.clone()
+    }
+
+    /// Asks this member's region for a lease round now (`Leases::run`), so that a
+    /// renewal proposed just before the successor stands, and the first one through it,
+    /// are as fresh as they can be.
+    pub fn renew_now(&self) {
+        self.1.notify_one();
+    }
+
+    /// Returns when a round was asked for.
+    pub async fn renewal_asked(&self) {
+        self.1.notified().await;
     }
 }
 
@@ -88,7 +120,7 @@ pub struct Peer {
     target: NodeId,
     addr: String,
     client: Option<LeaseRaftClient<Channel>>,
-    quiet: Quiet,
+    handover: Handover,
     tls: Option<Tls>,
 }
 
@@ -135,7 +167,7 @@ impl Peer {
         Resp: DeserializeOwned,
         E: std::error::Error + DeserializeOwned,
     {
-        if !matches!(method, Method::Vote) && self.quiet.holds(self.target) {
+        if !matches!(method, Method::Vote) && self.handover.holds_quiet(self.target) {
             let handing_over = std::io::Error::other("handing the lead over");
             return Err(RPCError::Unreachable(Unreachable::new(&handing_over)));
         }
@@ -537,14 +569,21 @@ pub struct Proposer {
     raft: Raft<LeaseRaft>,
     leaders: Channels,
     timeout: Duration,
+    handover: Handover,
 }
 
 impl Proposer {
-    pub fn new(raft: Raft<LeaseRaft>, leaders: Channels, timeout: Duration) -> Self {
+    pub fn new(
+        raft: Raft<LeaseRaft>,
+        leaders: Channels,
+        timeout: Duration,
+        handover: Handover,
+    ) -> Self {
         Self {
             raft,
             leaders,
             timeout,
+            handover,
         }
     }
 
@@ -552,18 +591,22 @@ impl Proposer {
         &self.raft
     }
 
+    pub fn handover(&self) -> &Handover {
+        &self.handover
+    }
+
     /// Proposes `commands` as one log entry and waits for the outcomes the table applied,
     /// in order.
     pub async fn propose(&self, commands: Vec<Command>) -> Result<Vec<Outcome>, ProposeError> {
         let count = commands.len();
         let proposal = Proposal(commands);
-        let reply = match self.raft.client_write(proposal.clone()).await {
-            Ok(written) => written.data,
-            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(to))) => {
-                let node = to.leader_node.ok_or(ProposeError::NoLeader)?;
-                self.forward(&node.addr, &proposal).await?
+        let me = self.raft.metrics().borrow().id;
+        let leader = self.raft.metrics().borrow().current_leader;
+        let reply = match self.handover.successor() {
+            Some(successor) if leader.is_none_or(|l| l == me) => {
+                self.forward(&successor, &proposal).await?
             }
-            Err(e) => return Err(ProposeError::Raft(e.to_string())),
+            _ => self.write(&proposal).await?,
         };
         if reply.0.len() != count {
             return Err(ProposeError::Raft(format!(
@@ -572,6 +615,18 @@ impl Proposer {
             )));
         }
         Ok(reply.0)
+    }
+
+    /// To the local member, or to the leader it names.
+    async fn write(&self, proposal: &Proposal) -> Result<Reply, ProposeError> {
+        Ok(match self.raft.client_write(proposal.clone()).await {
+            Ok(written) => written.data,
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(to))) => {
+                let node = to.leader_node.ok_or(ProposeError::NoLeader)?;
+                self.forward(&node.addr, proposal).await?
+            }
+            Err(e) => return Err(ProposeError::Raft(e.to_string())),
+        })
     }
 
     async fn forward(&self, addr: &str, proposal: &Proposal) -> Result<Reply, ProposeError> {
@@ -605,7 +660,7 @@ mod tests {
             target: 2,
             addr: "127.0.0.1:9".into(),
             client: None,
-            quiet: Quiet::default(),
+            handover: Handover::default(),
             tls: None,
         };
         for (status, slow) in [

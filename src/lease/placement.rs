@@ -27,10 +27,10 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use openraft::Raft;
+use openraft::{BasicNode, Raft, RaftMetrics};
 use tonic::Request;
 
-use super::network::{Channels, Quiet};
+use super::network::{Channels, Handover};
 use super::raft_store::LeaseRaft;
 use crate::metrics as m;
 use crate::pb;
@@ -46,6 +46,10 @@ pub const SUSTAIN: u32 = 3;
 pub const MIN_GAIN: Duration = Duration::from_millis(50);
 /// After a handover, whether it worked or not, the leader waits this long before another.
 const COOLDOWN: Duration = Duration::from_secs(30);
+/// Longest a handover waits for the successor to have every entry of the leader's log:
+/// two round trips on links slow enough to hand over (an entry appended while a call is
+/// on the way goes with the next), with room for a retransmission.
+const CATCH_UP: Duration = Duration::from_secs(2);
 /// Longest a probe's answer may take.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 
@@ -179,7 +183,7 @@ pub struct Placement {
     pub leader_lease: Duration,
     pub heartbeat: Duration,
     pub trips: RoundTrips,
-    pub quiet: Quiet,
+    pub handover: Handover,
 }
 
 impl Placement {
@@ -244,8 +248,11 @@ impl Placement {
     }
 
     /// Hands the lead to `to`: stops sending to the other voters, keeps `to`'s log
-    /// current, and once their leader lease ran out asks `to` to stand; sending resumes
-    /// when another member leads or the handover is given up.
+    /// current, and once their leader lease ran out, this member's region proposed a
+    /// renewal and `to` has every entry this leader had then, asks `to` to stand. This
+    /// member's proposals go to `to` from then until it knows the new leader, starting
+    /// with a renewal at once. Sending resumes when another member leads or the handover
+    /// is given up.
     async fn hand_over(&self, raft: &Raft<LeaseRaft>, channels: &Channels, to: u64) {
         let others: BTreeSet<u64> = self
             .voters
@@ -257,35 +264,57 @@ impl Placement {
             successor = to,
             "another voter is better placed to lead the lease group (its slowest region's renewal path is shorter): handing the lead to it"
         );
-        self.quiet.set(others.clone());
+        self.handover.quiet(others);
         tokio::time::sleep(self.leader_lease + self.heartbeat).await;
-        let caught_up = {
-            let metrics = raft.metrics();
-            let metrics = metrics.borrow();
-            let matched = |id: &u64| -> Option<u64> {
-                metrics
-                    .replication
-                    .as_ref()?
-                    .get(id)?
-                    .as_ref()
-                    .map(|l| l.index)
-            };
-            metrics.current_leader == Some(self.me)
-                && others.iter().all(|o| matched(&to) >= matched(o))
-        };
-        let outcome = if caught_up && self.ask_to_stand(channels, to).await {
+        self.fresh_renewal(raft).await;
+        let outcome = if self.caught_up(raft, to).await && self.ask_to_stand(channels, to).await {
+            self.handover.standing(self.voters.get(&to).cloned());
+            self.handover.renew_now();
             let mut metrics = raft.metrics();
             let moved = metrics.wait_for(|m| m.current_leader != Some(self.me));
-            match tokio::time::timeout(self.leader_lease * 2, moved).await {
+            let outcome = match tokio::time::timeout(self.leader_lease * 2, moved).await {
                 Ok(Ok(_)) => "moved",
                 _ => "failed",
+            };
+            // the new leader's first message takes a round trip on this member's links
+            let known = metrics.wait_for(|m| m.current_leader.is_some());
+            if outcome == "moved" {
+                let _ = tokio::time::timeout(self.leader_lease * 4, known).await;
             }
+            outcome
         } else {
             "failed"
         };
-        self.quiet.set(BTreeSet::new());
+        self.handover.standing(None);
+        self.handover.quiet(BTreeSet::new());
         metrics::counter!(m::LEASE_HANDOVERS, "outcome" => outcome).increment(1);
         tracing::info!(successor = to, outcome, "lease group handover");
+    }
+
+    /// Has this member's region propose a lease round now, and waits (a little) until it
+    /// is in the log: the successor then gets a renewal of that region's leases that
+    /// leaves them the longest to be renewed through it.
+    async fn fresh_renewal(&self, raft: &Raft<LeaseRaft>) {
+        let mut metrics = raft.metrics();
+        let before = metrics.borrow().last_log_index;
+        self.handover.renew_now();
+        let appended = metrics.wait_for(|m| m.last_log_index > before);
+        let _ = tokio::time::timeout(self.heartbeat * 2, appended).await;
+    }
+
+    /// Whether `to` got every entry this member's log has now within [`CATCH_UP`], and
+    /// this member still leads: as etcd waits before `MsgTimeoutNow`, since the entries
+    /// the successor lacks when it stands are lost with the lead (among them renewals of
+    /// this member's region's leases, which would then lapse).
+    async fn caught_up(&self, raft: &Raft<LeaseRaft>, to: u64) -> bool {
+        let mut metrics = raft.metrics();
+        let last = metrics.borrow().last_log_index;
+        let matched = |m: &RaftMetrics<u64, BasicNode>| {
+            m.replication.as_ref()?.get(&to)?.as_ref().map(|l| l.index)
+        };
+        let done = metrics.wait_for(|m| m.current_leader != Some(self.me) || matched(m) >= last);
+        let done = tokio::time::timeout(CATCH_UP, done).await;
+        matches!(done, Ok(Ok(_))) && raft.metrics().borrow().current_leader == Some(self.me)
     }
 
     async fn ask_to_stand(&self, channels: &Channels, to: u64) -> bool {
