@@ -6,9 +6,13 @@ CLUSTER := python3 regions/local/cluster.py
 .PHONY: demo test install build up down status lint fmt bench jepsen drills
 
 ## The main job: start the local regions, run the surge-pricing workload for a minute,
-## print the table (events per region, replication lag, identical state or not)
+## print the table (events per region, replication lag, identical state or not).
+## UDF=python|go: the surge multipliers come from that SDK's example function, a gRPC
+## sidecar per region (default: the built-in formula)
 DEMO_SECONDS ?= 60
+UDF ?= builtin
 demo: up
+	$(CLUSTER) udf $(UDF)
 	@$(CLUSTER) status
 	cargo build --locked --bin surge
 	$(CARGO_TARGET_DIR)/debug/surge --cluster $(or $(GEOSTATE_RUN_DIR),regions/local/run)/cluster.json --seconds $(DEMO_SECONDS)

@@ -8,6 +8,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "geostate/v1/state.proto",
         "geostate/v1/savepoint.proto",
         "geostate/v1/raft.proto",
+        "geostate/v1/function.proto",
     ];
     for proto in protos {
         println!("cargo:rerun-if-changed={proto}");

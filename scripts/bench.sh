@@ -60,6 +60,8 @@ started=$(date +%s)
   echo
   cargo bench --locked --bench sink "$@"
   echo
+  cargo bench --locked --bench functions "$@"
+  echo
   echo "Chart: [latest.png](latest.png); figures: [latest.json](latest.json). The benchmarks took $(( $(date +%s) - started )) s."
 } | tee "$report"
 

@@ -45,6 +45,7 @@ pub mod checkpoint;
 pub mod clock;
 pub mod config;
 pub mod crdt;
+pub mod function;
 pub mod ingest;
 pub mod keeper;
 pub mod lease;

@@ -434,7 +434,8 @@ async fn pricer(config: ConfigArgs, addr: Option<String>) -> anyhow::Result<()> 
         shutdown_signal().await;
         let _ = stop.send(true);
     });
-    tracing::info!(%addr, demand = %pricing.demand, supply = %pricing.supply, prices = %pricing.prices, "pricing");
+    let function = pricing.function.as_ref().map(|f| f.addr.clone());
+    tracing::info!(%addr, demand = %pricing.demand, supply = %pricing.supply, prices = %pricing.prices, function = function.as_deref().unwrap_or("the built-in formula"), "pricing");
     let priced = geostate::pricer::run(pricing, lease, addr, stopped).await?;
     println!(
         "wrote {} multipliers ({} compare-and-sets found the value moved on)",

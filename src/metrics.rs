@@ -8,6 +8,18 @@ use std::time::Duration;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+/// Calls of a user function sidecar, labels `function` and `outcome` (`ok`, `timeout`,
+/// `unavailable`, `refused`, `invalid`) (counter).
+pub const FUNCTION_CALLS: &str = "geostate_function_calls_total";
+/// Inputs sent to a user function, label `function` (counter).
+pub const FUNCTION_INPUTS: &str = "geostate_function_inputs_total";
+/// How long a user function call took, label `function` (histogram).
+pub const FUNCTION_CALL_SECONDS: &str = "geostate_function_call_seconds";
+/// Whether the node's last health check of a user function sidecar got an answer, label
+/// `function` (gauge).
+pub const FUNCTION_UP: &str = "geostate_function_up";
+/// Geohashes with final windows not priced yet, waiting for a retry (gauge).
+pub const PRICER_PENDING: &str = "geostate_pricer_pending_geohashes";
 /// Own deltas merged into a partition's copy, label `by`: `take` (the catch-up before
 /// the node owns it), `standby` (a warm standby's refresh) or `join` (the catch-up of
 /// every copy before the node joins its region's group); with label `region`, a remote

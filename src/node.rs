@@ -98,6 +98,8 @@ pub enum NodeError {
     Tls(#[from] crate::security::TlsError),
     #[error("api.auth: {0}")]
     Auth(String),
+    #[error("pricing.function: {0}")]
+    Function(String),
     #[error("{0}")]
     TaskEnded(String),
     #[error(
@@ -372,8 +374,21 @@ impl Opened {
             stop_rx.clone(),
         );
         tasks.spawn("the gauge reporter", OnStop::Abort, returns(gauges));
+        let functions = match config.pricing.as_ref().and_then(|p| p.function.as_ref()) {
+            Some(f) => {
+                let sidecar =
+                    crate::function::Sidecar::new(crate::pricer::SURGE, &f.addr, f.timeout)
+                        .map_err(|e| NodeError::Function(e.to_string()))?;
+                let health = crate::function::Health::new(sidecar);
+                let checks = health.clone().run();
+                tasks.spawn("the function health check", OnStop::Abort, returns(checks));
+                vec![health]
+            }
+            None => Vec::new(),
+        };
         let bootstrapping = self.bootstrapping;
         let api = Api {
+            functions,
             // a write Kafka cannot take within 10 s is answered UNAVAILABLE
             producer: log::RenewingProducer::new(&config.kafka, Duration::from_secs(10))?,
             config: config.clone(),

@@ -8,8 +8,10 @@
 //!  per pending geohash whose prices key's shard this region holds:
 //!    leaseholder Get(prices/gh) ── the last window priced
 //!    ─► BatchGet(demand/gh, supply/gh; the windows after it, up to the latest final)
-//!    ─► each window final in both and with demand, oldest first: the formula
-//!    ─► CompareAndSet(prices/gh: from the last window's result to this one's)
+//!    ─► each window final in both and with demand, oldest first
+//!  every window read this round ─► the multipliers: the formula, or one call per batch
+//!    to a user function sidecar (`[pricing] function`, [`crate::function`])
+//!  per geohash ─► CompareAndSet(prices/gh: from the last window's result to each next)
 //! ```
 //!
 //! One multiplier per (geohash, window): a compare-and-set succeeds only from the previous
@@ -19,6 +21,10 @@
 //! value moved on and reads again. Each accepted write is an output (`output =
 //! "register-changes"`) carrying the lease epoch, so the sink writes one row per geohash
 //! and window.
+//!
+//! A sidecar that is slow, down or answers garbage prices nothing of its batch: those
+//! geohashes stay pending and are tried again after a backoff (1 s, doubling up to 30 s),
+//! counted in `geostate_function_calls_total` and `geostate_pricer_pending_geohashes`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -30,6 +36,8 @@ use tonic::Code;
 use tonic::transport::Channel;
 
 use crate::config::{LeaseConfig, PricingConfig};
+use crate::function::{FunctionError, MAX_BATCH, Sidecar};
+use crate::metrics as m;
 use crate::pb;
 use crate::pb::admin_client::AdminClient;
 use crate::pb::state_client::StateClient;
@@ -43,9 +51,11 @@ use crate::window::Window;
 const LOOKBACK_WINDOWS: u64 = 60;
 /// How many geohashes are priced at once (each a few round trips to the node).
 const CONCURRENCY: usize = 32;
-/// A geohash whose pricing failed (a lease renewing, a node restarting) is tried again
-/// this much later.
+/// A geohash whose pricing failed (a lease renewing, a node restarting, a function
+/// sidecar failing) is tried again this much later, doubled for each round in a row whose
+/// function calls failed, up to [`MAX_BACKOFF`].
 const RETRY_AFTER: Duration = Duration::from_secs(1);
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
 /// What a pricer did.
 #[derive(Debug, Default, Clone, Copy)]
@@ -73,11 +83,16 @@ pub async fn run(
     let channel = Channel::from_shared(addr.clone())
         .with_context(|| format!("--addr {addr:?}"))?
         .connect_lazy();
+    let sidecar = match &pricing.function {
+        Some(f) => Some(Sidecar::new(SURGE, &f.addr, f.timeout)?),
+        None => None,
+    };
     let pricer = Pricer {
         state: StateClient::new(channel.clone()),
         admin: AdminClient::new(channel.clone()),
         pricing: pricing.clone(),
         lease,
+        sidecar,
     };
     let mut priced = Priced::default();
     let (wake, mut woken) = mpsc::channel(4096);
@@ -90,6 +105,8 @@ pub async fn run(
     sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // when the geohashes that failed (back in `pending`) are tried again
     let mut retry: Option<tokio::time::Instant> = None;
+    // rounds in a row whose function calls failed
+    let mut function_failures = 0u32;
     loop {
         let retry_at = retry.unwrap_or_else(|| tokio::time::Instant::now() + pricing.sweep_every);
         tokio::select! {
@@ -110,7 +127,9 @@ pub async fn run(
                 Wake::Sweep => pricer.every_geohash(&mut pending).await,
             }
         }
-        if pending.is_empty() {
+        // what woke meanwhile waits out a failing function's backoff with the rest
+        let backing_off = retry.is_some_and(|at| at > tokio::time::Instant::now());
+        if pending.is_empty() || (backing_off && function_failures > 0) {
             continue;
         }
         let held = match pricer.held().await {
@@ -125,36 +144,27 @@ pub async fn run(
             .into_iter()
             .filter(|gh| held.contains(&pricer.shard_of(gh)))
             .collect();
-        let mut round = Priced::default();
-        let pricer = &pricer;
-        let mut runs = futures_util::stream::iter(batch)
-            .map(|gh| async move { (pricer.price(&gh).await, gh) })
-            .buffer_unordered(CONCURRENCY);
-        loop {
-            let next = tokio::select! {
-                () = stopped(&mut stop) => return Ok(priced),
-                next = runs.next() => next,
-            };
-            let Some((result, gh)) = next else { break };
-            match result {
-                Ok(p) => {
-                    round.windows += p.windows;
-                    round.moved_on += p.moved_on;
-                }
-                Err(e) => {
-                    tracing::warn!(geohash = %gh, "pricing: {e:#}; again in {RETRY_AFTER:?}");
-                    pending.insert(gh);
-                }
-            }
-        }
+        let outcome = tokio::select! {
+            () = stopped(&mut stop) => return Ok(priced),
+            outcome = pricer.round(batch) => outcome,
+        };
+        pending.extend(outcome.again);
+        function_failures = match outcome.function_failed {
+            true => function_failures + 1,
+            false => 0,
+        };
+        metrics::gauge!(m::PRICER_PENDING).set(pending.len() as f64);
         if !pending.is_empty() {
-            retry = Some(tokio::time::Instant::now() + RETRY_AFTER);
+            let backoff = RETRY_AFTER
+                .saturating_mul(1 << function_failures.min(5))
+                .min(MAX_BACKOFF);
+            retry = Some(tokio::time::Instant::now() + backoff);
         }
-        priced.windows += round.windows;
-        priced.moved_on += round.moved_on;
-        if round.windows > 0 {
+        priced.windows += outcome.priced.windows;
+        priced.moved_on += outcome.priced.moved_on;
+        if outcome.priced.windows > 0 {
             tracing::info!(
-                written = round.windows,
+                written = outcome.priced.windows,
                 total = priced.windows,
                 "multipliers written"
             );
@@ -201,6 +211,31 @@ struct Pricer {
     admin: AdminClient<Channel>,
     pricing: PricingConfig,
     lease: LeaseConfig,
+    /// The user function computing the multipliers, if not the built-in formula.
+    sidecar: Option<Sidecar>,
+}
+
+/// The name of the pricing function a sidecar must serve.
+pub const SURGE: &str = "surge";
+
+/// What one round did.
+#[derive(Default)]
+struct Round {
+    priced: Priced,
+    /// Geohashes to try again: a read, function call or write failed, or a
+    /// compare-and-set found the value moved on.
+    again: Vec<String>,
+    /// A function call failed (the backoff grows).
+    function_failed: bool,
+}
+
+/// One geohash's windows to price: its price key, the value it holds, and the windows
+/// final since, oldest first, with their demand and supply.
+struct ToPrice {
+    gh: String,
+    key: String,
+    current: Option<(Vec<u8>, WindowResult)>,
+    windows: Vec<(Window, i64, i64)>,
 }
 
 impl Pricer {
@@ -257,53 +292,149 @@ impl Pricer {
         self.lease.shard_of_key(&key)
     }
 
-    /// Prices every window of `gh` final since its last price. A region that does not
-    /// hold it (any more) is refused the reads and writes it needs: nothing is done.
-    async fn price(&self, gh: &str) -> anyhow::Result<Priced> {
-        let key = format!("{}{gh}", self.pricing.prices);
-        let mut priced = Priced::default();
-        let mut state = self.state.clone();
-        // a compare-and-set that found the value moved on: read again, once
-        for _ in 0..2 {
-            let Some(mut current) = self.last_price(&key).await? else {
-                return Ok(priced);
-            };
-            let windows = self.final_windows(gh, current.as_ref()).await?;
-            let mut moved_on = false;
-            for (window, demand, supply) in windows {
-                let hundredths = self.pricing.formula.hundredths(demand, supply);
-                let result = WindowResult {
-                    start_ms: window.start_ms,
-                    end_ms: window.end_ms,
-                    value: serde_json::Number::from_f64(hundredths as f64 / 100.0)
-                        .context("a finite multiplier")?,
-                };
-                let value = serde_json::to_vec(&result)?;
-                let request = pb::UpdateRequest {
-                    key: key.clone(),
-                    op: Some(pb::update_request::Op::Cas(pb::CompareAndSet {
-                        expected: current.as_ref().map(|(bytes, _)| bytes.clone()),
-                        value: value.clone(),
-                    })),
-                    id: String::new(),
-                    event_time_ms: 0,
-                };
-                match state.update(request).await {
-                    Ok(_) => {
-                        priced.windows += 1;
-                        tracing::debug!(%key, start_ms = window.start_ms, demand, supply, hundredths, "priced");
-                        current = Some((value, result));
-                    }
-                    Err(s) if s.code() == Code::FailedPrecondition => {
-                        priced.moved_on += 1;
-                        moved_on = true;
-                        break;
-                    }
-                    Err(s) => anyhow::bail!("{key} window {}: {s}", window.start_ms),
+    /// Prices the windows of `batch` final since their last price: reads them, computes
+    /// every multiplier (one function call per [`MAX_BATCH`] windows), writes them.
+    async fn round(&self, batch: Vec<String>) -> Round {
+        let mut round = Round::default();
+        let reads: Vec<(String, anyhow::Result<Option<ToPrice>>)> =
+            futures_util::stream::iter(batch)
+                .map(|gh| async move { (gh.clone(), self.read(gh).await) })
+                .buffer_unordered(CONCURRENCY)
+                .collect()
+                .await;
+        let mut ready = Vec::new();
+        for (gh, read) in reads {
+            match read {
+                Ok(Some(p)) if !p.windows.is_empty() => ready.push(p),
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(geohash = %gh, "pricing: {e:#}; again in {RETRY_AFTER:?}");
+                    round.again.push(gh);
                 }
             }
-            if !moved_on {
-                break;
+        }
+        let mut computed = Vec::new();
+        for chunk in chunks(ready, MAX_BATCH) {
+            match self.multipliers(&chunk).await {
+                Ok(values) => computed.extend(chunk.into_iter().zip(values)),
+                Err(e) => {
+                    tracing::warn!(
+                        geohashes = chunk.len(),
+                        "pricing: {e}; those geohashes stay pending"
+                    );
+                    round.function_failed = true;
+                    round.again.extend(chunk.into_iter().map(|p| p.gh));
+                }
+            }
+        }
+        let writes: Vec<(String, anyhow::Result<Priced>)> = futures_util::stream::iter(computed)
+            .map(|(p, values)| async move { (p.gh.clone(), self.write(p, values).await) })
+            .buffer_unordered(CONCURRENCY)
+            .collect()
+            .await;
+        for (gh, written) in writes {
+            match written {
+                Ok(p) => {
+                    round.priced.windows += p.windows;
+                    round.priced.moved_on += p.moved_on;
+                    if p.moved_on > 0 {
+                        round.again.push(gh);
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(geohash = %gh, "pricing: {e:#}; again in {RETRY_AFTER:?}");
+                    round.again.push(gh);
+                }
+            }
+        }
+        round
+    }
+
+    /// What `gh` has to price; `None` when this region does not hold its price (any more).
+    async fn read(&self, gh: String) -> anyhow::Result<Option<ToPrice>> {
+        let key = format!("{}{gh}", self.pricing.prices);
+        let Some(current) = self.last_price(&key).await? else {
+            return Ok(None);
+        };
+        let windows = self.final_windows(&gh, current.as_ref()).await?;
+        Ok(Some(ToPrice {
+            gh,
+            key,
+            current,
+            windows,
+        }))
+    }
+
+    /// The multipliers (hundredths) of every window of `batch`, in order: the formula's,
+    /// or the sidecar's in one call.
+    async fn multipliers(&self, batch: &[ToPrice]) -> Result<Vec<Vec<i64>>, FunctionError> {
+        let formula = self.pricing.formula;
+        let Some(sidecar) = &self.sidecar else {
+            return Ok(batch
+                .iter()
+                .map(|p| {
+                    let each = p.windows.iter();
+                    each.map(|&(_, d, s)| formula.hundredths(d, s)).collect()
+                })
+                .collect());
+        };
+        let inputs = batch
+            .iter()
+            .flat_map(|p| {
+                p.windows
+                    .iter()
+                    .map(|(w, demand, supply)| pb::FunctionInput {
+                        key: p.gh.clone(),
+                        window_start_ms: w.start_ms,
+                        window_end_ms: w.end_ms,
+                        values: [("demand".into(), *demand), ("supply".into(), *supply)].into(),
+                    })
+            })
+            .collect();
+        let mut values = sidecar
+            .compute(&formula.params(), inputs, |h| formula.in_range(h))
+            .await?
+            .into_iter();
+        Ok(batch
+            .iter()
+            .map(|p| values.by_ref().take(p.windows.len()).collect())
+            .collect())
+    }
+
+    /// Writes `values` (one per window of `p`, in order) with a compare-and-set each
+    /// from the one before; stops at one that found the value moved on.
+    async fn write(&self, p: ToPrice, values: Vec<i64>) -> anyhow::Result<Priced> {
+        let mut priced = Priced::default();
+        let mut state = self.state.clone();
+        let mut current = p.current;
+        for ((window, demand, supply), hundredths) in p.windows.into_iter().zip(values) {
+            let result = WindowResult {
+                start_ms: window.start_ms,
+                end_ms: window.end_ms,
+                value: serde_json::Number::from_f64(hundredths as f64 / 100.0)
+                    .context("a finite multiplier")?,
+            };
+            let value = serde_json::to_vec(&result)?;
+            let request = pb::UpdateRequest {
+                key: p.key.clone(),
+                op: Some(pb::update_request::Op::Cas(pb::CompareAndSet {
+                    expected: current.as_ref().map(|(bytes, _)| bytes.clone()),
+                    value: value.clone(),
+                })),
+                id: String::new(),
+                event_time_ms: 0,
+            };
+            match state.update(request).await {
+                Ok(_) => {
+                    priced.windows += 1;
+                    tracing::debug!(key = %p.key, start_ms = window.start_ms, demand, supply, hundredths, "priced");
+                    current = Some((value, result));
+                }
+                Err(s) if s.code() == Code::FailedPrecondition => {
+                    priced.moved_on += 1;
+                    break;
+                }
+                Err(s) => anyhow::bail!("{} window {}: {s}", p.key, window.start_ms),
             }
         }
         Ok(priced)
@@ -397,6 +528,25 @@ impl Pricer {
     }
 }
 
+/// `items` in order, split into runs of at most `max` windows (a geohash with more is a
+/// run of its own): a geohash's windows go to the function in one call.
+fn chunks(items: Vec<ToPrice>, max: usize) -> Vec<Vec<ToPrice>> {
+    let mut out: Vec<Vec<ToPrice>> = Vec::new();
+    let mut size = 0;
+    for item in items {
+        let n = item.windows.len();
+        match out.last_mut() {
+            Some(last) if size + n <= max => last.push(item),
+            _ => {
+                out.push(vec![item]);
+                size = 0;
+            }
+        }
+        size += n;
+    }
+    out
+}
+
 /// Of the windows `values` hold for the keys `(demand, supply)`, oldest first, those
 /// before the first that is not final for both, each with demand: the window, its
 /// demand and its supply.
@@ -450,6 +600,43 @@ mod tests {
             }),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_batch_keeps_each_geohash_s_windows_together_and_under_the_limit() {
+        let item = |gh: &str, n: u64| ToPrice {
+            gh: gh.into(),
+            key: format!("prices/{gh}"),
+            current: None,
+            windows: (0..n)
+                .map(|i| {
+                    let w = Window {
+                        start_ms: i * 60,
+                        end_ms: i * 60 + 60,
+                    };
+                    (w, 1, 1)
+                })
+                .collect(),
+        };
+        let items = vec![item("a", 3), item("b", 2), item("c", 6), item("d", 1)];
+        let sizes: Vec<Vec<(String, usize)>> = chunks(items, 5)
+            .into_iter()
+            .map(|c| c.into_iter().map(|p| (p.gh, p.windows.len())).collect())
+            .collect();
+        let run = |v: &[(&str, usize)]| {
+            v.iter()
+                .map(|(g, n)| (g.to_string(), *n))
+                .collect::<Vec<_>>()
+        };
+        // "c" alone is over the limit: a call of its own
+        assert_eq!(
+            sizes,
+            vec![
+                run(&[("a", 3), ("b", 2)]),
+                run(&[("c", 6)]),
+                run(&[("d", 1)])
+            ]
+        );
     }
 
     #[test]

@@ -20,21 +20,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
 use common::failover::{RestartNodes, regions, signal, wait_held};
-use common::{cluster, cluster_script, node_config, now_ms, read_output_records, unique};
-use geostate::pb;
+use common::{add_at, cluster, cluster_script, node_config, now_ms, read_output_records, unique};
 use geostate::sink::postgres::connect;
 use geostate::sink::reconcile::{Source, reconcile};
 
 const MIN: u64 = 60_000;
-
-fn add_at(key: &str, event_time_ms: u64) -> pb::UpdateRequest {
-    pb::UpdateRequest {
-        key: key.to_owned(),
-        op: Some(pb::update_request::Op::Add(1)),
-        id: String::new(),
-        event_time_ms,
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_geohash_window_is_priced_once_across_a_lease_failover() -> anyhow::Result<()> {

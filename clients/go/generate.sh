@@ -15,7 +15,7 @@ if [ "${1:-}" = "--check" ]; then
   out="$(mktemp -d)"
   trap 'rm -rf "$out"' EXIT
 fi
-files=(geostate/v1/crdt.proto geostate/v1/update.proto geostate/v1/state.proto)
+files=(geostate/v1/crdt.proto geostate/v1/update.proto geostate/v1/state.proto geostate/v1/function.proto)
 maps=()
 for f in "${files[@]}"; do maps+=("--go_opt=M$f=geostate.dev/client/geostatepb" "--go-grpc_opt=M$f=geostate.dev/client/geostatepb"); done
 "$VENV/bin/python" -m grpc_tools.protoc -I../../proto \

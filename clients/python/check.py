@@ -6,6 +6,9 @@
 2. the package installs into it (`pip install clients/python`);
 3. its stubs match proto/ (`generate.py --check`);
 4. its tests pass against the cluster GEOSTATE_CLUSTER names.
+
+`check.py --install` does 1 and 2 only and prints the virtualenv's python (what
+tests/functions.rs runs the function sidecars with).
 """
 
 import os
@@ -21,7 +24,7 @@ PINNED = ["grpcio==1.85.1", "grpcio-tools==1.85.1"]
 
 
 def run(*args: str) -> None:
-    print("+", " ".join(args), flush=True)
+    print("+", " ".join(args), file=sys.stderr, flush=True)
     subprocess.run(args, check=True)
 
 
@@ -36,10 +39,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as copy:
         shutil.copytree(HERE, copy, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__"))
         run(str(python), "-m", "pip", "install", "--quiet", "--no-deps", "--force-reinstall", copy)
+    if sys.argv[1:] == ["--install"]:
+        print(python)
+        return
     run(str(python), str(HERE / "generate.py"), "--check")
     # the installed package, not the source tree: run from the tests' folder
     os.chdir(HERE / "tests")
-    run(str(python), "-m", "unittest", "-v", "test_client")
+    run(str(python), "-m", "unittest", "-v", "test_client", "test_function")
 
 
 if __name__ == "__main__":

@@ -20,7 +20,8 @@ PROTO = HERE.parent.parent / "proto"
 OUT = HERE / "src"
 # the API a client calls and the messages it uses; raft.proto and savepoint.proto are the
 # nodes' own business
-FILES = ["geostate/v1/crdt.proto", "geostate/v1/update.proto", "geostate/v1/state.proto"]
+FILES = ["geostate/v1/crdt.proto", "geostate/v1/update.proto", "geostate/v1/state.proto",
+         "geostate/v1/function.proto"]
 
 
 def generate(into: Path) -> None:

@@ -81,6 +81,14 @@ pub struct RegionFile {
     /// (SASL_SSL on a `make up SECURE=1` cluster; empty: plaintext).
     #[serde(default)]
     pub kafka_client: BTreeMap<String, String>,
+    /// The region's `geostate pricer` process.
+    pub pricer: Option<ProcessFile>,
+}
+
+/// A process beside a region's nodes (its pricer).
+#[derive(Deserialize, Clone)]
+pub struct ProcessFile {
+    pub pid: Option<u32>,
 }
 
 /// One of a region's further nodes.

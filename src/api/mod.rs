@@ -99,6 +99,8 @@ pub struct Api {
     pub guard: Guard,
     /// The listener's TLS (`None`: plaintext).
     pub tls: Option<Tls>,
+    /// The region's user function sidecars, as this node checks them.
+    pub functions: Vec<crate::function::Health>,
 }
 
 /// Per region, the index of its entry address (`lease.member.api`) that answered last:
@@ -864,6 +866,7 @@ impl Handler {
             checkpoint: Some(self.checkpoint_status()),
             owned_partitions: owned,
             node: api.address.clone(),
+            functions: api.functions.iter().map(|f| f.status()).collect(),
         })
     }
 

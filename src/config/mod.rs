@@ -22,7 +22,7 @@ pub use fields::{ConfigError, Secret, invalid, parse_addr, parse_duration};
 use lease::RawLease;
 pub use lease::{LeaseConfig, Member, WitnessConfig};
 use pricing::RawPricing;
-pub use pricing::{Formula, PricingConfig};
+pub use pricing::{Formula, FunctionConfig, PricingConfig};
 pub use security::{AuthConfig, KafkaSecurity, Role, TlsConfig, TlsVersion};
 use security::{RawAuth, RawKafkaSecurity, RawTls};
 pub use settings::Setting;

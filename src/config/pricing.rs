@@ -27,6 +27,18 @@ pub struct PricingConfig {
     /// How often every geohash is looked at, besides the windows `Watch` reports final
     /// (what a failover or a broken stream left unpriced).
     pub sweep_every: Duration,
+    /// The multipliers come from this user function sidecar instead of the built-in
+    /// formula (with the formula's parameters).
+    pub function: Option<FunctionConfig>,
+}
+
+/// A `geostate.v1.Function` sidecar serving `surge`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FunctionConfig {
+    /// `unix:///path/to.sock` or `http://host:port`.
+    pub addr: String,
+    /// Longest a `Compute` or `Describe` call may take.
+    pub timeout: Duration,
 }
 
 /// `multiplier = clamp(1 + slope × (demand / max(supply, 1) − threshold), 1, max)`,
@@ -40,6 +52,21 @@ pub struct Formula {
 }
 
 impl Formula {
+    /// The parameters a user function computing it gets, by name.
+    pub fn params(&self) -> [(&'static str, f64); 4] {
+        [
+            ("threshold", self.threshold),
+            ("slope", self.slope),
+            ("max", self.max),
+            ("step", self.step),
+        ]
+    }
+
+    /// Whether `hundredths` is a multiplier the formula can give: 1 to `max`.
+    pub fn in_range(&self, hundredths: i64) -> bool {
+        (100..=(self.max * 100.0).round() as i64).contains(&hundredths)
+    }
+
     /// The multiplier in hundredths (1.25 → 125): the same integers in every region.
     pub fn hundredths(&self, demand: i64, supply: i64) -> i64 {
         let ratio = demand as f64 / supply.max(1) as f64;
@@ -65,6 +92,13 @@ pub(super) struct RawPricing {
     step: f64,
     #[serde(default = "default_sweep_every")]
     sweep_every: String,
+    function: Option<String>,
+    #[serde(default = "default_function_timeout")]
+    function_timeout: String,
+}
+
+fn default_function_timeout() -> String {
+    "2s".into()
 }
 
 fn default_threshold() -> f64 {
@@ -148,7 +182,24 @@ impl RawPricing {
         if sweep_every.is_zero() {
             return Err(invalid("pricing.sweep-every", "must be more than 0"));
         }
+        let function = match self.function {
+            None => None,
+            Some(addr) if addr.starts_with("unix:///") || addr.starts_with("http://") => {
+                let timeout = parse_duration("pricing.function-timeout", &self.function_timeout)?;
+                if timeout.is_zero() {
+                    return Err(invalid("pricing.function-timeout", "must be more than 0"));
+                }
+                Some(FunctionConfig { addr, timeout })
+            }
+            Some(addr) => {
+                return Err(invalid(
+                    "pricing.function",
+                    format!("{addr:?} is neither unix:///path nor http://host:port"),
+                ));
+            }
+        };
         Ok(PricingConfig {
+            function,
             demand: self.demand,
             supply: self.supply,
             prices: self.prices,
@@ -162,6 +213,34 @@ impl RawPricing {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The conformance suite every surge function passes (the SDK examples too).
+    #[test]
+    fn the_formula_gives_the_conformance_suite_s_values() {
+        let suite: serde_json::Value =
+            serde_json::from_str(include_str!("../../clients/conformance/surge.json")).unwrap();
+        let mut checked = 0;
+        for case in suite["cases"].as_array().unwrap() {
+            let p = &case["params"];
+            let f = Formula {
+                threshold: p["threshold"].as_f64().unwrap(),
+                slope: p["slope"].as_f64().unwrap(),
+                max: p["max"].as_f64().unwrap(),
+                step: p["step"].as_f64().unwrap(),
+            };
+            let inputs = case["inputs"].as_array().unwrap();
+            let expected = case["expected"].as_array().unwrap();
+            assert_eq!(inputs.len(), expected.len());
+            for (input, want) in inputs.iter().zip(expected) {
+                let v = &input["values"];
+                let (d, s) = (v["demand"].as_i64().unwrap(), v["supply"].as_i64().unwrap());
+                assert_eq!(f.hundredths(d, s), want.as_i64().unwrap(), "{f:?} {d}/{s}");
+                assert!(f.in_range(f.hundredths(d, s)));
+                checked += 1;
+            }
+        }
+        assert!(checked >= 60, "{checked} inputs");
+    }
 
     #[test]
     fn the_formula_clamps_and_rounds_to_its_step() {

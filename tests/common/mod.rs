@@ -6,6 +6,7 @@
 pub mod failover;
 pub mod histogram;
 pub mod pki;
+pub mod sidecars;
 pub mod unwritable;
 
 use std::collections::BTreeMap;
@@ -32,6 +33,14 @@ pub fn add(key: &str, n: i64) -> pb::UpdateRequest {
         op: Some(pb::update_request::Op::Add(n)),
         id: String::new(),
         event_time_ms: 0,
+    }
+}
+
+/// An `Update` adding 1 to the counter `key` at event time `event_time_ms`.
+pub fn add_at(key: &str, event_time_ms: u64) -> pb::UpdateRequest {
+    pb::UpdateRequest {
+        event_time_ms,
+        ..add(key, 1)
     }
 }
 

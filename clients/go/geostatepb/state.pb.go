@@ -2109,7 +2109,10 @@ type StatusResponse struct {
 	// `partitions` lists these only.
 	OwnedPartitions []int32 `protobuf:"varint,9,rep,packed,name=owned_partitions,json=ownedPartitions,proto3" json:"owned_partitions,omitempty"`
 	// This node's gRPC address (its `api.advertise`).
-	Node          string `protobuf:"bytes,10,opt,name=node,proto3" json:"node,omitempty"`
+	Node string `protobuf:"bytes,10,opt,name=node,proto3" json:"node,omitempty"`
+	// The user function sidecars of this region (`[pricing] function`), as this node last
+	// checked them.
+	Functions     []*FunctionStatus `protobuf:"bytes,11,rep,name=functions,proto3" json:"functions,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2214,6 +2217,118 @@ func (x *StatusResponse) GetNode() string {
 	return ""
 }
 
+func (x *StatusResponse) GetFunctions() []*FunctionStatus {
+	if x != nil {
+		return x.Functions
+	}
+	return nil
+}
+
+// A user function sidecar (`geostate.v1.Function`), checked with `Describe` every 2 s.
+type FunctionStatus struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The function's name ("surge") and the sidecar's address.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Addr string `protobuf:"bytes,2,opt,name=addr,proto3" json:"addr,omitempty"`
+	// The last check got an answer naming this function.
+	Healthy bool `protobuf:"varint,3,opt,name=healthy,proto3" json:"healthy,omitempty"`
+	// From that answer.
+	Version   string `protobuf:"bytes,4,opt,name=version,proto3" json:"version,omitempty"`
+	Runtime   string `protobuf:"bytes,5,opt,name=runtime,proto3" json:"runtime,omitempty"`
+	LatencyUs uint64 `protobuf:"varint,6,opt,name=latency_us,json=latencyUs,proto3" json:"latency_us,omitempty"`
+	// Why the last check failed ("" when healthy).
+	Error         string `protobuf:"bytes,7,opt,name=error,proto3" json:"error,omitempty"`
+	CheckedMsAgo  uint64 `protobuf:"varint,8,opt,name=checked_ms_ago,json=checkedMsAgo,proto3" json:"checked_ms_ago,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FunctionStatus) Reset() {
+	*x = FunctionStatus{}
+	mi := &file_geostate_v1_state_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FunctionStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FunctionStatus) ProtoMessage() {}
+
+func (x *FunctionStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_geostate_v1_state_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FunctionStatus.ProtoReflect.Descriptor instead.
+func (*FunctionStatus) Descriptor() ([]byte, []int) {
+	return file_geostate_v1_state_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *FunctionStatus) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *FunctionStatus) GetAddr() string {
+	if x != nil {
+		return x.Addr
+	}
+	return ""
+}
+
+func (x *FunctionStatus) GetHealthy() bool {
+	if x != nil {
+		return x.Healthy
+	}
+	return false
+}
+
+func (x *FunctionStatus) GetVersion() string {
+	if x != nil {
+		return x.Version
+	}
+	return ""
+}
+
+func (x *FunctionStatus) GetRuntime() string {
+	if x != nil {
+		return x.Runtime
+	}
+	return ""
+}
+
+func (x *FunctionStatus) GetLatencyUs() uint64 {
+	if x != nil {
+		return x.LatencyUs
+	}
+	return 0
+}
+
+func (x *FunctionStatus) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+func (x *FunctionStatus) GetCheckedMsAgo() uint64 {
+	if x != nil {
+		return x.CheckedMsAgo
+	}
+	return 0
+}
+
 // Replication from one remote region: where its deltas are read and how far behind.
 type RemoteStatus struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
@@ -2241,7 +2356,7 @@ type RemoteStatus struct {
 
 func (x *RemoteStatus) Reset() {
 	*x = RemoteStatus{}
-	mi := &file_geostate_v1_state_proto_msgTypes[31]
+	mi := &file_geostate_v1_state_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2253,7 +2368,7 @@ func (x *RemoteStatus) String() string {
 func (*RemoteStatus) ProtoMessage() {}
 
 func (x *RemoteStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_geostate_v1_state_proto_msgTypes[31]
+	mi := &file_geostate_v1_state_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2266,7 +2381,7 @@ func (x *RemoteStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoteStatus.ProtoReflect.Descriptor instead.
 func (*RemoteStatus) Descriptor() ([]byte, []int) {
-	return file_geostate_v1_state_proto_rawDescGZIP(), []int{31}
+	return file_geostate_v1_state_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *RemoteStatus) GetRegion() string {
@@ -2476,7 +2591,7 @@ const file_geostate_v1_state_proto_rawDesc = "" +
 	"\x0eapplied_offset\x18\x02 \x01(\x03R\rappliedOffset\x12\x1d\n" +
 	"\n" +
 	"end_offset\x18\x03 \x01(\x03R\tendOffset\x12\x10\n" +
-	"\x03lag\x18\x04 \x01(\x03R\x03lag\"\xb9\x03\n" +
+	"\x03lag\x18\x04 \x01(\x03R\x03lag\"\xf4\x03\n" +
 	"\x0eStatusResponse\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12 \n" +
 	"\vincarnation\x18\x02 \x01(\rR\vincarnation\x12#\n" +
@@ -2492,7 +2607,18 @@ const file_geostate_v1_state_proto_rawDesc = "" +
 	"checkpoint\x12)\n" +
 	"\x10owned_partitions\x18\t \x03(\x05R\x0fownedPartitions\x12\x12\n" +
 	"\x04node\x18\n" +
-	" \x01(\tR\x04node\"\xeb\x02\n" +
+	" \x01(\tR\x04node\x129\n" +
+	"\tfunctions\x18\v \x03(\v2\x1b.geostate.v1.FunctionStatusR\tfunctions\"\xe1\x01\n" +
+	"\x0eFunctionStatus\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
+	"\x04addr\x18\x02 \x01(\tR\x04addr\x12\x18\n" +
+	"\ahealthy\x18\x03 \x01(\bR\ahealthy\x12\x18\n" +
+	"\aversion\x18\x04 \x01(\tR\aversion\x12\x18\n" +
+	"\aruntime\x18\x05 \x01(\tR\aruntime\x12\x1d\n" +
+	"\n" +
+	"latency_us\x18\x06 \x01(\x04R\tlatencyUs\x12\x14\n" +
+	"\x05error\x18\a \x01(\tR\x05error\x12$\n" +
+	"\x0echecked_ms_ago\x18\b \x01(\x04R\fcheckedMsAgo\"\xeb\x02\n" +
 	"\fRemoteStatus\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12\x14\n" +
 	"\x05topic\x18\x02 \x01(\tR\x05topic\x12<\n" +
@@ -2538,7 +2664,7 @@ func file_geostate_v1_state_proto_rawDescGZIP() []byte {
 }
 
 var file_geostate_v1_state_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_geostate_v1_state_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
+var file_geostate_v1_state_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
 var file_geostate_v1_state_proto_goTypes = []any{
 	(CrdtKind)(0),                 // 0: geostate.v1.CrdtKind
 	(*RouteRequest)(nil),          // 1: geostate.v1.RouteRequest
@@ -2572,21 +2698,22 @@ var file_geostate_v1_state_proto_goTypes = []any{
 	(*StatusRequest)(nil),         // 29: geostate.v1.StatusRequest
 	(*PartitionStatus)(nil),       // 30: geostate.v1.PartitionStatus
 	(*StatusResponse)(nil),        // 31: geostate.v1.StatusResponse
-	(*RemoteStatus)(nil),          // 32: geostate.v1.RemoteStatus
-	(*CompareAndSet)(nil),         // 33: geostate.v1.CompareAndSet
-	(*OrderStamp)(nil),            // 34: geostate.v1.OrderStamp
-	(*HlcTimestamp)(nil),          // 35: geostate.v1.HlcTimestamp
+	(*FunctionStatus)(nil),        // 32: geostate.v1.FunctionStatus
+	(*RemoteStatus)(nil),          // 33: geostate.v1.RemoteStatus
+	(*CompareAndSet)(nil),         // 34: geostate.v1.CompareAndSet
+	(*OrderStamp)(nil),            // 35: geostate.v1.OrderStamp
+	(*HlcTimestamp)(nil),          // 36: geostate.v1.HlcTimestamp
 }
 var file_geostate_v1_state_proto_depIdxs = []int32{
 	4,  // 0: geostate.v1.LeasesResponse.shards:type_name -> geostate.v1.ShardLease
 	4,  // 1: geostate.v1.TransferLeaseResponse.lease:type_name -> geostate.v1.ShardLease
-	33, // 2: geostate.v1.UpdateRequest.cas:type_name -> geostate.v1.CompareAndSet
+	34, // 2: geostate.v1.UpdateRequest.cas:type_name -> geostate.v1.CompareAndSet
 	14, // 3: geostate.v1.UpdateResponse.position:type_name -> geostate.v1.Position
-	34, // 4: geostate.v1.UpdateResponse.stamp:type_name -> geostate.v1.OrderStamp
+	35, // 4: geostate.v1.UpdateResponse.stamp:type_name -> geostate.v1.OrderStamp
 	17, // 5: geostate.v1.Freshness.remotes:type_name -> geostate.v1.RemoteFreshness
-	35, // 6: geostate.v1.RemoteFreshness.applied:type_name -> geostate.v1.HlcTimestamp
+	36, // 6: geostate.v1.RemoteFreshness.applied:type_name -> geostate.v1.HlcTimestamp
 	0,  // 7: geostate.v1.Value.kind:type_name -> geostate.v1.CrdtKind
-	34, // 8: geostate.v1.Value.stamp:type_name -> geostate.v1.OrderStamp
+	35, // 8: geostate.v1.Value.stamp:type_name -> geostate.v1.OrderStamp
 	16, // 9: geostate.v1.Value.freshness:type_name -> geostate.v1.Freshness
 	21, // 10: geostate.v1.Value.window:type_name -> geostate.v1.WindowInfo
 	20, // 11: geostate.v1.WindowSelector.range:type_name -> geostate.v1.WindowRange
@@ -2597,37 +2724,38 @@ var file_geostate_v1_state_proto_depIdxs = []int32{
 	19, // 16: geostate.v1.ScanRequest.window:type_name -> geostate.v1.WindowSelector
 	18, // 17: geostate.v1.ScanResponse.values:type_name -> geostate.v1.Value
 	30, // 18: geostate.v1.StatusResponse.partitions:type_name -> geostate.v1.PartitionStatus
-	32, // 19: geostate.v1.StatusResponse.remotes:type_name -> geostate.v1.RemoteStatus
+	33, // 19: geostate.v1.StatusResponse.remotes:type_name -> geostate.v1.RemoteStatus
 	12, // 20: geostate.v1.StatusResponse.checkpoint:type_name -> geostate.v1.CheckpointStatus
-	30, // 21: geostate.v1.RemoteStatus.partitions:type_name -> geostate.v1.PartitionStatus
-	35, // 22: geostate.v1.RemoteStatus.applied:type_name -> geostate.v1.HlcTimestamp
-	13, // 23: geostate.v1.State.Update:input_type -> geostate.v1.UpdateRequest
-	23, // 24: geostate.v1.State.Get:input_type -> geostate.v1.GetRequest
-	24, // 25: geostate.v1.State.BatchGet:input_type -> geostate.v1.BatchGetRequest
-	26, // 26: geostate.v1.State.Scan:input_type -> geostate.v1.ScanRequest
-	28, // 27: geostate.v1.State.Watch:input_type -> geostate.v1.WatchRequest
-	29, // 28: geostate.v1.Admin.Status:input_type -> geostate.v1.StatusRequest
-	8,  // 29: geostate.v1.Admin.Checkpoint:input_type -> geostate.v1.CheckpointRequest
-	10, // 30: geostate.v1.Admin.Savepoint:input_type -> geostate.v1.SavepointRequest
-	3,  // 31: geostate.v1.Admin.Leases:input_type -> geostate.v1.LeasesRequest
-	6,  // 32: geostate.v1.Admin.TransferLease:input_type -> geostate.v1.TransferLeaseRequest
-	1,  // 33: geostate.v1.Admin.Route:input_type -> geostate.v1.RouteRequest
-	15, // 34: geostate.v1.State.Update:output_type -> geostate.v1.UpdateResponse
-	18, // 35: geostate.v1.State.Get:output_type -> geostate.v1.Value
-	25, // 36: geostate.v1.State.BatchGet:output_type -> geostate.v1.BatchGetResponse
-	27, // 37: geostate.v1.State.Scan:output_type -> geostate.v1.ScanResponse
-	18, // 38: geostate.v1.State.Watch:output_type -> geostate.v1.Value
-	31, // 39: geostate.v1.Admin.Status:output_type -> geostate.v1.StatusResponse
-	9,  // 40: geostate.v1.Admin.Checkpoint:output_type -> geostate.v1.CheckpointResponse
-	11, // 41: geostate.v1.Admin.Savepoint:output_type -> geostate.v1.SavepointResponse
-	5,  // 42: geostate.v1.Admin.Leases:output_type -> geostate.v1.LeasesResponse
-	7,  // 43: geostate.v1.Admin.TransferLease:output_type -> geostate.v1.TransferLeaseResponse
-	2,  // 44: geostate.v1.Admin.Route:output_type -> geostate.v1.RouteResponse
-	34, // [34:45] is the sub-list for method output_type
-	23, // [23:34] is the sub-list for method input_type
-	23, // [23:23] is the sub-list for extension type_name
-	23, // [23:23] is the sub-list for extension extendee
-	0,  // [0:23] is the sub-list for field type_name
+	32, // 21: geostate.v1.StatusResponse.functions:type_name -> geostate.v1.FunctionStatus
+	30, // 22: geostate.v1.RemoteStatus.partitions:type_name -> geostate.v1.PartitionStatus
+	36, // 23: geostate.v1.RemoteStatus.applied:type_name -> geostate.v1.HlcTimestamp
+	13, // 24: geostate.v1.State.Update:input_type -> geostate.v1.UpdateRequest
+	23, // 25: geostate.v1.State.Get:input_type -> geostate.v1.GetRequest
+	24, // 26: geostate.v1.State.BatchGet:input_type -> geostate.v1.BatchGetRequest
+	26, // 27: geostate.v1.State.Scan:input_type -> geostate.v1.ScanRequest
+	28, // 28: geostate.v1.State.Watch:input_type -> geostate.v1.WatchRequest
+	29, // 29: geostate.v1.Admin.Status:input_type -> geostate.v1.StatusRequest
+	8,  // 30: geostate.v1.Admin.Checkpoint:input_type -> geostate.v1.CheckpointRequest
+	10, // 31: geostate.v1.Admin.Savepoint:input_type -> geostate.v1.SavepointRequest
+	3,  // 32: geostate.v1.Admin.Leases:input_type -> geostate.v1.LeasesRequest
+	6,  // 33: geostate.v1.Admin.TransferLease:input_type -> geostate.v1.TransferLeaseRequest
+	1,  // 34: geostate.v1.Admin.Route:input_type -> geostate.v1.RouteRequest
+	15, // 35: geostate.v1.State.Update:output_type -> geostate.v1.UpdateResponse
+	18, // 36: geostate.v1.State.Get:output_type -> geostate.v1.Value
+	25, // 37: geostate.v1.State.BatchGet:output_type -> geostate.v1.BatchGetResponse
+	27, // 38: geostate.v1.State.Scan:output_type -> geostate.v1.ScanResponse
+	18, // 39: geostate.v1.State.Watch:output_type -> geostate.v1.Value
+	31, // 40: geostate.v1.Admin.Status:output_type -> geostate.v1.StatusResponse
+	9,  // 41: geostate.v1.Admin.Checkpoint:output_type -> geostate.v1.CheckpointResponse
+	11, // 42: geostate.v1.Admin.Savepoint:output_type -> geostate.v1.SavepointResponse
+	5,  // 43: geostate.v1.Admin.Leases:output_type -> geostate.v1.LeasesResponse
+	7,  // 44: geostate.v1.Admin.TransferLease:output_type -> geostate.v1.TransferLeaseResponse
+	2,  // 45: geostate.v1.Admin.Route:output_type -> geostate.v1.RouteResponse
+	35, // [35:46] is the sub-list for method output_type
+	24, // [24:35] is the sub-list for method input_type
+	24, // [24:24] is the sub-list for extension type_name
+	24, // [24:24] is the sub-list for extension extendee
+	0,  // [0:24] is the sub-list for field type_name
 }
 
 func init() { file_geostate_v1_state_proto_init() }
@@ -2658,7 +2786,7 @@ func file_geostate_v1_state_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_geostate_v1_state_proto_rawDesc), len(file_geostate_v1_state_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   32,
+			NumMessages:   33,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -8,7 +8,7 @@ from .install import cmd_install
 from .lifecycle import (cmd_down, cmd_kafka, cmd_mirror, cmd_node, cmd_restart_nodes, cmd_status,
                         cmd_up)
 from .net import cmd_net
-from .postgres import cmd_postgres, cmd_sink
+from .postgres import cmd_postgres, cmd_sink, cmd_udf
 from .secure import cmd_secure_kafka
 
 
@@ -46,6 +46,10 @@ def main(description: str) -> None:
                             "(SCRAM-SHA-512, certificates from geostate certs)")
     secure.add_argument("action", choices=["start", "stop"])
     secure.set_defaults(fn=cmd_secure_kafka)
+    udf = sub.add_parser("udf", help="price with the surge function of the Python or Go SDK "
+                         "example (a sidecar per region), or the built-in formula again")
+    udf.add_argument("kind", choices=["python", "go", "builtin"])
+    udf.set_defaults(fn=cmd_udf)
     net = sub.add_parser("net", help="cut a region off the other sites, or heal every cut")
     net.add_argument("action", choices=["isolate", "delay", "heal"])
     net.add_argument("region", nargs="?")

@@ -232,7 +232,9 @@ def cmd_status(_args: argparse.Namespace) -> None:
         print(f"postgres         {'healthy' if h['postgres'] else 'DOWN':<8} "
               f"{'127.0.0.1:' + str(pg['port']):<22} pid {pg['pid']}  {pg['url']}")
     for region, r in cluster["regions"].items():
-        for service, to in (("sink", "-> postgres"), ("pricer", f"-> {r['grpc']}")):
+        kind = r.get("function", {}).get("kind")
+        for service, to in (("sink", "-> postgres"), ("function", f"{kind} surge"),
+                            ("pricer", f"-> {r['grpc']}")):
             if service in r:
                 name = f"{service} {region}"
                 print(f"{name:<16} {'running' if h[name] else 'DOWN':<8} "

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import pwd
+import sys
 
 from .common import *  # noqa: F401,F403
 from .procs import *  # noqa: F401,F403
@@ -86,17 +88,70 @@ def start_sink(region: str, cluster: dict) -> None:
 
 
 def start_pricer(region: str, cluster: dict) -> None:
-    """`geostate pricer` with the region's node configuration, against its first node."""
+    """`geostate pricer` with the region's node configuration, against its first node;
+    with the region's surge function sidecar when the cluster runs one (`udf`)."""
     r = cluster["regions"][region]
     pricer = r.setdefault("pricer", {})
+    function = r.get("function", {}).get("addr")
+    extra = ["--set", f"pricing.function={json.dumps(function)}"] if function else []
     pricer["pid"] = spawn(f"pricer-{region}", [str(geostate_bin()), "pricer",
                                                "--config", r["config"], *set_args(r["set"]),
-                                               "--addr", f"http://{r['grpc']}"])
-    log(f"pricer {region} -> {r['grpc']}: pid {pricer['pid']}")
+                                               *extra, "--addr", f"http://{r['grpc']}"])
+    log(f"pricer {region} -> {r['grpc']}{f' with {function}' if function else ''}: "
+        f"pid {pricer['pid']}")
 
 
-# the processes that run beside a region's nodes, and how each starts
-REGION_SERVICES = {"sink": start_sink, "pricer": start_pricer}
+# the SDK examples serving the surge function (`make demo UDF=python|go`)
+UDFS = ("python", "go")
+
+
+def function_command(kind: str) -> list[str]:
+    """How to run the surge sidecar of `kind` (the virtualenv or binary made first)."""
+    if kind == "python":
+        out = subprocess.run([sys.executable, str(REPO / "clients" / "python" / "check.py"),
+                              "--install"], check=True, capture_output=True, text=True)
+        return [out.stdout.strip(), str(REPO / "clients" / "python" / "examples" /
+                                        "surge_function.py"), "--listen"]
+    binary = RUN / "bin" / "surgefunction"
+    subprocess.run(["go", "build", "-o", str(binary), "./examples/surgefunction"],
+                   cwd=REPO / "clients" / "go", check=True)
+    return [str(binary), "-listen"]
+
+
+def start_function(region: str, cluster: dict) -> None:
+    """The region's surge function sidecar on a Unix socket, when the cluster runs one."""
+    kind = cluster.get("udf")
+    if kind not in UDFS:
+        return
+    r = cluster["regions"][region]
+    sock = RUN / f"surge-{region}.sock"
+    function = r.setdefault("function", {})
+    function.update(kind=kind, addr=f"unix://{sock}")
+    function["pid"] = spawn(f"function-{region}", [*function_command(kind), function["addr"]])
+    wait_for(f"function {region}", lambda: sock.exists(), 60)
+    log(f"{kind} surge function {region} on {function['addr']}: pid {function['pid']}")
+
+
+def cmd_udf(args: argparse.Namespace) -> None:
+    """Price with the surge function of the Python or Go SDK example, each region's its own
+    sidecar, or with the built-in formula again (`builtin`): restarts the pricers."""
+    cluster = read_cluster()
+    if cluster is None:
+        die(f"no cluster at {CLUSTER_JSON}; run `up` first")
+    cluster["udf"] = args.kind if args.kind in UDFS else None
+    for region, r in cluster["regions"].items():
+        for service in ("pricer", "function"):
+            if service in r:
+                stop_pid(f"{service}-{region}", r[service].get("pid"))
+        r.pop("function", None)
+        start_function(region, cluster)
+        start_pricer(region, cluster)
+    write_cluster(cluster)
+    log(f"pricing with {'the ' + args.kind + ' surge function' if cluster['udf'] else 'the built-in formula'}")
+
+
+# the processes that run beside a region's nodes, and how each starts (in this order)
+REGION_SERVICES = {"sink": start_sink, "function": start_function, "pricer": start_pricer}
 
 
 def cmd_postgres(args: argparse.Namespace) -> None:

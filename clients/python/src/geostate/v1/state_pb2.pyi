@@ -331,7 +331,7 @@ class PartitionStatus(_message.Message):
     def __init__(self, partition: _Optional[int] = ..., applied_offset: _Optional[int] = ..., end_offset: _Optional[int] = ..., lag: _Optional[int] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("region", "incarnation", "updates_topic", "partitions", "events_applied", "events_dead_lettered", "remotes", "checkpoint", "owned_partitions", "node")
+    __slots__ = ("region", "incarnation", "updates_topic", "partitions", "events_applied", "events_dead_lettered", "remotes", "checkpoint", "owned_partitions", "node", "functions")
     REGION_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     UPDATES_TOPIC_FIELD_NUMBER: _ClassVar[int]
@@ -342,6 +342,7 @@ class StatusResponse(_message.Message):
     CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     OWNED_PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
+    FUNCTIONS_FIELD_NUMBER: _ClassVar[int]
     region: str
     incarnation: int
     updates_topic: str
@@ -352,7 +353,28 @@ class StatusResponse(_message.Message):
     checkpoint: CheckpointStatus
     owned_partitions: _containers.RepeatedScalarFieldContainer[int]
     node: str
-    def __init__(self, region: _Optional[str] = ..., incarnation: _Optional[int] = ..., updates_topic: _Optional[str] = ..., partitions: _Optional[_Iterable[_Union[PartitionStatus, _Mapping]]] = ..., events_applied: _Optional[int] = ..., events_dead_lettered: _Optional[int] = ..., remotes: _Optional[_Iterable[_Union[RemoteStatus, _Mapping]]] = ..., checkpoint: _Optional[_Union[CheckpointStatus, _Mapping]] = ..., owned_partitions: _Optional[_Iterable[int]] = ..., node: _Optional[str] = ...) -> None: ...
+    functions: _containers.RepeatedCompositeFieldContainer[FunctionStatus]
+    def __init__(self, region: _Optional[str] = ..., incarnation: _Optional[int] = ..., updates_topic: _Optional[str] = ..., partitions: _Optional[_Iterable[_Union[PartitionStatus, _Mapping]]] = ..., events_applied: _Optional[int] = ..., events_dead_lettered: _Optional[int] = ..., remotes: _Optional[_Iterable[_Union[RemoteStatus, _Mapping]]] = ..., checkpoint: _Optional[_Union[CheckpointStatus, _Mapping]] = ..., owned_partitions: _Optional[_Iterable[int]] = ..., node: _Optional[str] = ..., functions: _Optional[_Iterable[_Union[FunctionStatus, _Mapping]]] = ...) -> None: ...
+
+class FunctionStatus(_message.Message):
+    __slots__ = ("name", "addr", "healthy", "version", "runtime", "latency_us", "error", "checked_ms_ago")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ADDR_FIELD_NUMBER: _ClassVar[int]
+    HEALTHY_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    RUNTIME_FIELD_NUMBER: _ClassVar[int]
+    LATENCY_US_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    CHECKED_MS_AGO_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    addr: str
+    healthy: bool
+    version: str
+    runtime: str
+    latency_us: int
+    error: str
+    checked_ms_ago: int
+    def __init__(self, name: _Optional[str] = ..., addr: _Optional[str] = ..., healthy: _Optional[bool] = ..., version: _Optional[str] = ..., runtime: _Optional[str] = ..., latency_us: _Optional[int] = ..., error: _Optional[str] = ..., checked_ms_ago: _Optional[int] = ...) -> None: ...
 
 class RemoteStatus(_message.Message):
     __slots__ = ("region", "topic", "partitions", "applied", "lag_ms", "deltas_merged", "deltas_refused", "caught_up", "heard_from_all_since_nanos")
