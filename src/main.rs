@@ -235,6 +235,10 @@ enum Command {
         /// `api.grpc-listen`).
         #[arg(long)]
         addr: Option<String>,
+        /// Serve the pricer's metrics (Prometheus text, plaintext: keep it on loopback)
+        /// at this address: its function calls and pending geohashes.
+        #[arg(long)]
+        metrics_listen: Option<std::net::SocketAddr>,
     },
     /// Make a development CA and a certificate per name in a folder: `ca.pem`, `ca.key`,
     /// `<name>.pem`, `<name>.key`. A node's certificate is named after its region (the
@@ -401,7 +405,11 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
         Command::Sink {
             action: SinkAction::Postgres { config, postgres },
         } => sink_postgres(config, postgres).await,
-        Command::Pricer { config, addr } => pricer(config, addr).await,
+        Command::Pricer {
+            config,
+            addr,
+            metrics_listen,
+        } => pricer(config, addr, metrics_listen).await,
         Command::Sink {
             action:
                 SinkAction::Reconcile {
@@ -414,8 +422,24 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
     }
 }
 
-async fn pricer(config: ConfigArgs, addr: Option<String>) -> anyhow::Result<()> {
+async fn pricer(
+    config: ConfigArgs,
+    addr: Option<String>,
+    metrics_listen: Option<std::net::SocketAddr>,
+) -> anyhow::Result<()> {
     let config = geostate::config::Config::load_with(&config.config, &config.set)?;
+    if let Some(listen) = metrics_listen {
+        let recorder = geostate::metrics::install();
+        let listener = tokio::net::TcpListener::bind(listen)
+            .await
+            .with_context(|| format!("--metrics-listen {listen}"))?;
+        let connections = geostate::security::tls::incoming(
+            listener,
+            None,
+            geostate::security::tls::Listener::Metrics,
+        );
+        tokio::spawn(geostate::metrics::serve(connections, recorder));
+    }
     let pricing = config
         .pricing
         .context("the region file has no [pricing] section")?;

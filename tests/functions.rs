@@ -9,9 +9,10 @@
 //!   `geostate_function_calls_total`;
 //! - a node checks its region's sidecar: `Admin/Status` shows it down, healthy once it
 //!   serves (its runtime and version), down again once killed;
-//! - on the cluster, with the region's pricers stopped, a pricer whose sidecar is not
-//!   running yet leaves a final window's price pending, then writes it once the Go
-//!   sidecar serves: the built-in formula's value, one row in PostgreSQL.
+//! - on the cluster, with the region's pricers stopped, a `geostate pricer` whose sidecar
+//!   is not running yet leaves a final window's price pending (its failed calls counted
+//!   on its metrics endpoint), then writes it once the Go sidecar serves: the built-in
+//!   formula's value, one row in PostgreSQL.
 
 mod common;
 
@@ -19,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
 use common::failover::{Frozen, regions};
-use common::sidecars::{Case, Runs, conformance, go_surge, python, ready};
+use common::sidecars::{Case, Process, Runs, conformance, go_surge, python, ready};
 use common::{Node, Topics, add_at, cluster, node_config, now_ms, unique};
 use geostate::function::{FunctionError, Sidecar};
 use geostate::pb;
@@ -221,7 +222,7 @@ async fn a_price_stays_pending_while_the_sidecar_is_down_then_is_written_once_by
     let (mut regions, lease) = regions(&cluster).await?;
     let name = regions[0].name.clone();
     let config = node_config(&cluster.regions[&name])?;
-    let mut pricing = config.pricing.clone().context("the region files price")?;
+    let pricing = config.pricing.clone().context("the region files price")?;
     // the region's own pricers stand still meanwhile: this test's pricer alone prices
     let _frozen = cluster
         .regions
@@ -238,10 +239,6 @@ async fn a_price_stays_pending_while_the_sidecar_is_down_then_is_written_once_by
     let dir = tempfile::tempdir()?;
     let go = go_surge(dir.path())?;
     let addr = format!("unix://{}/surge.sock", dir.path().display());
-    pricing.function = Some(geostate::config::FunctionConfig {
-        addr: addr.clone(),
-        timeout: Duration::from_secs(2),
-    });
     // a geohash whose price this region holds
     let label = unique("udf");
     let gh = (0..)
@@ -265,12 +262,29 @@ async fn a_price_stays_pending_while_the_sidecar_is_down_then_is_written_once_by
             regions[0].state.update(add_at(key, now_ms())).await?;
         }
     }
-    let (stop, stopped) = tokio::sync::watch::channel(false);
-    let api = format!(
-        "http://{}",
-        cluster.regions[&name].grpc.clone().context("grpc")?
+    // `geostate pricer` as the cluster runs it, with the function and a metrics endpoint
+    let region = &cluster.regions[&name];
+    let metrics = format!("127.0.0.1:{}", common::free_port());
+    let _pricer = Process(
+        std::process::Command::new(env!("CARGO_BIN_EXE_geostate"))
+            .arg("pricer")
+            .arg("--config")
+            .arg(region.config.as_ref().context("the region's config")?)
+            .args(common::set_args(&region.set))
+            .args(["--set", &format!("pricing.function={addr:?}")])
+            .args([
+                "--addr",
+                &format!("http://{}", region.grpc.as_ref().context("grpc")?),
+            ])
+            .args(["--metrics-listen", &metrics])
+            .stdin(std::process::Stdio::null())
+            .spawn()?,
     );
-    let pricer = tokio::spawn(geostate::pricer::run(pricing.clone(), lease, api, stopped));
+    let calls = |outcome: &str| {
+        let line =
+            format!("geostate_function_calls_total{{function=\"surge\",outcome=\"{outcome}\"}}");
+        common::metric(&metrics, &line).map(|v| v.unwrap_or(0.0))
+    };
     // after the window, a trickle moves event time on until the window is final: the
     // pricer then calls the sidecar, which is not running
     let final_at = loop {
@@ -314,6 +328,11 @@ async fn a_price_stays_pending_while_the_sidecar_is_down_then_is_written_once_by
     };
     // pending while the sidecar is down (its calls fail, retried with a backoff)
     tokio::time::sleep(Duration::from_secs(5)).await;
+    let failed = calls("unavailable")?;
+    ensure!(
+        failed >= 1.0,
+        "no failed call counted while the sidecar was down"
+    );
     let before = get_price(&mut regions).await;
     ensure!(
         before
@@ -365,13 +384,11 @@ async fn a_price_stays_pending_while_the_sidecar_is_down_then_is_written_once_by
         ensure!(Instant::now() < deadline, "no row 60 s after the price");
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    stop.send(true)?;
-    let priced = pricer.await??;
-    // (it priced whatever else the region's frozen pricers left final too)
-    ensure!(priced.windows >= 1, "the pricer wrote no multiplier");
+    ensure!(calls("ok")? >= 1.0, "no call counted ok");
     println!(
-        "the pricer wrote {} multipliers ({} moved on)",
-        priced.windows, priced.moved_on
+        "calls: {failed} unavailable while the sidecar was down, {} ok; {} geohashes pending at the end",
+        calls("ok")?,
+        common::metric(&metrics, "geostate_pricer_pending_geohashes ")?.unwrap_or(0.0)
     );
     Ok(())
 }

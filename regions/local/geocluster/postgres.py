@@ -94,9 +94,11 @@ def start_pricer(region: str, cluster: dict) -> None:
     pricer = r.setdefault("pricer", {})
     function = r.get("function", {}).get("addr")
     extra = ["--set", f"pricing.function={json.dumps(function)}"] if function else []
+    pricer["metrics"] = f"127.0.0.1:{free_port()}"
     pricer["pid"] = spawn(f"pricer-{region}", [str(geostate_bin()), "pricer",
                                                "--config", r["config"], *set_args(r["set"]),
-                                               *extra, "--addr", f"http://{r['grpc']}"])
+                                               *extra, "--addr", f"http://{r['grpc']}",
+                                               "--metrics-listen", pricer["metrics"]])
     log(f"pricer {region} -> {r['grpc']}{f' with {function}' if function else ''}: "
         f"pid {pricer['pid']}")
 
