@@ -155,9 +155,8 @@ pub async fn run(
         };
         metrics::gauge!(m::PRICER_PENDING).set(pending.len() as f64);
         if !pending.is_empty() {
-            let backoff = RETRY_AFTER
-                .saturating_mul(1 << function_failures.min(5))
-                .min(MAX_BACKOFF);
+            let doublings = function_failures.saturating_sub(1).min(5);
+            let backoff = RETRY_AFTER.saturating_mul(1 << doublings).min(MAX_BACKOFF);
             retry = Some(tokio::time::Instant::now() + backoff);
         }
         priced.windows += outcome.priced.windows;

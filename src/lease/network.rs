@@ -563,7 +563,8 @@ pub enum ProposeError {
 }
 
 /// Proposes lease commands: to the local member if it leads, else to the leader over
-/// the `Propose` call (one lazily made connection per leader address).
+/// the `Propose` call (one lazily made connection per leader address); while this member
+/// hands the lead over, to the successor it told to stand ([`Handover`]).
 #[derive(Clone)]
 pub struct Proposer {
     raft: Raft<LeaseRaft>,
@@ -600,8 +601,11 @@ impl Proposer {
     pub async fn propose(&self, commands: Vec<Command>) -> Result<Vec<Outcome>, ProposeError> {
         let count = commands.len();
         let proposal = Proposal(commands);
-        let me = self.raft.metrics().borrow().id;
-        let leader = self.raft.metrics().borrow().current_leader;
+        let (me, leader) = {
+            let metrics = self.raft.metrics();
+            let metrics = metrics.borrow();
+            (metrics.id, metrics.current_leader)
+        };
         let reply = match self.handover.successor() {
             Some(successor) if leader.is_none_or(|l| l == me) => {
                 self.forward(&successor, &proposal).await?

@@ -17,8 +17,11 @@
 //! best), the leader hands over as Raft's leadership transfer does: it stops sending to the
 //! other voters (their `AppendEntries` fail as unreachable) while it keeps the successor's
 //! log current; once their leader lease (openraft refuses votes for it after a leader's
-//! message) ran out, it tells the successor to stand (`LeaseRaft/Stand`), which wins their
-//! votes with a log at least as long as theirs. Lease holdings and epochs are not touched:
+//! message) ran out, its own region proposed a renewal and the successor holds every entry
+//! of its log (entries only the old leader has are lost with the lead), it tells the
+//! successor to stand (`LeaseRaft/Stand`), which wins their votes with a log at least as
+//! long as theirs; the old leader's proposals then go to the successor until it knows
+//! the new leader. Lease holdings and epochs are not touched:
 //! the table is the same under any leader. Meanwhile entries still commit (the leader and
 //! the successor are a majority of three), and the election takes a round trip between
 //! voters with fast links.
@@ -276,9 +279,9 @@ impl Placement {
                 Ok(Ok(_)) => "moved",
                 _ => "failed",
             };
-            // the new leader's first message takes a round trip on this member's links
-            let known = metrics.wait_for(|m| m.current_leader.is_some());
             if outcome == "moved" {
+                // the new leader's first message takes a round trip on this member's links
+                let known = metrics.wait_for(|m| m.current_leader.is_some());
                 let _ = tokio::time::timeout(self.leader_lease * 4, known).await;
             }
             outcome
