@@ -326,9 +326,16 @@ async fn a_price_stays_pending_while_the_sidecar_is_down_then_is_written_once_by
             })
             .await
     };
-    // pending while the sidecar is down (its calls fail, retried with a backoff)
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    let failed = calls("unavailable")?;
+    // pending while the sidecar is down: once the pricer counted a failed call for the
+    // final window (its calls fail, retried with a backoff)
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let failed = loop {
+        let failed = calls("unavailable")?;
+        if failed >= 1.0 || Instant::now() > deadline {
+            break failed;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
     ensure!(
         failed >= 1.0,
         "no failed call counted while the sidecar was down"
