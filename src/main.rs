@@ -38,12 +38,13 @@ struct Node {
     /// Connect over TLS, checking the node's certificate against this CA file (PEM).
     #[arg(long, env = "GEOSTATE_CA")]
     ca: Option<PathBuf>,
-    /// Present this client certificate (PEM; with `--key`): its common name is the
+    /// Present this client certificate (PEM; with `--cert-key`): its common name is the
     /// identity `[api.auth] identities` gives a role.
-    #[arg(long, env = "GEOSTATE_CERT", requires = "key", requires = "ca")]
+    #[arg(long, env = "GEOSTATE_CERT", requires = "cert_key", requires = "ca")]
     cert: Option<PathBuf>,
+    /// The client certificate's private key (PEM).
     #[arg(long, env = "GEOSTATE_KEY", requires = "cert")]
-    key: Option<PathBuf>,
+    cert_key: Option<PathBuf>,
     /// Send the bearer token in this file (its first line) with every call.
     #[arg(long, env = "GEOSTATE_TOKEN_FILE")]
     token_file: Option<PathBuf>,
@@ -79,7 +80,7 @@ impl Node {
                     .await?
             }
             Some(ca) => {
-                let identity = self.cert.as_deref().zip(self.key.as_deref());
+                let identity = self.cert.as_deref().zip(self.cert_key.as_deref());
                 let tls = geostate::security::tls::client(ca, identity)?;
                 let timeout = std::time::Duration::from_secs(10);
                 geostate::security::tls::connect_with(&self.addr, tls, timeout).await?
@@ -132,6 +133,29 @@ enum Command {
         config: ConfigArgs,
         #[arg(long, value_enum, default_value_t = Role::Region)]
         role: Role,
+    },
+    /// Validate a configuration file with its overrides (a region node's, or with `--role
+    /// witness` the witness's) and print what it would run: listeners, Kafka topics, the
+    /// regions it merges, the lease group, checkpoints, namespaces. Exits 1 naming the
+    /// first invalid setting. Nothing is contacted.
+    CheckConfig {
+        #[command(flatten)]
+        config: ConfigArgs,
+        #[arg(long, value_enum, default_value_t = Role::Region)]
+        role: Role,
+    },
+    /// Exit 0 when the node serves (its gRPC health service answers SERVING), else 1 with
+    /// the reason: a liveness probe. With `--ready`, also only once it has caught up (it
+    /// answers `Admin/Status`, and has read every remote region's deltas to their end at
+    /// least once since it started): a readiness probe.
+    Probe {
+        #[command(flatten)]
+        node: Node,
+        #[arg(long)]
+        ready: bool,
+        /// Give up (exit 1) after this long.
+        #[arg(long, default_value = "5s")]
+        timeout: String,
     },
     /// Restore a stopped node's empty data dir from a checkpoint (default: the newest) or
     /// a savepoint; the next `run` replays the log from there.
@@ -349,6 +373,12 @@ fn main() -> std::process::ExitCode {
 async fn dispatch(command: Command) -> anyhow::Result<()> {
     match command {
         Command::Run { config, role } => run(config, role).await,
+        Command::CheckConfig { config, role } => check_config(config, role),
+        Command::Probe {
+            node,
+            ready,
+            timeout,
+        } => probe(node, ready, timeout).await,
         Command::Certs {
             out,
             hosts,
@@ -566,6 +596,58 @@ async fn run(config: ConfigArgs, role: Role) -> anyhow::Result<()> {
         .context("binding the gRPC and metrics addresses")?;
     geostate::node::run(config, listeners, shutdown_signal()).await?;
     Ok(())
+}
+
+fn check_config(config: ConfigArgs, role: Role) -> anyhow::Result<()> {
+    let ConfigArgs { config: path, set } = config;
+    let described = match role {
+        Role::Witness => geostate::config::WitnessConfig::load(&path, &set)?.describe(),
+        Role::Region => geostate::config::Config::load_with(&path, &set)?.describe(),
+    };
+    println!("{}: valid", path.display());
+    print!("{described}");
+    Ok(())
+}
+
+async fn probe(node: Node, ready: bool, timeout: String) -> anyhow::Result<()> {
+    use tonic_health::pb::{HealthCheckRequest, health_check_response::ServingStatus};
+    let timeout = geostate::config::parse_duration("--timeout", &timeout)?;
+    let check = async {
+        let channel = node.channel().await?;
+        let mut health = tonic_health::pb::health_client::HealthClient::new(channel.clone());
+        let service = "geostate.v1.State".to_owned();
+        let answer = health.check(HealthCheckRequest { service }).await?;
+        let status = answer.into_inner().status();
+        anyhow::ensure!(
+            status == ServingStatus::Serving,
+            "{}: not serving ({status:?})",
+            node.addr
+        );
+        if !ready {
+            return Ok(());
+        }
+        let s = AdminClient::new(channel)
+            .status(pb::StatusRequest {})
+            .await?
+            .into_inner();
+        let behind: Vec<&str> = s
+            .remotes
+            .iter()
+            .filter(|r| !r.caught_up)
+            .map(|r| r.region.as_str())
+            .collect();
+        anyhow::ensure!(
+            behind.is_empty(),
+            "{}: has not yet read the deltas of {} to their end",
+            node.addr,
+            behind.join(", ")
+        );
+        Ok(())
+    };
+    match tokio::time::timeout(timeout, check).await {
+        Ok(done) => done,
+        Err(_) => anyhow::bail!("{}: no answer within {timeout:?}", node.addr),
+    }
 }
 
 async fn restore(
@@ -816,4 +898,15 @@ async fn shutdown_signal() {
     }
     #[cfg(not(unix))]
     let _ = ctrl_c.await;
+}
+
+#[cfg(test)]
+mod tests {
+    /// clap checks a command line's definition (unique argument names, …) only in debug
+    /// builds and only for the subcommand parsed: every subcommand is checked here.
+    #[test]
+    fn the_command_line_is_well_formed() {
+        use clap::CommandFactory;
+        super::Cli::command().debug_assert();
+    }
 }

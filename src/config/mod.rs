@@ -11,6 +11,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::crdt::{CrdtType, RegionId};
+mod describe;
 mod fields;
 mod lease;
 mod pricing;
