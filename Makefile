@@ -28,6 +28,7 @@ build: install
 	cargo build --workspace --all-targets --locked
 
 ## NODES=N: nodes per region of a new cluster (default 1)
+## REGIONS=a,b,c: the regions of a new cluster (default us-east-1,eu-west-1)
 up:
 	$(CLUSTER) up
 

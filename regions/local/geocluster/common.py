@@ -26,7 +26,9 @@ SLF4J_VERSION = "2.0.17"
 S3S_FS_VERSION = "0.14.1"  # newest s3s-fs that builds on Rust 1.95
 GRPCURL_VERSION = "v1.9.3"
 
-REGIONS = ["us-east-1", "eu-west-1"]
+DEFAULT_REGIONS = ["us-east-1", "eu-west-1"]
+# A region without its own file under regions/ runs this one with its name set.
+TEMPLATE_REGION = "us-east-1"
 S3_BUCKET = "geostate-checkpoints"
 S3_ACCESS_KEY = "geostate"
 S3_SECRET_KEY = "geostate-secret"
@@ -60,6 +62,21 @@ APT_PACKAGES = {
     # the outputs table's database (any major version: /usr/lib/postgresql/<major>/bin)
     "postgresql": "/usr/lib/postgresql/*/bin/postgres",
 }
+
+
+def asked_regions() -> list[str]:
+    """REGIONS=a,b,c (`make up REGIONS=us-east-1,eu-west-1,ap-southeast-1`): the regions of a
+    new cluster, two by default."""
+    raw = os.environ.get("REGIONS", "").strip()
+    if not raw:
+        return list(DEFAULT_REGIONS)
+    regions = [r.strip() for r in raw.split(",") if r.strip()]
+    for r in regions:
+        if not r.replace("-", "").isalnum() or r != r.lower() or r == "witness":
+            die(f"REGIONS: {r!r} is not a region name (lowercase letters, digits and '-')")
+    if len(set(regions)) != len(regions) or len(regions) < 2:
+        die(f"REGIONS={raw!r}: at least two different regions")
+    return regions
 
 
 def log(msg: str) -> None:

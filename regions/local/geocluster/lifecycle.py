@@ -59,6 +59,9 @@ def cmd_up(_args: argparse.Namespace) -> None:
     secure = was if asked is None else asked not in ("", "0")
     if existing is not None and secure != was:
         die(f"the cluster runs with SECURE={int(was)}: `make down` first")
+    regions_asked = asked_regions()
+    if existing is not None and os.environ.get("REGIONS") and sorted(regions_asked) != sorted(existing["regions"]):
+        die(f"the cluster runs regions {','.join(existing['regions'])}: `make down` first")
     if existing is not None:
         h = health(existing)
         down = [k for k, v in h.items() if not v]
@@ -110,11 +113,11 @@ def cmd_up(_args: argparse.Namespace) -> None:
     SECURITY_FILE.unlink(missing_ok=True)
     security = None
     if secure:
-        security = make_security(RUN / "security", [*REGIONS, "witness"])
+        security = make_security(RUN / "security", [*regions_asked, "witness"])
         SECURITY_FILE.write_text(json.dumps(security, indent=2) + "\n")
         SECURITY_FILE.chmod(0o600)
     try:
-        regions = {region: start_kafka(region, security) for region in REGIONS}
+        regions = {region: start_kafka(region, security) for region in regions_asked}
         s3 = start_s3()
         cluster = {"s3": s3, "postgres": {"pid": None}, "regions": {}, "mirrormaker2": {}, "logs": str(LOGS),
                    "security": security,
@@ -130,9 +133,12 @@ def cmd_up(_args: argparse.Namespace) -> None:
                 # what a Kafka client of this region's broker sets (tests, tools)
                 "kafka_client": client_security(security) if security else {}}
         cluster["mirrormaker2"] = {"pid": None}
-        # the lease group's third member (two regions + a witness form a majority)
-        cluster["witness"] = {"grpc": None, "lease": f"127.0.0.1:{free_port()}",
-                              "data_dir": str(RUN / "nodes" / "witness"), "pid": None}
+        # with an even number of regions, a witness makes the lease group's member count
+        # odd, so that losing any one site (or half the regions and not the witness) leaves
+        # a majority; with an odd number the regions alone are one
+        if len(regions) % 2 == 0:
+            cluster["witness"] = {"grpc": None, "lease": f"127.0.0.1:{free_port()}",
+                                  "data_dir": str(RUN / "nodes" / "witness"), "pid": None}
         write_cluster(cluster)  # so `down` finds whatever started, even if `up` fails now
         for region, r in regions.items():
             port = int(r["kafka"].rsplit(":", 1)[1])
@@ -246,10 +252,12 @@ def cmd_status(_args: argparse.Namespace) -> None:
 
 
 def start_lease_group(cluster: dict) -> None:
-    """(Re)start the witness and every node, then wait until the nodes serve."""
+    """(Re)start the witness (if the cluster has one) and every node, then wait until the
+    nodes serve."""
     assign_grpc_addresses(cluster)
-    start_witness(cluster)
-    write_cluster(cluster)
+    if "witness" in cluster:
+        start_witness(cluster)
+        write_cluster(cluster)
     for region, r in cluster["regions"].items():
         start_node(region, r, cluster["s3"], cluster)
         write_cluster(cluster)
@@ -271,7 +279,7 @@ def start_services(cluster: dict) -> None:
 
 
 def cmd_restart_nodes(_args: argparse.Namespace) -> None:
-    """Restart the witness and every node with freshly generated settings (data kept): how
+    """Restart the witness (if any) and every node with freshly generated settings (data kept): how
     new lease settings (GEOSTATE_SET) take effect."""
     cluster = read_cluster()
     if cluster is None:
@@ -283,7 +291,7 @@ def cmd_restart_nodes(_args: argparse.Namespace) -> None:
             if n.get("pid") and pid_alive(n["pid"]):
                 stop_pid(f"node-{region}-{i}", n["pid"])
     start_lease_group(cluster)
-    log(f"restarted the witness and nodes ({os.environ.get('GEOSTATE_SET') or 'template settings'})")
+    log(f"restarted the lease group ({os.environ.get('GEOSTATE_SET') or 'template settings'})")
 
 
 def cmd_mirror(args: argparse.Namespace) -> None:

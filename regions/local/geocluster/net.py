@@ -32,8 +32,10 @@ def sites(cluster: dict) -> dict[str, dict]:
             ports += [n.get("grpc"), n.get("lease"), n.get("metrics")]
             pids.append(n.get("pid"))
         out[region] = {"pids": pids, "ports": ports, "classid": 0x00470001 + i}
-    w = cluster.get("witness", {})
-    out["witness"] = {"pids": [w.get("pid")], "ports": [w.get("lease")], "classid": 0x004700fe}
+    if "witness" in cluster:
+        w = cluster["witness"]
+        out["witness"] = {"pids": [w.get("pid")], "ports": [w.get("lease")],
+                          "classid": 0x004700fe}
     out["mirrormaker2"] = {"pids": [cluster.get("mirrormaker2", {}).get("pid")], "ports": [],
                            "classid": 0x004700ff}
     for site in out.values():

@@ -50,10 +50,11 @@ def extra_settings() -> list[str]:
 
 def lease_settings(member_id: int, listen: str, cluster: dict) -> list[str]:
     """This cluster's lease group in place of the template's: this member's id and
-    address, and every member (regions by name, then the witness)."""
+    address, and every member (regions by name, then the witness if there is one)."""
     members = [{"id": i, "addr": r["lease"], "region": region, "api": entry_addresses(r)}
                for i, (region, r) in enumerate(sorted(cluster["regions"].items()), start=1)]
-    members.append({"id": len(members) + 1, "addr": cluster["witness"]["lease"]})
+    if "witness" in cluster:
+        members.append({"id": len(members) + 1, "addr": cluster["witness"]["lease"]})
     return [f"lease.member-id={member_id}", f"lease.listen={toml(listen)}",
             f"lease.member={toml(members)}"]
 
@@ -129,6 +130,11 @@ def node_settings(region: str, r: dict, s3: dict, cluster: dict,
                 f"api.metrics-listen={toml(own['metrics'])}",
                 "checkpoint.restore-on-empty=true", "checkpoint.local-dir=",
                 f"checkpoint.s3={toml(bucket)}"]
+    # the other regions, whose deltas this one merges from its own Kafka (the mirrors)
+    remotes = [{"region": other} for other in sorted(cluster["regions"]) if other != region]
+    settings.append(f"replication.remote={toml(remotes)}")
+    if not (REPO / "regions" / f"{region}.toml").exists():
+        settings.append(f"region={toml(region)}")
     member_id = sorted(cluster["regions"]).index(region) + 1
     settings += lease_settings(member_id, own["lease"], cluster)
     if learner:
@@ -143,6 +149,13 @@ def node_settings(region: str, r: dict, s3: dict, cluster: dict,
         settings += [f"kafka.security={toml(node_security(security))}", "api.plaintext=true"]
         settings += tls_settings(region, cluster)
     return settings + extra_settings()
+
+
+def region_file(region: str) -> Path:
+    """The region's own file under regions/, or the template region's (run with the region's
+    name set: `node_settings`)."""
+    own = REPO / "regions" / f"{region}.toml"
+    return own if own.exists() else REPO / "regions" / f"{TEMPLATE_REGION}.toml"
 
 
 def node_ready(grpc: str) -> bool:
@@ -164,7 +177,7 @@ def start_node(region: str, r: dict, s3: dict, cluster: dict,
         stop_pid(f"node-{region}", r["pid"])
     r["grpc"] = r.get("grpc") or f"127.0.0.1:{free_port()}"
     r["metrics"] = r.get("metrics") or f"127.0.0.1:{free_port()}"
-    r["config"] = str(REPO / "regions" / f"{region}.toml")
+    r["config"] = str(region_file(region))
     r["set"] = node_settings(region, r, s3, cluster, clock_offset_ms)
     r["pid"] = spawn(f"node-{region}", [str(geostate_bin()), "run", "--config", r["config"]]
                      + set_args(r["set"]),
@@ -193,7 +206,7 @@ def start_further_node(region: str, index: str, cluster: dict) -> None:
     n["metrics"] = n.get("metrics") or f"127.0.0.1:{free_port()}"
     n["lease"] = n.get("lease") or f"127.0.0.1:{free_port()}"
     n["data_dir"] = n.get("data_dir") or str(RUN / "nodes" / f"{region}-{index}")
-    n["config"] = str(REPO / "regions" / f"{region}.toml")
+    n["config"] = str(region_file(region))
     n["set"] = node_settings(region, r, cluster["s3"], cluster, node=n, learner=int(index))
     n["pid"] = spawn(name, [str(geostate_bin()), "run", "--config", n["config"]]
                      + set_args(n["set"]),
