@@ -37,8 +37,10 @@ pub(crate) async fn nemesis(
         && (i < args.nemesis.len() || Instant::now() + Duration::from_secs(5) < deadline)
     {
         let kind = args.nemesis[i % args.nemesis.len()];
-        // each kind of fault takes the regions in turn
+        // each kind of fault takes the regions in turn, the kinds starting one region
+        // apart: a run too short for a second round still hits every region
         let round = i / args.nemesis.len();
+        let turn = round + i % args.nemesis.len();
         i += 1;
         let cluster = read_cluster(&args.cluster)?;
         let start_ns = run.now_ns();
@@ -49,7 +51,7 @@ pub(crate) async fn nemesis(
                 region
             }
             Nemesis::Kill => {
-                let region = target_region(&cluster, round);
+                let region = target_region(&cluster, turn);
                 let pid = cluster.regions[&region].pid.context("node pid")?;
                 signal("-KILL", pid).await;
                 tokio::time::sleep(Duration::from_secs(2)).await;
@@ -61,7 +63,7 @@ pub(crate) async fn nemesis(
                 "mirrormaker2".to_string()
             }
             Nemesis::Broker => {
-                let region = target_region(&cluster, round);
+                let region = target_region(&cluster, turn);
                 control::broker_outage(&args.cluster, &region, Duration::from_secs(5)).await?;
                 format!("kafka {region}")
             }
@@ -71,13 +73,13 @@ pub(crate) async fn nemesis(
                 let region = if args.workload.owned() {
                     holder(&cluster, &keys[round % keys.len()]).await?.0
                 } else {
-                    target_region(&cluster, round)
+                    target_region(&cluster, turn)
                 };
                 control::wipe_node(&args.cluster, &cluster, &region).await?;
                 format!("node {region} (data dir wiped)")
             }
             Nemesis::Partition | Nemesis::PartitionOneWay => {
-                let region = target_region(&cluster, round);
+                let region = target_region(&cluster, turn);
                 let direction = if kind == Nemesis::Partition {
                     "both"
                 } else {
@@ -87,7 +89,7 @@ pub(crate) async fn nemesis(
                 format!("{region} cut off ({direction})")
             }
             Nemesis::ClockWithin | Nemesis::ClockBeyond => {
-                let region = target_region(&cluster, round);
+                let region = target_region(&cluster, turn);
                 let offset = if kind == Nemesis::ClockWithin {
                     300
                 } else {
@@ -98,14 +100,14 @@ pub(crate) async fn nemesis(
                 format!("node {region} clock +{offset} ms")
             }
             Nemesis::Scale => {
-                let region = target_region(&cluster, round);
+                let region = target_region(&cluster, turn);
                 let node = control::add_node(&args.cluster, &region).await?;
                 tokio::time::sleep(Duration::from_secs(6)).await;
                 cluster_script(&args.cluster, &["node", "remove", &node]).await?;
                 format!("node {node} added, removed 6 s later")
             }
             Nemesis::KillNode => {
-                let region = target_region(&cluster, round);
+                let region = target_region(&cluster, turn);
                 let node = control::add_node(&args.cluster, &region).await?;
                 tokio::time::sleep(Duration::from_secs(4)).await;
                 // in turn the added node, and the first (the region's lease group member,
@@ -126,7 +128,7 @@ pub(crate) async fn nemesis(
                 format!("node {victim} (of {of}) killed, restarted; {node} removed")
             }
             Nemesis::Wan => {
-                let region = target_region(&cluster, round);
+                let region = target_region(&cluster, turn);
                 let delayed =
                     control::wan_delay(&args.cluster, &region, 100, 50, Duration::from_secs(8))
                         .await?;
