@@ -7,7 +7,7 @@
 //! a trickle of events going until the window the load ended in is final and priced, and
 //! shows from `geostate_outputs` the final windows and the surge multipliers each
 //! region's `geostate pricer` wrote (`prices/<geohash>`, by the region holding the
-//! geohash's lease), the table reconciled with both regions' outputs topics, and how long
+//! geohash's lease), the table reconciled with every region's outputs topic, and how long
 //! rows took.
 
 use std::collections::{BTreeMap, hash_map::DefaultHasher};
@@ -331,7 +331,7 @@ async fn in_postgres(
         found.rows,
         found.differences.len(),
         if found.differences.is_empty() {
-            " (both regions produced the same final windows)"
+            " (every region produced the same final windows)"
         } else {
             ""
         },

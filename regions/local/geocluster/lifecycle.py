@@ -59,8 +59,11 @@ def cmd_up(_args: argparse.Namespace) -> None:
     secure = was if asked is None else asked not in ("", "0")
     if existing is not None and secure != was:
         die(f"the cluster runs with SECURE={int(was)}: `make down` first")
+    # REGIONS unset: as the cluster already runs (a restart keeps its regions)
     regions_asked = asked_regions()
-    if existing is not None and os.environ.get("REGIONS") and sorted(regions_asked) != sorted(existing["regions"]):
+    if existing is not None and not os.environ.get("REGIONS"):
+        regions_asked = list(existing["regions"])
+    if existing is not None and sorted(regions_asked) != sorted(existing["regions"]):
         die(f"the cluster runs regions {','.join(existing['regions'])}: `make down` first")
     if existing is not None:
         h = health(existing)
