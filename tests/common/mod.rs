@@ -309,6 +309,55 @@ pub fn cluster_script_env(args: &[&str], env: &[(&str, &str)]) -> anyhow::Result
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// A local cluster of `regions` of its own (`cluster.py up` with `REGIONS`), in a run
+/// folder next to the suite's named `<run>-<label>`; stopped when dropped. Its nodes run
+/// the build `GEOSTATE_PROFILE` names, as the suite's do.
+pub struct PrivateCluster {
+    run: PathBuf,
+    regions: String,
+}
+
+impl PrivateCluster {
+    pub fn up(label: &str, regions: &[&str]) -> anyhow::Result<Self> {
+        let suite = run_dir()?;
+        let name = suite.file_name().context("run dir")?.to_string_lossy();
+        let cluster = PrivateCluster {
+            run: suite.with_file_name(format!("{name}-{label}")),
+            regions: regions.join(","),
+        };
+        cluster.script(&["up", "--no-build"])?;
+        Ok(cluster)
+    }
+
+    /// `regions/local/cluster.py <args>` against this cluster.
+    pub fn script(&self, args: &[&str]) -> anyhow::Result<String> {
+        let out = Command::new("python3")
+            .arg(repo_file("regions/local/cluster.py"))
+            .args(args)
+            .env("GEOSTATE_RUN_DIR", &self.run)
+            .env("REGIONS", &self.regions)
+            .output()?;
+        if !out.status.success() {
+            bail!(
+                "cluster.py {args:?}: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    pub fn cluster(&self) -> anyhow::Result<Cluster> {
+        geostate_jepsen::control::read_cluster(&self.run.join("cluster.json"))
+    }
+}
+
+impl Drop for PrivateCluster {
+    fn drop(&mut self) {
+        let _ = self.script(&["down"]);
+    }
+}
+
 /// An `aws-sdk-s3` client for the cluster's S3 server (or another at `endpoint`).
 pub fn s3_client(s3: &S3Endpoint, endpoint: &str) -> aws_sdk_s3::Client {
     use aws_sdk_s3::config::{BehaviorVersion, Credentials, Region};
