@@ -50,6 +50,8 @@ started=$(date +%s)
   echo
   cargo bench --locked --bench replication "$@"
   echo
+  cargo bench --locked --bench regions "$@"
+  echo
   cargo bench --locked --bench checkpoint "$@"
   echo
   cargo bench --locked --bench failover "$@"

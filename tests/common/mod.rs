@@ -293,10 +293,15 @@ pub fn cluster_script(args: &[&str]) -> anyhow::Result<String> {
 
 /// [`cluster_script`] with extra environment variables.
 pub fn cluster_script_env(args: &[&str], env: &[(&str, &str)]) -> anyhow::Result<String> {
+    cluster_script_in(&run_dir()?, args, env)
+}
+
+/// `regions/local/cluster.py <args>` against the cluster of the run folder `run`.
+fn cluster_script_in(run: &Path, args: &[&str], env: &[(&str, &str)]) -> anyhow::Result<String> {
     let out = Command::new("python3")
         .arg(repo_file("regions/local/cluster.py"))
         .args(args)
-        .env("GEOSTATE_RUN_DIR", run_dir()?)
+        .env("GEOSTATE_RUN_DIR", run)
         .envs(env.iter().copied())
         .output()?;
     if !out.status.success() {
@@ -331,20 +336,7 @@ impl PrivateCluster {
 
     /// `regions/local/cluster.py <args>` against this cluster.
     pub fn script(&self, args: &[&str]) -> anyhow::Result<String> {
-        let out = Command::new("python3")
-            .arg(repo_file("regions/local/cluster.py"))
-            .args(args)
-            .env("GEOSTATE_RUN_DIR", &self.run)
-            .env("REGIONS", &self.regions)
-            .output()?;
-        if !out.status.success() {
-            bail!(
-                "cluster.py {args:?}: {}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        cluster_script_in(&self.run, args, &[("REGIONS", &self.regions)])
     }
 
     pub fn cluster(&self) -> anyhow::Result<Cluster> {

@@ -80,9 +80,13 @@ func stripComments(doc string) string {
 	return strings.Join(kept, "\n")
 }
 
-// strict decodes one document into `into`: unknown fields and duplicate keys are errors.
-func strict(doc []byte, into any) error {
-	return yaml.UnmarshalStrict(doc, into)
+// decodeInto decodes one document strictly (unknown fields and duplicate keys are errors)
+// and appends it to `into`.
+func decodeInto[T any](doc []byte, into *[]T) error {
+	var o T
+	err := yaml.UnmarshalStrict(doc, &o)
+	*into = append(*into, o)
+	return err
 }
 
 func load(t *testing.T, dir string) manifests {
@@ -111,48 +115,23 @@ func (m *manifests) add(doc []byte) error {
 	if err := yaml.Unmarshal(doc, &meta); err != nil {
 		return err
 	}
-	decode := func(into any) error { return strict(doc, into) }
 	switch meta.APIVersion + " " + meta.Kind {
 	case "v1 Namespace":
-		var o corev1.Namespace
-		err := decode(&o)
-		m.namespaces = append(m.namespaces, o)
-		return err
+		return decodeInto(doc, &m.namespaces)
 	case "v1 ConfigMap":
-		var o corev1.ConfigMap
-		err := decode(&o)
-		m.configMaps = append(m.configMaps, o)
-		return err
+		return decodeInto(doc, &m.configMaps)
 	case "v1 Service":
-		var o corev1.Service
-		err := decode(&o)
-		m.services = append(m.services, o)
-		return err
+		return decodeInto(doc, &m.services)
 	case "apps/v1 StatefulSet":
-		var o appsv1.StatefulSet
-		err := decode(&o)
-		m.statefulSets = append(m.statefulSets, o)
-		return err
+		return decodeInto(doc, &m.statefulSets)
 	case "policy/v1 PodDisruptionBudget":
-		var o policyv1.PodDisruptionBudget
-		err := decode(&o)
-		m.budgets = append(m.budgets, o)
-		return err
+		return decodeInto(doc, &m.budgets)
 	case "monitoring.coreos.com/v1 ServiceMonitor":
-		var o monitoringv1.ServiceMonitor
-		err := decode(&o)
-		m.serviceMonitors = append(m.serviceMonitors, o)
-		return err
+		return decodeInto(doc, &m.serviceMonitors)
 	case "kafka.strimzi.io/v1beta2 KafkaTopic":
-		var o KafkaTopic
-		err := decode(&o)
-		m.topics = append(m.topics, o)
-		return err
+		return decodeInto(doc, &m.topics)
 	case "kafka.strimzi.io/v1beta2 KafkaMirrorMaker2":
-		var o KafkaMirrorMaker2
-		err := decode(&o)
-		m.mirrorMakers = append(m.mirrorMakers, o)
-		return err
+		return decodeInto(doc, &m.mirrorMakers)
 	}
 	return fmt.Errorf("%s %s: not a kind these manifests use", meta.APIVersion, meta.Kind)
 }
