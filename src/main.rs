@@ -618,11 +618,7 @@ async fn probe(node: Node, ready: bool, timeout: String) -> anyhow::Result<()> {
         let service = "geostate.v1.State".to_owned();
         let answer = health.check(HealthCheckRequest { service }).await?;
         let status = answer.into_inner().status();
-        anyhow::ensure!(
-            status == ServingStatus::Serving,
-            "{}: not serving ({status:?})",
-            node.addr
-        );
+        anyhow::ensure!(status == ServingStatus::Serving, "not serving ({status:?})");
         if !ready {
             return Ok(());
         }
@@ -638,14 +634,14 @@ async fn probe(node: Node, ready: bool, timeout: String) -> anyhow::Result<()> {
             .collect();
         anyhow::ensure!(
             behind.is_empty(),
-            "{}: has not yet read the deltas of {} to their end",
-            node.addr,
+            "has not yet read the deltas of {} to their end",
             behind.join(", ")
         );
         Ok(())
     };
     match tokio::time::timeout(timeout, check).await {
-        Ok(done) => done,
+        // the address first: a probe's output is all a pod's events show
+        Ok(done) => done.map_err(|e| anyhow::anyhow!("{}: {e:#}", node.addr)),
         Err(_) => anyhow::bail!("{}: no answer within {timeout:?}", node.addr),
     }
 }
