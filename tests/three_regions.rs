@@ -60,7 +60,7 @@ fn three_regions_replicate_each_to_each_and_two_of_them_take_over_a_lost_ones_sh
                 Duration::from_secs(30),
             )
             .await?;
-            epochs.push(epoch_of(&written));
+            epochs.push(failover::epoch_of(&written));
             for other in regions.iter_mut() {
                 failover::wait_value(&mut other.state, key, REGIONS[i], Duration::from_secs(60))
                     .await?;
@@ -72,9 +72,9 @@ fn three_regions_replicate_each_to_each_and_two_of_them_take_over_a_lost_ones_sh
         three.script(&["node", "kill", REGIONS[0]])?;
         let (mut taker, took) = loop_until_taken(&mut regions[1..], shard, &key).await?;
         ensure!(
-            epoch_of(&took) > epochs[0],
+            failover::epoch_of(&took) > epochs[0],
             "the shard was written at epoch {} after {}'s epoch {}",
-            epoch_of(&took),
+            failover::epoch_of(&took),
             REGIONS[0],
             epochs[0]
         );
@@ -83,7 +83,7 @@ fn three_regions_replicate_each_to_each_and_two_of_them_take_over_a_lost_ones_sh
             "{} took shard {shard} of the killed {} at epoch {}",
             REGIONS[taker],
             REGIONS[0],
-            epoch_of(&took)
+            failover::epoch_of(&took)
         );
 
         // started again, it takes its home shard back, at a higher epoch still
@@ -91,20 +91,19 @@ fn three_regions_replicate_each_to_each_and_two_of_them_take_over_a_lost_ones_sh
         let cluster = three.cluster()?;
         let (mut regions, _) = failover::regions(&cluster).await?;
         let back = failover::wait_held(&mut regions[0], shard, Duration::from_secs(60)).await?;
-        ensure!(back > epoch_of(&took), "taken back at epoch {back}");
+        ensure!(
+            back > failover::epoch_of(&took),
+            "taken back at epoch {back}"
+        );
         let (_, written) =
             failover::write_until_accepted(&mut regions[0], &key, "back", Duration::from_secs(30))
                 .await?;
-        ensure!(epoch_of(&written) >= back);
+        ensure!(failover::epoch_of(&written) >= back);
         for other in regions.iter_mut() {
             failover::wait_value(&mut other.state, &key, "back", Duration::from_secs(60)).await?;
         }
         Ok(())
     })
-}
-
-fn epoch_of(r: &pb::UpdateResponse) -> u64 {
-    failover::epoch_of(r)
 }
 
 /// Writes `key` at each of `regions` in turn until one accepts it: that region took the
