@@ -9,16 +9,15 @@
 
 #[path = "../tests/common/mod.rs"]
 mod common;
+#[path = "shared/flow.rs"]
+mod flow;
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, bail};
 use common::{Cluster, PrivateCluster, cluster, ms, percentile, unique};
-use geostate::pb;
 use geostate::pb::state_client::StateClient;
-use tokio_stream::StreamExt;
-use tonic::transport::Channel;
 
 /// Writes per second per region, and for how long; first a round of `WARM_UP` seconds,
 /// not counted, so that every mirror flow has its connections and fetch sessions open.
@@ -113,35 +112,17 @@ async fn measure(cluster: &Cluster, seconds: u64) -> anyhow::Result<Measured> {
     let total = per_region * clients.len();
     // every region watches every key (its own writes among them)
     let mut watchers = BTreeMap::new();
-    for (name, client) in &clients {
-        let mut stream = client
-            .clone()
-            .watch(pb::WatchRequest {
-                prefix: prefix.clone(),
-            })
-            .await?
-            .into_inner();
+    for (name, client) in &mut clients {
         watchers.insert(
             name.clone(),
-            tokio::spawn(async move {
-                let mut seen = BTreeMap::new();
-                while seen.len() < total {
-                    match tokio::time::timeout(Duration::from_secs(30), stream.next()).await {
-                        Ok(Some(Ok(v))) => {
-                            seen.entry(v.key).or_insert_with(Instant::now);
-                        }
-                        _ => break,
-                    }
-                }
-                seen
-            }),
+            flow::first_seen(client, &prefix, total).await?,
         );
     }
     let writers: Vec<_> = clients
         .iter()
         .map(|(name, client)| {
             let (client, keys) = (client.clone(), format!("{prefix}{name}/"));
-            tokio::spawn(write(client, keys, per_region))
+            tokio::spawn(async move { flow::add_new_keys(&client, &keys, RATE, per_region).await })
         })
         .collect();
     let mut acked = BTreeMap::new();
@@ -179,31 +160,4 @@ async fn measure(cluster: &Cluster, seconds: u64) -> anyhow::Result<Measured> {
         flows,
         everywhere,
     })
-}
-
-/// `writes` new keys under `keys`, one per write at `RATE`; answers each key and when its
-/// `Update` was acknowledged.
-async fn write(
-    client: StateClient<Channel>,
-    keys: String,
-    writes: usize,
-) -> anyhow::Result<Vec<(String, Instant)>> {
-    let started = Instant::now();
-    let mut tasks = Vec::with_capacity(writes);
-    for i in 0..writes {
-        let scheduled = started + Duration::from_micros(i as u64 * 1_000_000 / RATE);
-        tokio::time::sleep_until(scheduled.into()).await;
-        let (mut client, key) = (client.clone(), format!("{keys}{i:06}"));
-        tasks.push(tokio::spawn(async move {
-            client
-                .update(common::add(&key, 1))
-                .await
-                .map(|_| (key, Instant::now()))
-        }));
-    }
-    let mut acked = Vec::with_capacity(writes);
-    for t in tasks {
-        acked.push(t.await??);
-    }
-    Ok(acked)
 }

@@ -12,18 +12,17 @@
 
 #[path = "../tests/common/mod.rs"]
 mod common;
+#[path = "shared/flow.rs"]
+mod flow;
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, bail};
 use common::{Node, Topics, cluster, http_get, ms, percentile, produce_all, producer, unique};
-use geostate::pb;
 use geostate::pb::state_client::StateClient;
 use geostate::workload::{Rng, Zipf};
-use tokio_stream::StreamExt;
 use tonic::transport::Channel;
 
 const LAG_RATE: u64 = 100;
@@ -292,47 +291,9 @@ async fn lag(
     mut remote: StateClient<Channel>,
 ) -> anyhow::Result<Vec<Duration>> {
     let prefix = format!("trips/{}/", unique("lag"));
-    let mut stream = remote
-        .watch(pb::WatchRequest {
-            prefix: prefix.clone(),
-        })
-        .await?
-        .into_inner();
     let writes = (LAG_RATE * LAG_SECONDS) as usize;
-    let watcher = tokio::spawn(async move {
-        let mut seen = BTreeMap::new();
-        while seen.len() < writes {
-            match tokio::time::timeout(Duration::from_secs(30), stream.next()).await {
-                Ok(Some(Ok(v))) => {
-                    seen.entry(v.key).or_insert_with(Instant::now);
-                }
-                _ => break,
-            }
-        }
-        seen
-    });
-    let started = Instant::now();
-    let mut tasks = Vec::with_capacity(writes);
-    for i in 0..writes {
-        let scheduled = started + Duration::from_micros(i as u64 * 1_000_000 / LAG_RATE);
-        tokio::time::sleep_until(scheduled.into()).await;
-        let (mut client, key) = (origin.clone(), format!("{prefix}{i:06}"));
-        tasks.push(tokio::spawn(async move {
-            client
-                .update(pb::UpdateRequest {
-                    key: key.clone(),
-                    op: Some(pb::update_request::Op::Add(1)),
-                    id: String::new(),
-                    event_time_ms: 0,
-                })
-                .await
-                .map(|_| (key, Instant::now()))
-        }));
-    }
-    let mut acked = Vec::with_capacity(writes);
-    for t in tasks {
-        acked.push(t.await??);
-    }
+    let watcher = flow::first_seen(&mut remote, &prefix, writes).await?;
+    let acked = flow::add_new_keys(&origin, &prefix, LAG_RATE, writes).await?;
     let seen = watcher.await?;
     if seen.len() < writes {
         bail!(
