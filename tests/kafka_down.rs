@@ -15,7 +15,10 @@ use std::time::{Duration, Instant};
 
 use common::failover::{Frozen, replica};
 use common::{Node, Topics, add, cluster, counter, unique};
+use geostate::pb;
+use geostate::pb::admin_client::AdminClient;
 use geostate::pb::state_client::StateClient;
+use tonic::transport::Channel;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_broker_gives_unavailable_and_the_node_recovers() -> anyhow::Result<()> {
@@ -28,6 +31,12 @@ async fn a_frozen_broker_gives_unavailable_and_the_node_recovers() -> anyhow::Re
     node.start().await?;
     let mut state = node.state().await?;
     state.update(add("trips/frozen", 1)).await?;
+    let grpc = region
+        .grpc
+        .clone()
+        .expect("make test starts a node per region");
+    let mut cluster_node = AdminClient::connect(format!("http://{grpc}")).await?;
+    let owned_before = owned(&mut cluster_node).await?;
 
     // resumed however the test ends
     let frozen = Frozen::new(region.kafka_pid)?;
@@ -105,5 +114,37 @@ async fn a_frozen_broker_gives_unavailable_and_the_node_recovers() -> anyhow::Re
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
+
+    // and the frozen region's cluster node owns every partition it owned before, for a
+    // whole group session: its session expired during the freeze, it rejoined, and its
+    // broker's own recovery (its controller fenced it) may cost it the group once more
+    let settle_by = Instant::now() + Duration::from_secs(90);
+    let mut since = Instant::now();
+    loop {
+        let now = owned(&mut cluster_node).await.unwrap_or_default();
+        if now != owned_before {
+            since = Instant::now();
+        } else if since.elapsed() > GROUP_SESSION {
+            break;
+        }
+        anyhow::ensure!(
+            Instant::now() < settle_by,
+            "the cluster node owns {now:?} after the freeze, not {owned_before:?} as before"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     Ok(())
+}
+
+/// Longer than the nodes' Kafka group session (10 s).
+const GROUP_SESSION: Duration = Duration::from_secs(12);
+
+async fn owned(node: &mut AdminClient<Channel>) -> anyhow::Result<Vec<i32>> {
+    let mut owned = node
+        .status(pb::StatusRequest {})
+        .await?
+        .into_inner()
+        .owned_partitions;
+    owned.sort_unstable();
+    Ok(owned)
 }

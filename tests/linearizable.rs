@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
 use common::failover::{
-    Frozen, at_holder, epoch_of, key_homed_at, regions, register, replica, set, wait_held,
+    Frozen, at_holder, epoch_of, key_homed_at, moving, regions, register, replica, set, wait_held,
     wait_value,
 };
 use common::{RestartMirror, cluster, cluster_script, unique};
@@ -36,6 +36,11 @@ fn cas(key: &str, expected: &str, value: &str) -> pb::UpdateRequest {
         id: String::new(),
         event_time_ms: 0,
     }
+}
+
+/// The new holder refuses: the old holder's acknowledged writes have not all arrived.
+fn changed_hands(s: &tonic::Status) -> bool {
+    s.code() == Code::Unavailable && s.message().contains("changed hands")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -78,9 +83,18 @@ async fn a_new_holder_waits_for_the_old_holders_acknowledged_writes() -> anyhow:
     // the replica still shows "seen"; the holder's linearizable answers must not
     let replica = other.state.get(replica(&key)).await?.into_inner();
     ensure!(register(&replica) == Some(b"seen"), "{replica:?}");
-    for _ in 0..3 {
+    // (three refusals each for the reason; a key whose partition is moving between the
+    // region's nodes is refused before any lease is looked at, and asked again)
+    let (mut reads, mut writes) = (0, 0);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while reads < 3 || writes < 3 {
+        ensure!(
+            Instant::now() < deadline,
+            "{reads} reads and {writes} writes refused for the change of hands within 60 s"
+        );
         match other.state.get(at_holder(&key)).await {
-            Err(s) if s.code() == Code::Unavailable && s.message().contains("changed hands") => {}
+            Err(s) if changed_hands(&s) => reads += 1,
+            Err(s) if moving(&s) => {}
             Err(s) => bail!("a leaseholder read at the new holder answered {s}"),
             Ok(v) => bail!(
                 "the new holder served a leaseholder read before the old holder's acknowledged write arrived: {:?}",
@@ -88,10 +102,12 @@ async fn a_new_holder_waits_for_the_old_holders_acknowledged_writes() -> anyhow:
             ),
         }
         match other.state.update(cas(&key, "seen", "from-stale")).await {
-            Err(s) if s.code() == Code::Unavailable && s.message().contains("changed hands") => {}
+            Err(s) if changed_hands(&s) => writes += 1,
+            Err(s) if moving(&s) => {}
             Err(s) => bail!("a compare-and-set at the new holder answered {s}"),
             Ok(_) => bail!("the new holder applied a compare-and-set on a stale value"),
         }
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 
     // healed: the acknowledged write arrives, and the new holder serves it
