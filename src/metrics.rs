@@ -1,12 +1,18 @@
 //! Every metric name in one place, and the Prometheus endpoint.
 //!
 //! Metrics are recorded with the `metrics` crate; [`serve`] renders them as Prometheus
-//! text on the node's metrics address (any path; `/health` answers `ok`).
+//! text on the node's metrics address (`/metrics`; `/health` answers `ok`).
 
 use std::time::Duration;
 
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Calls of a user function sidecar, labels `function` and `outcome` (`ok`, `timeout`,
 /// `unavailable`, `refused`, `invalid`) (counter).
@@ -210,8 +216,9 @@ pub fn install() -> Option<PrometheusHandle> {
     Some(handle)
 }
 
-/// Serves the metrics as Prometheus text over HTTP/1.1 on the connections of a listener
-/// (TLS when the node has it; `GET /health` answers `ok`).
+/// Serves the metrics as Prometheus text over HTTP/1.1 (hyper) on the connections of a
+/// listener (TLS when the node has it): `GET /metrics` the metrics, `GET /health` `ok`,
+/// any other path 404 and any other method 405.
 pub async fn serve(
     mut connections: impl tokio_stream::Stream<Item = std::io::Result<crate::security::tls::Conn>>
     + Unpin,
@@ -219,33 +226,49 @@ pub async fn serve(
 ) {
     use tokio_stream::StreamExt;
     while let Some(accepted) = connections.next().await {
-        let Ok(mut socket) = accepted else {
+        let Ok(socket) = accepted else {
             continue;
         };
         let handle = handle.clone();
         tokio::spawn(async move {
-            // read the request head (up to its blank line), then answer and close
-            let mut buf = Vec::with_capacity(1024);
-            let mut chunk = [0u8; 1024];
-            while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < 16 * 1024 {
-                match tokio::time::timeout(Duration::from_secs(5), socket.read(&mut chunk)).await {
-                    Ok(Ok(n)) if n > 0 => buf.extend_from_slice(&chunk[..n]),
-                    _ => return,
-                }
-            }
-            let request = String::from_utf8_lossy(&buf);
-            let body = if request.starts_with("GET /health") {
-                "ok\n".to_string()
-            } else {
-                handle.as_ref().map(|h| h.render()).unwrap_or_default()
-            };
-            let response = format!(
-                "HTTP/1.1 200 OK\r\ncontent-type: text/plain; version=0.0.4\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                body.len()
-            );
-            let _ = socket.write_all(response.as_bytes()).await;
-            // TLS: close_notify, so the client knows the body is whole
-            let _ = socket.shutdown().await;
+            let answer = service_fn(move |request: Request<Incoming>| {
+                let response = respond(&request, handle.as_ref());
+                async move { Ok::<_, std::convert::Infallible>(response) }
+            });
+            // a client that sends no request head within 5 s is dropped
+            let _ = http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(Duration::from_secs(5))
+                .serve_connection(TokioIo::new(socket), answer)
+                .await;
         });
     }
+}
+
+fn respond(
+    request: &Request<Incoming>,
+    handle: Option<&PrometheusHandle>,
+) -> Response<Full<Bytes>> {
+    let (status, body) = match (request.method(), request.uri().path()) {
+        (&Method::GET, "/metrics") => (
+            StatusCode::OK,
+            handle.map(PrometheusHandle::render).unwrap_or_default(),
+        ),
+        (&Method::GET, "/health") => (StatusCode::OK, "ok\n".to_string()),
+        (&Method::GET, path) => (
+            StatusCode::NOT_FOUND,
+            format!("no {path} here: /metrics or /health\n"),
+        ),
+        (method, _) => (
+            StatusCode::METHOD_NOT_ALLOWED,
+            format!("{method} is not served: GET only\n"),
+        ),
+    };
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+    );
+    response
 }

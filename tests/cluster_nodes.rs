@@ -71,6 +71,8 @@ fn grpcurl_lists_the_services_and_a_write_reads_back_in_every_region() -> anyhow
             "{region}: {metrics}"
         );
         assert!(http_get(metrics_addr, "/health")?.ends_with("ok\n"));
+        let elsewhere = http_get(metrics_addr, "/metric")?;
+        assert!(elsewhere.starts_with("HTTP/1.1 404"), "{elsewhere}");
     }
     Ok(())
 }

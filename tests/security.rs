@@ -58,7 +58,7 @@ async fn https_get(addr: &str, client: Arc<rustls::ClientConfig>) -> anyhow::Res
     let connector = tokio_rustls::TlsConnector::from(Arc::new(client));
     let mut stream = connector.connect(name, tcp).await?;
     stream
-        .write_all(b"GET /metrics HTTP/1.1\r\nhost: node\r\n\r\n")
+        .write_all(b"GET /metrics HTTP/1.1\r\nhost: node\r\nconnection: close\r\n\r\n")
         .await?;
     let mut response = String::new();
     stream.read_to_string(&mut response).await?;
