@@ -19,8 +19,19 @@ use geostate::pb::state_client::StateClient;
     about = "Geo-replicated active-active state service"
 )]
 struct Cli {
+    /// How the log (on stderr) is written: `text` lines, or one JSON object per line
+    /// (`timestamp`, `level`, `target`, `fields`, and the spans it happened in, such as a
+    /// write's `update` span with its key, epoch, partition and offset, logged at debug).
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, env = "GEOSTATE_LOG_FORMAT")]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -345,16 +356,27 @@ enum SinkAction {
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
+    let log = tracing_subscriber::fmt()
         .with_env_filter(
             // openraft narrates every election at info
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| "info,openraft=warn".into()),
         )
         .with_writer(std::io::stderr)
+        // a span the filter lets through (`geostate::api=debug`: every write's) is logged
+        // as it ends, with its fields and how long it was busy and idle
+        .with_span_events(tracing_subscriber::fmt::format::FmtSpan::CLOSE);
+    match cli.log_format {
+        LogFormat::Json => log
+            .json()
+            .with_current_span(true)
+            .with_span_list(true)
+            .init(),
         // colours only for a terminal: log files stay greppable
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+        LogFormat::Text => log
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+    }
     let result = tokio::runtime::Runtime::new()
         .context("starting the tokio runtime")
         .and_then(|runtime| runtime.block_on(dispatch(cli.command)));

@@ -679,3 +679,61 @@ async fn requests_and_streams_are_bounded() -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+/// `--log-format json` (here `GEOSTATE_LOG_FORMAT`): every log line is a JSON object; with
+/// `geostate::api=debug` each write's span is logged as it ends, naming its key,
+/// partition and offset as the answer gave them.
+#[tokio::test]
+async fn json_logs_trace_each_write_with_its_key_partition_and_offset() -> anyhow::Result<()> {
+    let cluster = cluster()?;
+    let kafka = cluster.regions["us-east-1"].kafka.clone();
+    let topics = Topics::create(&kafka, "json-log", 2).await?;
+    let dir = tempfile::tempdir()?;
+    let mut node = Node::configure(dir.path(), &kafka, &topics)?;
+    node.env = vec![
+        ("GEOSTATE_LOG_FORMAT".into(), "json".into()),
+        ("RUST_LOG".into(), "info,geostate::api=debug".into()),
+    ];
+    node.start().await?;
+    let mut state = node.state().await?;
+    let answer = state
+        .update(pb::UpdateRequest {
+            key: "trips/json-log".into(),
+            op: Some(pb::update_request::Op::Add(3)),
+            id: String::new(),
+            event_time_ms: 0,
+        })
+        .await?
+        .into_inner();
+    let position = answer.position.context("an update answers its position")?;
+
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let span = loop {
+        let log = std::fs::read_to_string(&node.log)?;
+        let mut lines = Vec::new();
+        for line in log.lines().filter(|l| !l.trim().is_empty()) {
+            let value: serde_json::Value = serde_json::from_str(line)
+                .with_context(|| format!("a log line that is not JSON: {line}"))?;
+            lines.push(value);
+        }
+        let closed = lines
+            .into_iter()
+            .find(|l| l["span"]["name"] == "update" && l["fields"]["message"] == "close");
+        if let Some(line) = closed {
+            break line;
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "no update span in the log: {log}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    println!("{span}");
+    let fields = &span["span"];
+    assert_eq!(fields["key"], "trips/json-log", "{span}");
+    assert_eq!(fields["partition"], position.partition, "{span}");
+    assert_eq!(fields["offset"], position.offset, "{span}");
+    assert!(span["fields"]["time.busy"].is_string(), "{span}");
+    assert_eq!(span["level"], "DEBUG", "{span}");
+    Ok(())
+}

@@ -16,6 +16,8 @@ use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
+use tracing::Span;
+use tracing::field::Empty;
 
 pub use error::ApiError;
 
@@ -479,6 +481,10 @@ impl Handler {
     /// A write: admitted under the key's lease if it is owned (or forwarded to the
     /// holder), checked, stamped and appended to the updates topic, acknowledged once
     /// ingest applied it (and, if owned, while the lease it was stamped under holds).
+    /// Its span (debug: `RUST_LOG=info,geostate::api=debug`) names the key, epoch,
+    /// partition and offset; the log has a line for it when it ends, with its time.
+    #[tracing::instrument(name = "update", level = "debug", skip_all,
+        fields(key = %req.key, epoch = Empty, partition = Empty, offset = Empty))]
     async fn update(
         &self,
         req: pb::UpdateRequest,
@@ -496,7 +502,10 @@ impl Handler {
         let mut update = convert::update_from_pb(req)?;
         match self.admit(&update).await? {
             Admit::Unowned => {}
-            Admit::Stamp(epoch) => update.epoch = Some(epoch),
+            Admit::Stamp(epoch) => {
+                Span::current().record("epoch", epoch);
+                update.epoch = Some(epoch);
+            }
             Admit::Forward(refusal) => {
                 let request = convert::update_to_pb(update);
                 return self.forward(request, refusal, forwarded).await;
@@ -505,6 +514,9 @@ impl Handler {
         let crdt = self.checked(&update)?;
         let produced = Instant::now();
         let (partition, offset) = self.append(&mut update, crdt).await?;
+        Span::current()
+            .record("partition", partition)
+            .record("offset", offset);
         let acked = Instant::now();
         m::write_stage("produce", acked - produced);
         self.applied(partition, offset).await?;

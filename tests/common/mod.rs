@@ -540,6 +540,8 @@ pub struct Node {
     pub log: PathBuf,
     /// How to reach a node with `[tls]` and `[api.auth]` (`None`: plaintext, open).
     pub secure: Option<Secure>,
+    /// Environment variables the node starts with, besides the test's own.
+    pub env: Vec<(String, String)>,
     child: Option<Child>,
 }
 
@@ -610,6 +612,7 @@ impl Node {
             metrics,
             log: dir.join("node.log"),
             secure: None,
+            env: Vec::new(),
             child: None,
         })
     }
@@ -666,6 +669,7 @@ impl Node {
             .arg("--config")
             .arg(&self.config)
             .args(self.set_args())
+            .envs(self.env.iter().cloned())
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)
