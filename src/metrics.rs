@@ -206,6 +206,7 @@ pub fn install() -> Option<PrometheusHandle> {
         .ok()?
         .install_recorder()
         .ok()?;
+    zero_counters();
     let upkeep = handle.clone();
     tokio::spawn(async move {
         loop {
@@ -214,6 +215,23 @@ pub fn install() -> Option<PrometheusHandle> {
         }
     });
     Some(handle)
+}
+
+/// Registers at 0 the counters the alerting rules watch (`deploy/prometheus/rules.yml`):
+/// `increase()` sees a series' first increment only if the series existed before it.
+fn zero_counters() {
+    for reason in crate::ingest::event::Rejection::DEAD_LETTER_CODES {
+        metrics::counter!(EVENTS_DEAD_LETTERED, "reason" => reason).absolute(0);
+    }
+    for path in ["ingest", "merge"] {
+        metrics::counter!(FENCED, "path" => path).absolute(0);
+    }
+    for consumer in ["ingest", "merge", "standby"] {
+        metrics::counter!(CONSUMER_RESTARTS, "consumer" => consumer).absolute(0);
+    }
+    for name in [CHECKPOINT_FAILURES, OWNED_WRITES_REFUSED, EVENTS_LATE] {
+        metrics::counter!(name).absolute(0);
+    }
 }
 
 /// Serves the metrics as Prometheus text over HTTP/1.1 (hyper) on the connections of a

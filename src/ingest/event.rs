@@ -147,6 +147,29 @@ pub enum Rejection {
 }
 
 impl Rejection {
+    /// Every [`Self::code`] a record can be dead-lettered with (all but `compare_failed`).
+    pub const DEAD_LETTER_CODES: [&'static str; 19] = [
+        "malformed",
+        "no_namespace",
+        "wrong_op",
+        "non_positive_increment",
+        "key_too_long",
+        "value_too_large",
+        "id_too_long",
+        "owned_without_lease",
+        "fenced",
+        "epoch_not_granted",
+        "misrouted",
+        "overflow",
+        "nul_in_windowed_key",
+        "id_without_event_time",
+        "no_event_time",
+        "late",
+        "cas_on_shared",
+        "not_a_window_result",
+        "stamp_ahead",
+    ];
+
     pub fn code(&self) -> &'static str {
         match self {
             Rejection::Malformed(_) => "malformed",

@@ -61,6 +61,8 @@ APT_PACKAGES = {
     "iptables": "/usr/sbin/iptables",
     # the outputs table's database (any major version: /usr/lib/postgresql/<major>/bin)
     "postgresql": "/usr/lib/postgresql/*/bin/postgres",
+    # scrapes the nodes and evaluates deploy/prometheus/rules.yml; promtool checks them
+    "prometheus": "/usr/bin/promtool",
 }
 
 
@@ -99,3 +101,5 @@ def write_cluster(cluster: dict) -> None:
     tmp = CLUSTER_JSON.with_suffix(".tmp")
     tmp.write_text(json.dumps(cluster, indent=2) + "\n")
     tmp.rename(CLUSTER_JSON)
+    from .prometheus import write_targets  # noqa: PLC0415 (it imports this module)
+    write_targets(cluster)

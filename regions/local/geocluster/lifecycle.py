@@ -10,6 +10,7 @@ from .s3 import *  # noqa: F401,F403
 from .nodes import *  # noqa: F401,F403
 from .net import *  # noqa: F401,F403
 from .postgres import *  # noqa: F401,F403
+from .prometheus import *  # noqa: F401,F403
 
 
 def health(cluster: dict) -> dict[str, bool]:
@@ -32,6 +33,8 @@ def health(cluster: dict) -> dict[str, bool]:
             out[f"node {region}/{i}"] = bool(n.get("pid")) and pid_alive(n["pid"])
     if "witness" in cluster:
         out["witness"] = pid_alive(cluster["witness"].get("pid"))
+    if "prometheus" in cluster:
+        out["prometheus"] = pid_alive(cluster["prometheus"].get("pid"))
     return out
 
 
@@ -81,12 +84,16 @@ def cmd_up(_args: argparse.Namespace) -> None:
             log(f"already up ({CLUSTER_JSON})")
             return
         services = tuple(f"{s} " for s in REGION_SERVICES)
-        if all(k.startswith(("node ", *services)) or k in ("mirrormaker2", "witness") for k in down):
+        if all(k.startswith(("node ", *services)) or k in ("mirrormaker2", "witness", "prometheus")
+               for k in down):
             if "mirrormaker2" in down:
                 existing["mirrormaker2"]["pid"] = start_mm2(existing["regions"])
                 write_cluster(existing)
             if "witness" in down:
                 start_witness(existing)
+                write_cluster(existing)
+            if "prometheus" in down:
+                start_prometheus(existing)
                 write_cluster(existing)
             for region, r in existing["regions"].items():
                 if f"node {region}" in down:
@@ -109,7 +116,7 @@ def cmd_up(_args: argparse.Namespace) -> None:
     started = time.monotonic()
     RUN.mkdir(parents=True, exist_ok=True)
     # a fresh cluster: new Kafka logs, so node state and checkpoints of the old one go too
-    for old in (LOGS, RUN / "nodes", RUN / "s3"):
+    for old in (LOGS, RUN / "nodes", RUN / "s3", PROMETHEUS_DIR):
         shutil.rmtree(old, ignore_errors=True)
     log4j_config()
     shutil.rmtree(RUN / "security", ignore_errors=True)
@@ -162,6 +169,8 @@ def cmd_up(_args: argparse.Namespace) -> None:
                 further_nodes(r)[str(index)] = {"pid": None}
         start_lease_group(cluster)
         start_services(cluster)
+        start_prometheus(cluster)
+        write_cluster(cluster)
     except BaseException:
         log("start failed; stopping what was started")
         cmd_down(_args)
@@ -248,6 +257,10 @@ def cmd_status(_args: argparse.Namespace) -> None:
                 name = f"{service} {region}"
                 print(f"{name:<16} {'running' if h[name] else 'DOWN':<8} "
                       f"{to:<22} pid {r[service]['pid']}")
+    if "prometheus" in cluster:
+        p = cluster["prometheus"]
+        print(f"prometheus       {'healthy' if h['prometheus'] else 'DOWN':<8} {p['url']:<22} "
+              f"pid {p['pid']}  rules {RULES.relative_to(REPO)}")
     print(f"cluster.json     {CLUSTER_JSON}")
     print(f"logs             {LOGS}")
     if not all(h.values()):
