@@ -26,6 +26,16 @@ pub struct ClusterFile {
     pub witness: Option<WitnessFile>,
     /// The outputs table's database (clusters started before it have none).
     pub postgres: Option<PostgresFile>,
+    /// The Prometheus scraping every node (clusters started before it have none).
+    pub prometheus: Option<PrometheusFile>,
+}
+
+/// The cluster's Prometheus, evaluating `deploy/prometheus/rules.yml`.
+#[derive(Deserialize, Clone)]
+pub struct PrometheusFile {
+    /// `http://127.0.0.1:<port>`.
+    pub url: String,
+    pub pid: Option<u32>,
 }
 
 /// The cluster's PostgreSQL, which each region's sink writes its outputs into.

@@ -81,6 +81,9 @@ def cmd_up(_args: argparse.Namespace) -> None:
                 start_lease_group(existing)
                 start_services(existing)
                 return
+            if "prometheus" in existing:
+                # rules edited since it started take effect
+                os.kill(existing["prometheus"]["pid"], signal.SIGHUP)
             log(f"already up ({CLUSTER_JSON})")
             return
         services = tuple(f"{s} " for s in REGION_SERVICES)
