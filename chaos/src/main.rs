@@ -20,6 +20,7 @@
 //!
 //! Writes `<out>/<drill>.md` and `<out>/<drill>.json`; exits 1 when the verdict is fail.
 
+mod alerts;
 mod fault;
 mod load;
 mod report;
@@ -193,6 +194,16 @@ async fn drill(args: Args) -> anyhow::Result<bool> {
     }
     let end_ns = load.now_ns();
     let finals = settle(&cluster, &regions, &counters).await?;
+    // the alerts that fired from the fault on (those with a `for` have had the heal's
+    // `--after` seconds to fire)
+    let alerts = match &cluster.prometheus {
+        Some(p) => {
+            let window = Duration::from_nanos(load.now_ns() - fault_ns);
+            let fired = alerts::fired(&p.url, window)?;
+            Some(alerts::Alerts::judge(args.drill, &region, fired))
+        }
+        None => None,
+    };
     let ops = load.ops.lock().await.clone();
     let report = Report::new(
         &args,
@@ -205,6 +216,7 @@ async fn drill(args: Args) -> anyhow::Result<bool> {
             fault_ns,
             heal_ns,
             end_ns,
+            alerts: alerts.as_ref(),
         },
     );
     report.write(&args.out, args.drill)?;

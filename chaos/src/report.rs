@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use crate::alerts::Alerts;
 use crate::fault::Fault;
 use crate::load::{Kind, Op, Outcome};
 use crate::{Args, Drill, MOVE_BUDGET, RECOVERY_BUDGET, SETTLE, UNAFFECTED_BUDGET};
@@ -60,6 +61,8 @@ pub(crate) struct Report {
     latency: Vec<Latency>,
     /// The longest operations, longest first.
     slowest: Vec<Slow>,
+    /// What the cluster's Prometheus fired, against what the drill must fire.
+    alerts: Option<Alerts>,
     failures: Vec<String>,
     pub(crate) pass: bool,
 }
@@ -119,6 +122,8 @@ pub(crate) struct DrillRun<'a> {
     pub(crate) fault_ns: u64,
     pub(crate) heal_ns: u64,
     pub(crate) end_ns: u64,
+    /// The alerts the cluster's Prometheus fired (`None`: the cluster runs none).
+    pub(crate) alerts: Option<&'a Alerts>,
 }
 
 impl DrillRun<'_> {
@@ -368,6 +373,11 @@ impl Report {
                 "{n} lease epochs granted during a fault that must move no lease"
             ));
         }
+        if let Some(alerts) = run.alerts {
+            for missing in alerts.missing() {
+                failures.push(format!("alert {missing} did not fire"));
+            }
+        }
         let count = |outcome| run.ops.iter().filter(|o| o.outcome == outcome).count();
         Report {
             drill: args.drill,
@@ -386,6 +396,7 @@ impl Report {
             convergence_ms: run.convergence.map(|d| d.as_secs_f64() * 1e3),
             latency: run.latency(),
             slowest: run.slowest(),
+            alerts: run.alerts.cloned(),
             pass: failures.is_empty(),
             failures,
         }
@@ -446,6 +457,34 @@ impl Report {
                 "| lease failovers (epochs granted) during the fault | {n} | 0 | {} |\n",
                 mark(n == 0)
             ));
+        }
+        match &self.alerts {
+            None => md.push_str("| alerts | not checked: the cluster runs no Prometheus | | |\n"),
+            Some(alerts) => {
+                for (name, place, hit) in &alerts.expected {
+                    md.push_str(&format!(
+                        "| alert {name} ({place:?}) | {} | fires | {} |\n",
+                        if *hit { "fired" } else { "silent" },
+                        mark(*hit)
+                    ));
+                }
+                let fired: Vec<String> = alerts
+                    .fired
+                    .iter()
+                    .map(|(name, regions)| {
+                        let regions: Vec<&str> = regions.iter().map(String::as_str).collect();
+                        format!("{name} ({})", regions.join(", "))
+                    })
+                    .collect();
+                md.push_str(&format!(
+                    "\nAlerts that fired from the fault on: {}.\n",
+                    if fired.is_empty() {
+                        "none".to_string()
+                    } else {
+                        fired.join("; ")
+                    }
+                ));
+            }
         }
         md.push_str(
             "\nLatency of successful operations (ms):\n\n\
@@ -555,6 +594,15 @@ mod tests {
         finals: &BTreeMap<String, BTreeMap<String, i64>>,
         failovers: Option<u64>,
     ) -> Report {
+        judged_alerted(ops, finals, failovers, None)
+    }
+
+    fn judged_alerted(
+        ops: &[Op],
+        finals: &BTreeMap<String, BTreeMap<String, i64>>,
+        failovers: Option<u64>,
+        alerts: Option<&Alerts>,
+    ) -> Report {
         let args = Args::parse_from(["chaos", "kill-region"]);
         let regions = ["eu-west-1".to_string(), "us-east-1".to_string()];
         let fault = Fault {
@@ -574,8 +622,28 @@ mod tests {
             fault_ns: 10 * s,
             heal_ns: 12 * s,
             end_ns: 30 * s,
+            alerts,
         };
         Report::new(&args, &run)
+    }
+
+    /// An alert the drill must fire that stayed silent fails it.
+    #[test]
+    fn an_expected_alert_that_did_not_fire_fails_the_drill() {
+        let (ops, finals) = steady(None);
+        let silent = Alerts::judge(Drill::WanDelay, "us-east-1", BTreeMap::new());
+        assert!(judged_alerted(&ops, &finals, Some(0), Some(&silent)).pass);
+        let mut missing = silent.clone();
+        missing.expected.push((
+            "GeostateNodeDown".into(),
+            crate::alerts::Where::Target,
+            false,
+        ));
+        let report = judged_alerted(&ops, &finals, Some(0), Some(&missing));
+        assert_eq!(
+            report.failures,
+            ["alert GeostateNodeDown (Target) did not fire"]
+        );
     }
 
     /// A fault that must move no lease fails the drill for any epoch granted during it.
@@ -642,6 +710,7 @@ mod tests {
             fault_ns: 10 * s,
             heal_ns: 25 * s,
             end_ns: 30 * s,
+            alerts: None,
         };
         let report = Report::new(&args, &run);
         assert_eq!(

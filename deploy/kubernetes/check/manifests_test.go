@@ -383,6 +383,31 @@ func TestPodsServicesAndProbesMatchTheBinary(t *testing.T) {
 		if len(m.budgets) != 1 || len(m.serviceMonitors) != 1 {
 			t.Errorf("%s: a region has one PodDisruptionBudget and one ServiceMonitor", dir)
 		}
+		// the target labels deploy/prometheus/rules.yml and deploy/grafana select on
+		for _, sm := range m.serviceMonitors {
+			set := map[string]string{}
+			for _, e := range sm.Spec.Endpoints {
+				for _, r := range e.RelabelConfigs {
+					value := ""
+					if r.Replacement != nil {
+						value = *r.Replacement
+					}
+					if len(r.SourceLabels) > 0 {
+						value = string(r.SourceLabels[0])
+					}
+					set[r.TargetLabel] = value
+				}
+			}
+			want := map[string]string{"job": "geostate", "geostate_region": dir, "node": "__meta_kubernetes_pod_name"}
+			for label, value := range want {
+				if set[label] != value {
+					t.Errorf("%s: the ServiceMonitor sets %s to %q, not %q (the alerting rules select on it)", dir, label, set[label], value)
+				}
+			}
+			if _, ok := set["region"]; ok {
+				t.Errorf("%s: the ServiceMonitor sets `region`, which renames the metrics' own region label", dir)
+			}
+		}
 		if set.Spec.Template.Annotations["prometheus.io/port"] != strconv.Itoa(int(ports["metrics"])) {
 			t.Errorf("%s: the scrape annotation names another port than metrics", dir)
 		}

@@ -1,0 +1,182 @@
+//! The alerts a drill provokes, as the cluster's Prometheus (`make up` starts one, with
+//! `deploy/prometheus/rules.yml`) evaluated them: each drill names the alerts an operator
+//! must get from its fault, and the verdict fails if one did not fire.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{Read, Write};
+use std::time::Duration;
+
+use anyhow::{Context, ensure};
+use serde::Serialize;
+
+use crate::Drill;
+
+/// The alerts `drill` must fire, each in the region its fault hits (`target`) or in
+/// another region (`Elsewhere`), or anywhere (`Any`).
+pub(crate) fn expected(drill: Drill) -> &'static [(&'static str, Where)] {
+    use Where::*;
+    match drill {
+        Drill::KillRegion => &[
+            ("GeostateNodeDown", Target),
+            ("GeostateReplicationStalled", Elsewhere),
+        ],
+        Drill::BrokerLoss => &[("GeostateConsumerRestarts", Target)],
+        Drill::MirrorBacklog => &[("GeostateReplicationStalled", Any)],
+        Drill::RegionWipe => &[("GeostateNodeDown", Target)],
+        Drill::IsolateRegion => &[
+            ("GeostateReplicationStalled", Target),
+            ("GeostateReplicationStalled", Elsewhere),
+        ],
+        Drill::ClockSkew => &[("GeostateClockOff", Target)],
+        // the paused holder is wherever the first owned key's lease was
+        Drill::PauseHolder => &[("GeostateLeasesLost", Any)],
+        Drill::ScaleOutUnderLoad | Drill::WanDelay => &[],
+    }
+}
+
+#[derive(Clone, Copy, Debug, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub(crate) enum Where {
+    Target,
+    Elsewhere,
+    Any,
+}
+
+/// What the drill's alerts came to.
+#[derive(Clone, Serialize)]
+pub(crate) struct Alerts {
+    /// Each expected alert, where, and whether it fired there.
+    pub(crate) expected: Vec<(String, Where, bool)>,
+    /// Every alert that fired from the fault on: name → the regions it fired in.
+    pub(crate) fired: BTreeMap<String, BTreeSet<String>>,
+}
+
+impl Alerts {
+    /// Judges what fired in the last `window` against what `drill` must fire.
+    pub(crate) fn judge(
+        drill: Drill,
+        target: &str,
+        fired: BTreeMap<String, BTreeSet<String>>,
+    ) -> Self {
+        let expected = expected(drill)
+            .iter()
+            .map(|&(name, place)| {
+                let regions = fired.get(name);
+                let hit = regions.is_some_and(|rs| match place {
+                    Where::Target => rs.contains(target),
+                    Where::Elsewhere => rs.iter().any(|r| r != target),
+                    Where::Any => !rs.is_empty(),
+                });
+                (name.to_string(), place, hit)
+            })
+            .collect();
+        Alerts { expected, fired }
+    }
+
+    pub(crate) fn missing(&self) -> Vec<String> {
+        self.expected
+            .iter()
+            .filter(|(_, _, hit)| !hit)
+            .map(|(name, place, _)| format!("{name} ({place:?})"))
+            .collect()
+    }
+}
+
+/// Every alert Prometheus at `url` had firing at some point in the last `window`: name →
+/// the regions (`geostate_region`) it fired in.
+pub(crate) fn fired(
+    url: &str,
+    window: Duration,
+) -> anyhow::Result<BTreeMap<String, BTreeSet<String>>> {
+    let promql = format!(
+        "max_over_time(ALERTS{{alertstate=\"firing\"}}[{}s])",
+        window.as_secs().max(1)
+    );
+    let answer = get(url, &format!("/api/v1/query?query={}", encode(&promql)))?;
+    let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for series in answer["data"]["result"].as_array().context("result")? {
+        let labels = &series["metric"];
+        let name = labels["alertname"].as_str().unwrap_or("?").to_string();
+        let region = labels["geostate_region"].as_str().unwrap_or("").to_string();
+        out.entry(name).or_default().insert(region);
+    }
+    Ok(out)
+}
+
+/// A GET of Prometheus's HTTP API (HTTP/1.0: the body comes whole); its JSON answer.
+fn get(url: &str, path: &str) -> anyhow::Result<serde_json::Value> {
+    let addr = url.trim_start_matches("http://");
+    let mut stream = std::net::TcpStream::connect(addr)
+        .with_context(|| format!("connecting to Prometheus at {addr}"))?;
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response)?;
+    let body = response.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    let answer: serde_json::Value =
+        serde_json::from_str(body).with_context(|| format!("Prometheus answered {response}"))?;
+    ensure!(
+        answer["status"] == "success",
+        "Prometheus answered {answer}"
+    );
+    Ok(answer)
+}
+
+fn encode(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fired(pairs: &[(&str, &str)]) -> BTreeMap<String, BTreeSet<String>> {
+        let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for (name, region) in pairs {
+            out.entry(name.to_string())
+                .or_default()
+                .insert(region.to_string());
+        }
+        out
+    }
+
+    #[test]
+    fn an_expected_alert_must_fire_where_the_drill_says() {
+        let ok = Alerts::judge(
+            Drill::KillRegion,
+            "us-east-1",
+            fired(&[
+                ("GeostateNodeDown", "us-east-1"),
+                ("GeostateReplicationStalled", "eu-west-1"),
+            ]),
+        );
+        assert!(ok.missing().is_empty(), "{:?}", ok.missing());
+        // down, but in the wrong region; and stalled only in the killed one
+        let wrong = Alerts::judge(
+            Drill::KillRegion,
+            "us-east-1",
+            fired(&[
+                ("GeostateNodeDown", "eu-west-1"),
+                ("GeostateReplicationStalled", "us-east-1"),
+            ]),
+        );
+        assert_eq!(wrong.missing().len(), 2, "{:?}", wrong.missing());
+        assert!(
+            Alerts::judge(Drill::WanDelay, "us-east-1", fired(&[]))
+                .missing()
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn promql_is_percent_encoded() {
+        assert_eq!(encode("a{b=\"c\"}[5s]"), "a%7Bb%3D%22c%22%7D%5B5s%5D");
+    }
+}
