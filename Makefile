@@ -3,7 +3,7 @@
 export CARGO_TARGET_DIR ?= $(HOME)/.cache/geostate/target
 CLUSTER := python3 regions/local/cluster.py
 
-.PHONY: demo test install build up down status lint fmt bench jepsen drills
+.PHONY: demo test install build up down status top lint fmt bench jepsen drills
 
 ## The main job: start the local regions, run the surge-pricing workload for a minute,
 ## print the table (events per region, replication lag, identical state or not).
@@ -37,6 +37,10 @@ down:
 
 status:
 	$(CLUSTER) status
+
+## The whole cluster on one screen, redrawn every 2 s (geostate top); Ctrl-C quits
+top:
+	$(CLUSTER) top
 
 ## A longer Jepsen-style run against the `make up` cluster (the smoke runs in `make test`)
 WORKLOAD ?= pn-counter

@@ -33,6 +33,7 @@
 //!  metrics      every metric name; the Prometheus endpoint
 //!  shutdown     the stop signal tasks watch
 //!  supervise    the background tasks a node stops without
+//!  top          `geostate top`: the whole cluster on one screen (rendering)
 //!  window       PURE event-time windows: slices, closing, lateness, watermarks
 //!  crdt         PURE counters, LWW register, order stamps, deltas and their encoding
 //!  clock        PURE injected physical clock, hybrid logical clock with max-offset guard
@@ -62,6 +63,7 @@ pub mod shutdown;
 pub mod sink;
 pub mod store;
 pub mod supervise;
+pub mod top;
 pub mod window;
 pub use geostate_proto::workload;
 

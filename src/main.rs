@@ -2,7 +2,7 @@
 //! operator client (`get`, `update`, `scan`, `status`, `checkpoint`, `savepoint`) over the
 //! public gRPC API.
 
-use std::io::Read;
+use std::io::{Read, Write};
 use std::path::PathBuf;
 
 use anyhow::Context;
@@ -41,7 +41,7 @@ enum Role {
 }
 
 /// The node a client command talks to, and how.
-#[derive(clap::Args)]
+#[derive(clap::Args, Clone)]
 struct Node {
     /// The node's gRPC address.
     #[arg(long = "addr", default_value = "http://127.0.0.1:50051")]
@@ -223,6 +223,23 @@ enum Command {
     Status {
         #[command(flatten)]
         node: Node,
+    },
+    /// The whole cluster on one screen, redrawn in place: every node of the regions asked
+    /// (each region's other nodes are found through `Route`), partitions, ingest lag,
+    /// events applied per second, dead letters, checkpoints, replication lag and backlog
+    /// per pair of regions, leases and the lease group's clock offsets. Ctrl-C quits.
+    Top {
+        #[command(flatten)]
+        node: Node,
+        /// A node of another region (repeatable), reached like `--addr`.
+        #[arg(long = "peer", value_name = "URL")]
+        peers: Vec<String>,
+        /// Seconds between refreshes.
+        #[arg(long, default_value_t = 2.0)]
+        interval: f64,
+        /// Print one frame as plain text and exit (for scripts and tests).
+        #[arg(long)]
+        once: bool,
     },
     /// Take a checkpoint now; prints its id and what was uploaded.
     Checkpoint {
@@ -440,6 +457,12 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
             limit,
         } => scan(node, prefix, limit).await,
         Command::Status { node } => status(node).await,
+        Command::Top {
+            node,
+            peers,
+            interval,
+            once,
+        } => top(node, peers, interval, once).await,
         Command::Checkpoint { node } => checkpoint(node).await,
         Command::Savepoint { node } => savepoint(node).await,
         Command::Leases { node, key } => leases(node, key).await,
@@ -814,6 +837,118 @@ async fn status(node: Node) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+async fn top(node: Node, peers: Vec<String>, interval: f64, once: bool) -> anyhow::Result<()> {
+    use std::collections::BTreeMap;
+    use std::time::{Duration, Instant};
+    anyhow::ensure!(
+        interval.is_finite() && interval >= 0.2,
+        "--interval must be at least 0.2 seconds"
+    );
+    let seeds: Vec<String> = std::iter::once(node.addr.clone()).chain(peers).collect();
+    let mut previous: BTreeMap<String, (u64, Instant)> = BTreeMap::new();
+    loop {
+        let mut frame = gather(&node, &seeds).await;
+        for (addr, status) in &frame.nodes {
+            let Ok(s) = status else { continue };
+            let now = Instant::now();
+            if let Some((applied, at)) = previous.get(addr) {
+                let seconds = now.duration_since(*at).as_secs_f64();
+                let rate = s.events_applied.saturating_sub(*applied) as f64 / seconds;
+                frame.applied_per_second.insert(addr.clone(), rate);
+            }
+            previous.insert(addr.clone(), (s.events_applied, now));
+        }
+        let title = format!(
+            "geostate top: {} nodes, {} regions, {} (every {interval} s; Ctrl-C quits)",
+            frame.nodes.len(),
+            frame.leases.len().max(seeds.len()),
+            time::OffsetDateTime::now_utc()
+                .format(&time::format_description::well_known::Rfc3339)
+                .unwrap_or_default(),
+        );
+        let text = geostate::top::render(&frame, &title);
+        // written, not printed: a closed pipe (`| head`) ends the command, not a panic
+        let mut out = std::io::stdout().lock();
+        if once {
+            out.write_all(text.as_bytes())?;
+            return Ok(());
+        }
+        // home, clear the screen, draw
+        out.write_all(format!("\x1b[H\x1b[2J{text}").as_bytes())?;
+        out.flush()?;
+        drop(out);
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => return Ok(()),
+            () = tokio::time::sleep(Duration::from_secs_f64(interval)) => {}
+        }
+    }
+}
+
+/// One refresh of `geostate top`: the status of every node reachable from `seeds` (each
+/// region's nodes found by asking where every partition lives) and each region's leases.
+async fn gather(node: &Node, seeds: &[String]) -> geostate::top::Frame {
+    use std::collections::{BTreeSet, VecDeque};
+    let mut frame = geostate::top::Frame::default();
+    let scheme = |url: &str| url.split_once("://").map_or("http", |(s, _)| s).to_string();
+    let bare = |url: &str| url.split_once("://").map_or(url, |(_, a)| a).to_string();
+    let mut queue: VecDeque<(String, String)> =
+        seeds.iter().map(|s| (scheme(s), bare(s))).collect();
+    let mut seen: BTreeSet<String> = BTreeSet::new();
+    let mut explored: BTreeSet<String> = BTreeSet::new();
+    while let Some((scheme, addr)) = queue.pop_front() {
+        if !seen.insert(addr.clone()) {
+            continue;
+        }
+        let at = Node {
+            addr: format!("{scheme}://{addr}"),
+            ..node.clone()
+        };
+        let answer = async {
+            let mut client = at.admin().await?;
+            let status = client.status(pb::StatusRequest {}).await?.into_inner();
+            anyhow::Ok((client, status))
+        };
+        let (mut client, status) =
+            match tokio::time::timeout(std::time::Duration::from_secs(3), answer).await {
+                Ok(Ok(answered)) => answered,
+                Ok(Err(e)) => {
+                    frame.nodes.insert(addr, Err(format!("{e:#}")));
+                    continue;
+                }
+                Err(_) => {
+                    frame.nodes.insert(addr, Err("no answer within 3 s".into()));
+                    continue;
+                }
+            };
+        if explored.insert(status.region.clone()) {
+            if let Ok(leases) = client.leases(pb::LeasesRequest::default()).await {
+                frame
+                    .leases
+                    .insert(status.region.clone(), leases.into_inner());
+            }
+            // the region's other nodes: whoever serves each partition (a key of each,
+            // placed as every geostate topic places keys)
+            let count = client
+                .route(pb::RouteRequest { key: "top".into() })
+                .await
+                .map_or(0, |r| r.into_inner().partitions);
+            for p in 0..count {
+                let Some(key) = (0u32..100_000)
+                    .map(|i| format!("top/{i}"))
+                    .find(|k| geostate::log::partition_of(k.as_bytes(), count) == p)
+                else {
+                    continue;
+                };
+                if let Ok(route) = client.route(pb::RouteRequest { key }).await {
+                    queue.push_back((scheme.clone(), route.into_inner().node));
+                }
+            }
+        }
+        frame.nodes.insert(addr, Ok(status));
+    }
+    frame
 }
 
 async fn checkpoint(node: Node) -> anyhow::Result<()> {

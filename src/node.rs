@@ -801,8 +801,9 @@ async fn returns(task: impl Future<Output = ()>) -> Result<(), std::convert::Inf
     Ok(())
 }
 
-/// Publishes every few seconds the remote regions' silence, the bytes of state, and the
-/// consumer lag per owned partition.
+/// Publishes every second the remote regions' silence (an alert's threshold is a few
+/// seconds of it), and every five the bytes of state and the consumer lag per owned
+/// partition (which ask Kafka).
 async fn report_gauges(
     config: Arc<Config>,
     store: Arc<Store>,
@@ -811,10 +812,10 @@ async fn report_gauges(
     clock: Arc<dyn Clock>,
     mut stop: watch::Receiver<bool>,
 ) {
-    loop {
+    for tick in 1u64.. {
         tokio::select! {
             () = stopped(&mut stop) => return,
-            () = tokio::time::sleep(Duration::from_secs(5)) => {}
+            () = tokio::time::sleep(Duration::from_secs(1)) => {}
         }
         for r in &remotes {
             if let Some(since) = r.heard_from_all_since() {
@@ -822,6 +823,9 @@ async fn report_gauges(
                 metrics::gauge!(m::REMOTE_SILENCE_SECONDS, "region" => r.remote.region.to_string())
                     .set(silence);
             }
+        }
+        if tick % 5 != 0 {
+            continue;
         }
         metrics::gauge!(m::STATE_BYTES).set(store.state_bytes() as f64);
         let owned: Vec<i32> = shared.owned.borrow().iter().copied().collect();

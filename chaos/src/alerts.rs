@@ -22,12 +22,16 @@ pub(crate) fn expected(drill: Drill) -> &'static [(&'static str, Where)] {
         ],
         Drill::BrokerLoss => &[("GeostateConsumerRestarts", Target)],
         Drill::MirrorBacklog => &[("GeostateReplicationStalled", Any)],
-        Drill::RegionWipe => &[("GeostateNodeDown", Target)],
+        // killed and restored within seconds: restarted, not down for long
+        Drill::RegionWipe => &[("GeostateNodeRestarted", Target)],
         Drill::IsolateRegion => &[
             ("GeostateReplicationStalled", Target),
             ("GeostateReplicationStalled", Elsewhere),
         ],
-        Drill::ClockSkew => &[("GeostateClockOff", Target)],
+        Drill::ClockSkew => &[
+            ("GeostateClockOff", Target),
+            ("GeostateNodeRestarted", Target),
+        ],
         // the paused holder is wherever the first owned key's lease was
         Drill::PauseHolder => &[("GeostateLeasesLost", Any)],
         Drill::ScaleOutUnderLoad | Drill::WanDelay => &[],

@@ -980,6 +980,15 @@ impl Handler {
             shards: shards.iter().map(shard_lease).collect(),
             leader: leases.leader().unwrap_or(0),
             term: leases.term(),
+            clocks: leases
+                .clock_readings()
+                .into_iter()
+                .map(|(member, r)| pb::MemberClock {
+                    member,
+                    offset_micros: r.offset / 1_000,
+                    uncertainty_micros: r.uncertainty / 1_000,
+                })
+                .collect(),
         })
     }
 

@@ -123,13 +123,17 @@ impl ClockCheck {
 
     /// The verdict on the fresh readings.
     pub fn verdict(&self) -> Verdict {
+        judge(&self.fresh(), self.threshold)
+    }
+
+    /// The latest reading of each peer, if it is fresh: member id → reading.
+    pub fn fresh(&self) -> BTreeMap<u64, Reading> {
         let readings = self.readings.lock().unwrap_or_else(|p| p.into_inner());
-        let fresh: BTreeMap<u64, Reading> = readings
+        readings
             .iter()
             .filter(|(_, (_, at))| at.elapsed() < FRESH)
             .map(|(id, (r, _))| (*id, *r))
-            .collect();
-        judge(&fresh, self.threshold)
+            .collect()
     }
 }
 

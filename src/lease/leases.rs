@@ -615,6 +615,11 @@ impl Leases {
         self.proposer.raft().metrics().borrow().current_leader
     }
 
+    /// This member's fresh readings of the other members' clocks: member id → reading.
+    pub fn clock_readings(&self) -> BTreeMap<u64, super::clock_check::Reading> {
+        self.clock.fresh()
+    }
+
     /// The lease group's term as this region's member knows it.
     pub fn term(&self) -> u64 {
         self.proposer.raft().metrics().borrow().current_term

@@ -6,7 +6,7 @@ import argparse
 
 from .install import cmd_install
 from .lifecycle import (cmd_down, cmd_kafka, cmd_mirror, cmd_node, cmd_restart_nodes, cmd_status,
-                        cmd_up)
+                        cmd_top, cmd_up)
 from .net import cmd_net
 from .postgres import cmd_postgres, cmd_sink, cmd_udf
 from .secure import cmd_secure_kafka
@@ -16,7 +16,8 @@ def main(description: str) -> None:
     parser = argparse.ArgumentParser(description=description)
     sub = parser.add_subparsers(dest="cmd", required=True)
     for name, fn in [("install", cmd_install), ("up", cmd_up), ("down", cmd_down),
-                     ("status", cmd_status), ("restart-nodes", cmd_restart_nodes)]:
+                     ("status", cmd_status), ("restart-nodes", cmd_restart_nodes),
+                     ("top", cmd_top)]:
         command = sub.add_parser(name)
         command.set_defaults(fn=fn)
         if name == "up":

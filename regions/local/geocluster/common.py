@@ -63,6 +63,8 @@ APT_PACKAGES = {
     "postgresql": "/usr/lib/postgresql/*/bin/postgres",
     # scrapes the nodes and evaluates deploy/prometheus/rules.yml; promtool checks them
     "prometheus": "/usr/bin/promtool",
+    # `geostate top` is tested in a terminal
+    "tmux": "/usr/bin/tmux",
 }
 
 

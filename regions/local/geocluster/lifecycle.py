@@ -270,6 +270,18 @@ def cmd_status(_args: argparse.Namespace) -> None:
         sys.exit(1)
 
 
+def cmd_top(_args: argparse.Namespace) -> None:
+    """`geostate top` on every region of the cluster (its first node each; the further
+    ones are found through them)."""
+    cluster = read_cluster()
+    if cluster is None:
+        die("cluster: down (no cluster.json)")
+    argv = [str(geostate_bin()), "top"]
+    for i, r in enumerate(cluster["regions"].values()):
+        argv += ["--addr" if i == 0 else "--peer", f"http://{r['grpc']}"]
+    os.execv(argv[0], argv)
+
+
 def start_lease_group(cluster: dict) -> None:
     """(Re)start the witness (if the cluster has one) and every node, then wait until the
     nodes serve."""
