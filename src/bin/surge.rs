@@ -426,24 +426,67 @@ async fn probe_until(
 ) -> anyhow::Result<Vec<Duration>> {
     let mut lags: Vec<Duration> = Vec::new();
     let mut last_report = Instant::now();
+    // on a terminal the bar is redrawn in place every probe round; in a log, a line every 5 s
+    let terminal = std::io::IsTerminal::is_terminal(&std::io::stdout());
+    let total = deadline.saturating_duration_since(Instant::now());
     while Instant::now() < deadline {
         for (i, from) in regions.iter().enumerate() {
             let to = &regions[(i + 1) % regions.len()];
             lags.push(probe(clients, from, to).await?);
         }
-        if last_report.elapsed() >= Duration::from_secs(5) {
+        if terminal || last_report.elapsed() >= Duration::from_secs(5) {
             last_report = Instant::now();
-            let line: Vec<String> = counts
-                .iter()
-                .map(|(r, c)| format!("{r}: {} ok", c.ok.load(Ordering::Relaxed)))
-                .collect();
-            let left = deadline.saturating_duration_since(Instant::now()).as_secs();
-            println!("  {left:>3} s left  {}", line.join("  "));
+            let left = deadline.saturating_duration_since(Instant::now());
+            let line = progress(total - left, total, counts, &lags);
+            if terminal {
+                print!("\r{line}\x1b[K");
+                std::io::Write::flush(&mut std::io::stdout())?;
+            } else {
+                println!("{line}");
+            }
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+    if terminal {
+        let line = progress(total, total, counts, &lags);
+        println!("\r{line}\x1b[K");
+    }
     lags.sort();
     Ok(lags)
+}
+
+/// One line of progress: a bar of the run's time, seconds done, writes acknowledged per
+/// region, and the median replication lag the probes measured so far.
+fn progress(
+    done: Duration,
+    total: Duration,
+    counts: &BTreeMap<String, Arc<Counts>>,
+    lags: &[Duration],
+) -> String {
+    const WIDTH: usize = 30;
+    let share = if total.is_zero() {
+        1.0
+    } else {
+        (done.as_secs_f64() / total.as_secs_f64()).clamp(0.0, 1.0)
+    };
+    let filled = (share * WIDTH as f64).round() as usize;
+    let acked: Vec<String> = counts
+        .iter()
+        .map(|(r, c)| format!("{r} {}", c.ok.load(Ordering::Relaxed)))
+        .collect();
+    let mut sorted = lags.to_vec();
+    sorted.sort();
+    let lag = sorted
+        .get(sorted.len() / 2)
+        .map_or("-".to_string(), |l| format!("{} ms", l.as_millis()));
+    format!(
+        "[{}{}] {:>3}/{} s  acknowledged: {}  lag p50 {lag}",
+        "#".repeat(filled),
+        ".".repeat(WIDTH - filled),
+        done.as_secs(),
+        total.as_secs(),
+        acked.join(", ")
+    )
 }
 
 /// One probe: add 1 to `from`'s probe key there; the time until `to` reads that count.
@@ -595,4 +638,28 @@ async fn digest(
         }
     }
     Ok((keys, hasher.finish()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_progress_bar_fills_with_the_run() {
+        let counts = BTreeMap::from([("us-east-1".to_string(), Arc::new(Counts::default()))]);
+        counts["us-east-1"].ok.store(1234, Ordering::Relaxed);
+        let lags = [
+            Duration::from_millis(30),
+            Duration::from_millis(10),
+            Duration::from_millis(20),
+        ];
+        let total = Duration::from_secs(60);
+        let half = progress(Duration::from_secs(30), total, &counts, &lags);
+        assert_eq!(
+            half,
+            "[###############...............]  30/60 s  acknowledged: us-east-1 1234  lag p50 20 ms"
+        );
+        assert!(progress(total, total, &counts, &[]).starts_with(&format!("[{}]", "#".repeat(30))));
+        assert!(progress(Duration::ZERO, total, &counts, &[]).ends_with("lag p50 -"));
+    }
 }
