@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail, ensure};
 use common::{add, cluster, produce_all, producer, repo_file, unique};
 use geostate::pb::state_client::StateClient;
+use geostate_jepsen::prometheus::{api, query};
 use serde_json::Value;
 
 const PROMTOOL: &str = "/usr/bin/promtool";
@@ -38,41 +39,6 @@ fn promtool_checks_the_rules_and_runs_their_unit_tests() -> anyhow::Result<()> {
     let tested = promtool(&["test", "rules", "rules.test.yml"])?;
     println!("{tested}");
     Ok(())
-}
-
-/// `GET path` (with its query) of the cluster's Prometheus API: the `data` of the answer.
-fn api(url: &str, path: &str) -> anyhow::Result<Value> {
-    use std::io::{Read, Write};
-    let addr = url.trim_start_matches("http://");
-    let mut stream = std::net::TcpStream::connect(addr)?;
-    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-    // HTTP/1.0: the body comes whole, never chunked
-    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response)?;
-    let body = response
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b)
-        .context("no body")?;
-    let answer: Value =
-        serde_json::from_str(body).with_context(|| format!("{path}: {response}"))?;
-    ensure!(answer["status"] == "success", "{path}: {answer}");
-    Ok(answer["data"].clone())
-}
-
-/// A PromQL query, percent-encoded.
-fn query(url: &str, promql: &str) -> anyhow::Result<Vec<Value>> {
-    let encoded: String = promql
-        .bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect();
-    let data = api(url, &format!("/api/v1/query?query={encoded}"))?;
-    Ok(data["result"].as_array().cloned().unwrap_or_default())
 }
 
 /// Every expression of the dashboard's panels, with its variables as "All" and a 1 m

@@ -3,10 +3,9 @@
 //! must get from its fault, and the verdict fails if one did not fire.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{Read, Write};
 use std::time::Duration;
 
-use anyhow::{Context, ensure};
+use geostate_jepsen::prometheus;
 use serde::Serialize;
 
 use crate::Drill;
@@ -86,6 +85,46 @@ impl Alerts {
     }
 }
 
+/// Waits until none of the alerts `drill` must fire is pending or firing where it must
+/// fire (an alert still firing from an earlier fault would prove nothing about this one);
+/// an error after `within`.
+pub(crate) async fn wait_quiet(
+    url: &str,
+    drill: Drill,
+    target: &str,
+    within: Duration,
+) -> anyhow::Result<()> {
+    let until = std::time::Instant::now() + within;
+    loop {
+        let mut active = Vec::new();
+        for series in prometheus::query(url, "ALERTS")? {
+            let labels = &series["metric"];
+            let name = labels["alertname"].as_str().unwrap_or_default();
+            let region = labels["geostate_region"].as_str().unwrap_or_default();
+            let hit = expected(drill).iter().any(|&(n, place)| {
+                n == name
+                    && match place {
+                        Where::Target => region == target,
+                        Where::Elsewhere => region != target,
+                        Where::Any => true,
+                    }
+            });
+            if hit {
+                active.push(format!("{name} ({region})"));
+            }
+        }
+        if active.is_empty() {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            std::time::Instant::now() < until,
+            "{} still active {within:?} after the drill began: it could not tell this fault's alerts from an earlier one's",
+            active.join(", ")
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
 /// Every alert Prometheus at `url` had firing at some point in the last `window`: name →
 /// the regions (`geostate_region`) it fired in.
 pub(crate) fn fired(
@@ -96,45 +135,14 @@ pub(crate) fn fired(
         "max_over_time(ALERTS{{alertstate=\"firing\"}}[{}s])",
         window.as_secs().max(1)
     );
-    let answer = get(url, &format!("/api/v1/query?query={}", encode(&promql)))?;
     let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for series in answer["data"]["result"].as_array().context("result")? {
+    for series in prometheus::query(url, &promql)? {
         let labels = &series["metric"];
         let name = labels["alertname"].as_str().unwrap_or("?").to_string();
         let region = labels["geostate_region"].as_str().unwrap_or("").to_string();
         out.entry(name).or_default().insert(region);
     }
     Ok(out)
-}
-
-/// A GET of Prometheus's HTTP API (HTTP/1.0: the body comes whole); its JSON answer.
-fn get(url: &str, path: &str) -> anyhow::Result<serde_json::Value> {
-    let addr = url.trim_start_matches("http://");
-    let mut stream = std::net::TcpStream::connect(addr)
-        .with_context(|| format!("connecting to Prometheus at {addr}"))?;
-    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response)?;
-    let body = response.split_once("\r\n\r\n").map_or("", |(_, b)| b);
-    let answer: serde_json::Value =
-        serde_json::from_str(body).with_context(|| format!("Prometheus answered {response}"))?;
-    ensure!(
-        answer["status"] == "success",
-        "Prometheus answered {answer}"
-    );
-    Ok(answer)
-}
-
-fn encode(text: &str) -> String {
-    text.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
 }
 
 #[cfg(test)]
@@ -177,10 +185,5 @@ mod tests {
                 .missing()
                 .is_empty()
         );
-    }
-
-    #[test]
-    fn promql_is_percent_encoded() {
-        assert_eq!(encode("a{b=\"c\"}[5s]"), "a%7Bb%3D%22c%22%7D%5B5s%5D");
     }
 }

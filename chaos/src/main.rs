@@ -108,6 +108,9 @@ pub(crate) const LEASE_FAILOVER_BUDGET: Duration = Duration::from_secs(10);
 /// A partition's writes may stop no longer than this while it moves between a region's
 /// nodes (the old owner ships its last round, the new one catches up from the deltas).
 pub(crate) const MOVE_BUDGET: Duration = Duration::from_secs(5);
+/// Longest wait, before the load, for the alerts the drill must fire to be quiet (the
+/// slowest to clear, `GeostateLeasesLost`, looks two minutes back).
+const ALERTS_QUIET: Duration = Duration::from_secs(180);
 /// Longest wait for every region to agree once the load stops.
 pub(crate) const SETTLE: Duration = Duration::from_secs(120);
 
@@ -139,6 +142,11 @@ async fn drill(args: Args) -> anyhow::Result<bool> {
         "no region {region} in {}",
         args.cluster.display()
     );
+    // the alerts this fault must fire are quiet before it (a restart a minute ago would
+    // still fire the one a restart fires)
+    if let Some(p) = &cluster.prometheus {
+        alerts::wait_quiet(&p.url, args.drill, &region, ALERTS_QUIET).await?;
+    }
     let tag = format!("chaos-{}", std::process::id());
     let counters: Vec<String> = (0..KEYS).map(|i| format!("trips/{tag}-{i}")).collect();
     let owned: Vec<String> = (0..KEYS).map(|i| format!("surge/{tag}-{i}")).collect();

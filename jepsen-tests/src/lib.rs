@@ -10,5 +10,6 @@ pub mod counter;
 pub mod fencing;
 pub mod history;
 pub mod lww;
+pub mod prometheus;
 pub mod register;
 pub mod windowed;
