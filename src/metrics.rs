@@ -172,10 +172,12 @@ pub const CLOCK_OFF: &str = "geostate_clock_off";
 /// Compare-and-set writes whose comparison failed when applied (counter).
 pub const CAS_FAILED: &str = "geostate_cas_failed_total";
 
-/// Replication lag's buckets: fine enough up to 2 s to place a p99 against a 300 ms goal.
-pub const LAG_BUCKETS: [f64; 18] = [
+/// Replication lag's buckets: fine enough up to 2 s to place a p99 against a 300 ms goal,
+/// and up to a minute, so that a quantile can pass the alert's 5 s (a quantile in the
+/// +Inf bucket reads as the highest finite bound).
+pub const LAG_BUCKETS: [f64; 21] = [
     0.001, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1.0,
-    2.0, 5.0,
+    2.0, 5.0, 10.0, 30.0, 60.0,
 ];
 
 /// Records `took` as write stage `stage` ([`WRITE_STAGE_SECONDS`]).
