@@ -99,6 +99,7 @@ pub(crate) async fn wait_quiet(
     within: Duration,
 ) -> anyhow::Result<()> {
     let until = std::time::Instant::now() + within;
+    let mut said = false;
     loop {
         let mut active = Vec::new();
         for series in prometheus::query(url, "ALERTS")? {
@@ -119,6 +120,13 @@ pub(crate) async fn wait_quiet(
         }
         if active.is_empty() {
             return Ok(());
+        }
+        if !said {
+            println!(
+                "{drill:?}: waiting until {} no longer fire (from an earlier fault)",
+                active.join(", ")
+            );
+            said = true;
         }
         anyhow::ensure!(
             std::time::Instant::now() < until,
