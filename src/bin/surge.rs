@@ -480,11 +480,11 @@ fn progress(
         .get(sorted.len() / 2)
         .map_or("-".to_string(), |l| format!("{} ms", l.as_millis()));
     format!(
-        "[{}{}] {:>3}/{} s  acknowledged: {}  lag p50 {lag}",
+        "[{}{}] {:>3.0}/{:.0} s  acknowledged: {}  lag p50 {lag}",
         "#".repeat(filled),
         ".".repeat(WIDTH - filled),
-        done.as_secs(),
-        total.as_secs(),
+        done.as_secs_f64(),
+        total.as_secs_f64(),
         acked.join(", ")
     )
 }
