@@ -347,7 +347,10 @@ type LeasesResponse struct {
 	// The lease group's leader member id, as this region knows it (0: none).
 	Leader uint64 `protobuf:"varint,3,opt,name=leader,proto3" json:"leader,omitempty"`
 	// The lease group's term as this region's member knows it: it rises with each election.
-	Term          uint64 `protobuf:"varint,4,opt,name=term,proto3" json:"term,omitempty"`
+	Term uint64 `protobuf:"varint,4,opt,name=term,proto3" json:"term,omitempty"`
+	// This member's fresh readings of the other members' wall clocks (read every
+	// renewal round; a reading older than 3 s is left out).
+	Clocks        []*MemberClock `protobuf:"bytes,5,rep,name=clocks,proto3" json:"clocks,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -410,6 +413,76 @@ func (x *LeasesResponse) GetTerm() uint64 {
 	return 0
 }
 
+func (x *LeasesResponse) GetClocks() []*MemberClock {
+	if x != nil {
+		return x.Clocks
+	}
+	return nil
+}
+
+// Another lease group member's wall clock as this member read it.
+type MemberClock struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Member uint64                 `protobuf:"varint,1,opt,name=member,proto3" json:"member,omitempty"`
+	// Its clock minus this member's, microseconds.
+	OffsetMicros int64 `protobuf:"varint,2,opt,name=offset_micros,json=offsetMicros,proto3" json:"offset_micros,omitempty"`
+	// Half the reading's round trip, microseconds: the offset is known to within it.
+	UncertaintyMicros uint64 `protobuf:"varint,3,opt,name=uncertainty_micros,json=uncertaintyMicros,proto3" json:"uncertainty_micros,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
+}
+
+func (x *MemberClock) Reset() {
+	*x = MemberClock{}
+	mi := &file_geostate_v1_state_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MemberClock) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MemberClock) ProtoMessage() {}
+
+func (x *MemberClock) ProtoReflect() protoreflect.Message {
+	mi := &file_geostate_v1_state_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MemberClock.ProtoReflect.Descriptor instead.
+func (*MemberClock) Descriptor() ([]byte, []int) {
+	return file_geostate_v1_state_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *MemberClock) GetMember() uint64 {
+	if x != nil {
+		return x.Member
+	}
+	return 0
+}
+
+func (x *MemberClock) GetOffsetMicros() int64 {
+	if x != nil {
+		return x.OffsetMicros
+	}
+	return 0
+}
+
+func (x *MemberClock) GetUncertaintyMicros() uint64 {
+	if x != nil {
+		return x.UncertaintyMicros
+	}
+	return 0
+}
+
 type TransferLeaseRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Shard         uint32                 `protobuf:"varint,1,opt,name=shard,proto3" json:"shard,omitempty"`
@@ -420,7 +493,7 @@ type TransferLeaseRequest struct {
 
 func (x *TransferLeaseRequest) Reset() {
 	*x = TransferLeaseRequest{}
-	mi := &file_geostate_v1_state_proto_msgTypes[5]
+	mi := &file_geostate_v1_state_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -432,7 +505,7 @@ func (x *TransferLeaseRequest) String() string {
 func (*TransferLeaseRequest) ProtoMessage() {}
 
 func (x *TransferLeaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geostate_v1_state_proto_msgTypes[5]
+	mi := &file_geostate_v1_state_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -445,7 +518,7 @@ func (x *TransferLeaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferLeaseRequest.ProtoReflect.Descriptor instead.
 func (*TransferLeaseRequest) Descriptor() ([]byte, []int) {
-	return file_geostate_v1_state_proto_rawDescGZIP(), []int{5}
+	return file_geostate_v1_state_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *TransferLeaseRequest) GetShard() uint32 {
@@ -471,7 +544,7 @@ type TransferLeaseResponse struct {
 
 func (x *TransferLeaseResponse) Reset() {
 	*x = TransferLeaseResponse{}
-	mi := &file_geostate_v1_state_proto_msgTypes[6]
+	mi := &file_geostate_v1_state_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -483,7 +556,7 @@ func (x *TransferLeaseResponse) String() string {
 func (*TransferLeaseResponse) ProtoMessage() {}
 
 func (x *TransferLeaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_geostate_v1_state_proto_msgTypes[6]
+	mi := &file_geostate_v1_state_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -496,7 +569,7 @@ func (x *TransferLeaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferLeaseResponse.ProtoReflect.Descriptor instead.
 func (*TransferLeaseResponse) Descriptor() ([]byte, []int) {
-	return file_geostate_v1_state_proto_rawDescGZIP(), []int{6}
+	return file_geostate_v1_state_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *TransferLeaseResponse) GetLease() *ShardLease {
@@ -514,7 +587,7 @@ type CheckpointRequest struct {
 
 func (x *CheckpointRequest) Reset() {
 	*x = CheckpointRequest{}
-	mi := &file_geostate_v1_state_proto_msgTypes[7]
+	mi := &file_geostate_v1_state_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -526,7 +599,7 @@ func (x *CheckpointRequest) String() string {
 func (*CheckpointRequest) ProtoMessage() {}
 
 func (x *CheckpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geostate_v1_state_proto_msgTypes[7]
+	mi := &file_geostate_v1_state_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -539,7 +612,7 @@ func (x *CheckpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointRequest.ProtoReflect.Descriptor instead.
 func (*CheckpointRequest) Descriptor() ([]byte, []int) {
-	return file_geostate_v1_state_proto_rawDescGZIP(), []int{7}
+	return file_geostate_v1_state_proto_rawDescGZIP(), []int{8}
 }
 
 type CheckpointResponse struct {
@@ -558,7 +631,7 @@ type CheckpointResponse struct {
 
 func (x *CheckpointResponse) Reset() {
 	*x = CheckpointResponse{}
-	mi := &file_geostate_v1_state_proto_msgTypes[8]
+	mi := &file_geostate_v1_state_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -570,7 +643,7 @@ func (x *CheckpointResponse) String() string {
 func (*CheckpointResponse) ProtoMessage() {}
 
 func (x *CheckpointResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_geostate_v1_state_proto_msgTypes[8]
+	mi := &file_geostate_v1_state_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -583,7 +656,7 @@ func (x *CheckpointResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointResponse.ProtoReflect.Descriptor instead.
 func (*CheckpointResponse) Descriptor() ([]byte, []int) {
-	return file_geostate_v1_state_proto_rawDescGZIP(), []int{8}
+	return file_geostate_v1_state_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *CheckpointResponse) GetId() string {
@@ -636,7 +709,7 @@ type SavepointRequest struct {
 
 func (x *SavepointRequest) Reset() {
 	*x = SavepointRequest{}
-	mi := &file_geostate_v1_state_proto_msgTypes[9]
+	mi := &file_geostate_v1_state_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -648,7 +721,7 @@ func (x *SavepointRequest) String() string {
 func (*SavepointRequest) ProtoMessage() {}
 
 func (x *SavepointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geostate_v1_state_proto_msgTypes[9]
+	mi := &file_geostate_v1_state_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -661,7 +734,7 @@ func (x *SavepointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SavepointRequest.ProtoReflect.Descriptor instead.
 func (*SavepointRequest) Descriptor() ([]byte, []int) {
-	return file_geostate_v1_state_proto_rawDescGZIP(), []int{9}
+	return file_geostate_v1_state_proto_rawDescGZIP(), []int{10}
 }
 
 type SavepointResponse struct {
@@ -676,7 +749,7 @@ type SavepointResponse struct {
 
 func (x *SavepointResponse) Reset() {
 	*x = SavepointResponse{}
-	mi := &file_geostate_v1_state_proto_msgTypes[10]
+	mi := &file_geostate_v1_state_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -688,7 +761,7 @@ func (x *SavepointResponse) String() string {
 func (*SavepointResponse) ProtoMessage() {}
 
 func (x *SavepointResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_geostate_v1_state_proto_msgTypes[10]
+	mi := &file_geostate_v1_state_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -701,7 +774,7 @@ func (x *SavepointResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SavepointResponse.ProtoReflect.Descriptor instead.
 func (*SavepointResponse) Descriptor() ([]byte, []int) {
-	return file_geostate_v1_state_proto_rawDescGZIP(), []int{10}
+	return file_geostate_v1_state_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *SavepointResponse) GetId() string {
@@ -751,7 +824,7 @@ type CheckpointStatus struct {
 
 func (x *CheckpointStatus) Reset() {
 	*x = CheckpointStatus{}
-	mi := &file_geostate_v1_state_proto_msgTypes[11]
+	mi := &file_geostate_v1_state_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -763,7 +836,7 @@ func (x *CheckpointStatus) String() string {
 func (*CheckpointStatus) ProtoMessage() {}
 
 func (x *CheckpointStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_geostate_v1_state_proto_msgTypes[11]
+	mi := &file_geostate_v1_state_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -776,7 +849,7 @@ func (x *CheckpointStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointStatus.ProtoReflect.Descriptor instead.
 func (*CheckpointStatus) Descriptor() ([]byte, []int) {
-	return file_geostate_v1_state_proto_rawDescGZIP(), []int{11}
+	return file_geostate_v1_state_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *CheckpointStatus) GetLastId() string {
@@ -855,7 +928,7 @@ type UpdateRequest struct {
 
 func (x *UpdateRequest) Reset() {
 	*x = UpdateRequest{}
-	mi := &file_geostate_v1_state_proto_msgTypes[12]
+	mi := &file_geostate_v1_state_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -867,7 +940,7 @@ func (x *UpdateRequest) String() string {
 func (*UpdateRequest) ProtoMessage() {}
 
 func (x *UpdateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geostate_v1_state_proto_msgTypes[12]
+	mi := &file_geostate_v1_state_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -880,7 +953,7 @@ func (x *UpdateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateRequest.ProtoReflect.Descriptor instead.
 func (*UpdateRequest) Descriptor() ([]byte, []int) {
-	return file_geostate_v1_state_proto_rawDescGZIP(), []int{12}
+	return file_geostate_v1_state_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *UpdateRequest) GetKey() string {
@@ -973,7 +1046,7 @@ type Position struct {
 
 func (x *Position) Reset() {
 	*x = Position{}
-	mi := &file_geostate_v1_state_proto_msgTypes[13]
+	mi := &file_geostate_v1_state_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -985,7 +1058,7 @@ func (x *Position) String() string {
 func (*Position) ProtoMessage() {}
 
 func (x *Position) ProtoReflect() protoreflect.Message {
-	mi := &file_geostate_v1_state_proto_msgTypes[13]
+	mi := &file_geostate_v1_state_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -998,7 +1071,7 @@ func (x *Position) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Position.ProtoReflect.Descriptor instead.
 func (*Position) Descriptor() ([]byte, []int) {
-	return file_geostate_v1_state_proto_rawDescGZIP(), []int{13}
+	return file_geostate_v1_state_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Position) GetPartition() int32 {
@@ -1027,7 +1100,7 @@ type UpdateResponse struct {
 
 func (x *UpdateResponse) Reset() {
 	*x = UpdateResponse{}
-	mi := &file_geostate_v1_state_proto_msgTypes[14]
+	mi := &file_geostate_v1_state_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1039,7 +1112,7 @@ func (x *UpdateResponse) String() string {
 func (*UpdateResponse) ProtoMessage() {}
 
 func (x *UpdateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_geostate_v1_state_proto_msgTypes[14]
+	mi := &file_geostate_v1_state_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1052,7 +1125,7 @@ func (x *UpdateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateResponse.ProtoReflect.Descriptor instead.
 func (*UpdateResponse) Descriptor() ([]byte, []int) {
-	return file_geostate_v1_state_proto_rawDescGZIP(), []int{14}
+	return file_geostate_v1_state_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *UpdateResponse) GetPosition() *Position {
@@ -1082,7 +1155,7 @@ type Freshness struct {
 
 func (x *Freshness) Reset() {
 	*x = Freshness{}
-	mi := &file_geostate_v1_state_proto_msgTypes[15]
+	mi := &file_geostate_v1_state_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1094,7 +1167,7 @@ func (x *Freshness) String() string {
 func (*Freshness) ProtoMessage() {}
 
 func (x *Freshness) ProtoReflect() protoreflect.Message {
-	mi := &file_geostate_v1_state_proto_msgTypes[15]
+	mi := &file_geostate_v1_state_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1107,7 +1180,7 @@ func (x *Freshness) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Freshness.ProtoReflect.Descriptor instead.
 func (*Freshness) Descriptor() ([]byte, []int) {
-	return file_geostate_v1_state_proto_rawDescGZIP(), []int{15}
+	return file_geostate_v1_state_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Freshness) GetRemotes() []*RemoteFreshness {
@@ -1135,7 +1208,7 @@ type RemoteFreshness struct {
 
 func (x *RemoteFreshness) Reset() {
 	*x = RemoteFreshness{}
-	mi := &file_geostate_v1_state_proto_msgTypes[16]
+	mi := &file_geostate_v1_state_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1147,7 +1220,7 @@ func (x *RemoteFreshness) String() string {
 func (*RemoteFreshness) ProtoMessage() {}
 
 func (x *RemoteFreshness) ProtoReflect() protoreflect.Message {
-	mi := &file_geostate_v1_state_proto_msgTypes[16]
+	mi := &file_geostate_v1_state_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1160,7 +1233,7 @@ func (x *RemoteFreshness) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoteFreshness.ProtoReflect.Descriptor instead.
 func (*RemoteFreshness) Descriptor() ([]byte, []int) {
-	return file_geostate_v1_state_proto_rawDescGZIP(), []int{16}
+	return file_geostate_v1_state_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *RemoteFreshness) GetRegion() string {
@@ -1208,7 +1281,7 @@ type Value struct {
 
 func (x *Value) Reset() {
 	*x = Value{}
-	mi := &file_geostate_v1_state_proto_msgTypes[17]
+	mi := &file_geostate_v1_state_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1220,7 +1293,7 @@ func (x *Value) String() string {
 func (*Value) ProtoMessage() {}
 
 func (x *Value) ProtoReflect() protoreflect.Message {
-	mi := &file_geostate_v1_state_proto_msgTypes[17]
+	mi := &file_geostate_v1_state_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1233,7 +1306,7 @@ func (x *Value) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Value.ProtoReflect.Descriptor instead.
 func (*Value) Descriptor() ([]byte, []int) {
-	return file_geostate_v1_state_proto_rawDescGZIP(), []int{17}
+	return file_geostate_v1_state_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Value) GetKey() string {
@@ -1336,7 +1409,7 @@ type WindowSelector struct {
 
 func (x *WindowSelector) Reset() {
 	*x = WindowSelector{}
-	mi := &file_geostate_v1_state_proto_msgTypes[18]
+	mi := &file_geostate_v1_state_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1348,7 +1421,7 @@ func (x *WindowSelector) String() string {
 func (*WindowSelector) ProtoMessage() {}
 
 func (x *WindowSelector) ProtoReflect() protoreflect.Message {
-	mi := &file_geostate_v1_state_proto_msgTypes[18]
+	mi := &file_geostate_v1_state_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1361,7 +1434,7 @@ func (x *WindowSelector) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WindowSelector.ProtoReflect.Descriptor instead.
 func (*WindowSelector) Descriptor() ([]byte, []int) {
-	return file_geostate_v1_state_proto_rawDescGZIP(), []int{18}
+	return file_geostate_v1_state_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *WindowSelector) GetWhich() isWindowSelector_Which {
@@ -1451,7 +1524,7 @@ type WindowRange struct {
 
 func (x *WindowRange) Reset() {
 	*x = WindowRange{}
-	mi := &file_geostate_v1_state_proto_msgTypes[19]
+	mi := &file_geostate_v1_state_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1463,7 +1536,7 @@ func (x *WindowRange) String() string {
 func (*WindowRange) ProtoMessage() {}
 
 func (x *WindowRange) ProtoReflect() protoreflect.Message {
-	mi := &file_geostate_v1_state_proto_msgTypes[19]
+	mi := &file_geostate_v1_state_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1476,7 +1549,7 @@ func (x *WindowRange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WindowRange.ProtoReflect.Descriptor instead.
 func (*WindowRange) Descriptor() ([]byte, []int) {
-	return file_geostate_v1_state_proto_rawDescGZIP(), []int{19}
+	return file_geostate_v1_state_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *WindowRange) GetFromMs() uint64 {
@@ -1512,7 +1585,7 @@ type WindowInfo struct {
 
 func (x *WindowInfo) Reset() {
 	*x = WindowInfo{}
-	mi := &file_geostate_v1_state_proto_msgTypes[20]
+	mi := &file_geostate_v1_state_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1524,7 +1597,7 @@ func (x *WindowInfo) String() string {
 func (*WindowInfo) ProtoMessage() {}
 
 func (x *WindowInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_geostate_v1_state_proto_msgTypes[20]
+	mi := &file_geostate_v1_state_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1537,7 +1610,7 @@ func (x *WindowInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WindowInfo.ProtoReflect.Descriptor instead.
 func (*WindowInfo) Descriptor() ([]byte, []int) {
-	return file_geostate_v1_state_proto_rawDescGZIP(), []int{20}
+	return file_geostate_v1_state_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *WindowInfo) GetStartMs() uint64 {
@@ -1588,7 +1661,7 @@ type RegionWatermark struct {
 
 func (x *RegionWatermark) Reset() {
 	*x = RegionWatermark{}
-	mi := &file_geostate_v1_state_proto_msgTypes[21]
+	mi := &file_geostate_v1_state_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1600,7 +1673,7 @@ func (x *RegionWatermark) String() string {
 func (*RegionWatermark) ProtoMessage() {}
 
 func (x *RegionWatermark) ProtoReflect() protoreflect.Message {
-	mi := &file_geostate_v1_state_proto_msgTypes[21]
+	mi := &file_geostate_v1_state_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1613,7 +1686,7 @@ func (x *RegionWatermark) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionWatermark.ProtoReflect.Descriptor instead.
 func (*RegionWatermark) Descriptor() ([]byte, []int) {
-	return file_geostate_v1_state_proto_rawDescGZIP(), []int{21}
+	return file_geostate_v1_state_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *RegionWatermark) GetRegion() string {
@@ -1652,7 +1725,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_geostate_v1_state_proto_msgTypes[22]
+	mi := &file_geostate_v1_state_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1664,7 +1737,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geostate_v1_state_proto_msgTypes[22]
+	mi := &file_geostate_v1_state_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1677,7 +1750,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_geostate_v1_state_proto_rawDescGZIP(), []int{22}
+	return file_geostate_v1_state_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *GetRequest) GetKey() string {
@@ -1712,7 +1785,7 @@ type BatchGetRequest struct {
 
 func (x *BatchGetRequest) Reset() {
 	*x = BatchGetRequest{}
-	mi := &file_geostate_v1_state_proto_msgTypes[23]
+	mi := &file_geostate_v1_state_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1724,7 +1797,7 @@ func (x *BatchGetRequest) String() string {
 func (*BatchGetRequest) ProtoMessage() {}
 
 func (x *BatchGetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geostate_v1_state_proto_msgTypes[23]
+	mi := &file_geostate_v1_state_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1737,7 +1810,7 @@ func (x *BatchGetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchGetRequest.ProtoReflect.Descriptor instead.
 func (*BatchGetRequest) Descriptor() ([]byte, []int) {
-	return file_geostate_v1_state_proto_rawDescGZIP(), []int{23}
+	return file_geostate_v1_state_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *BatchGetRequest) GetKeys() []string {
@@ -1765,7 +1838,7 @@ type BatchGetResponse struct {
 
 func (x *BatchGetResponse) Reset() {
 	*x = BatchGetResponse{}
-	mi := &file_geostate_v1_state_proto_msgTypes[24]
+	mi := &file_geostate_v1_state_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1777,7 +1850,7 @@ func (x *BatchGetResponse) String() string {
 func (*BatchGetResponse) ProtoMessage() {}
 
 func (x *BatchGetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_geostate_v1_state_proto_msgTypes[24]
+	mi := &file_geostate_v1_state_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1790,7 +1863,7 @@ func (x *BatchGetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchGetResponse.ProtoReflect.Descriptor instead.
 func (*BatchGetResponse) Descriptor() ([]byte, []int) {
-	return file_geostate_v1_state_proto_rawDescGZIP(), []int{24}
+	return file_geostate_v1_state_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *BatchGetResponse) GetValues() []*Value {
@@ -1823,7 +1896,7 @@ type ScanRequest struct {
 
 func (x *ScanRequest) Reset() {
 	*x = ScanRequest{}
-	mi := &file_geostate_v1_state_proto_msgTypes[25]
+	mi := &file_geostate_v1_state_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1835,7 +1908,7 @@ func (x *ScanRequest) String() string {
 func (*ScanRequest) ProtoMessage() {}
 
 func (x *ScanRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geostate_v1_state_proto_msgTypes[25]
+	mi := &file_geostate_v1_state_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1848,7 +1921,7 @@ func (x *ScanRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScanRequest.ProtoReflect.Descriptor instead.
 func (*ScanRequest) Descriptor() ([]byte, []int) {
-	return file_geostate_v1_state_proto_rawDescGZIP(), []int{25}
+	return file_geostate_v1_state_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ScanRequest) GetPrefix() string {
@@ -1893,7 +1966,7 @@ type ScanResponse struct {
 
 func (x *ScanResponse) Reset() {
 	*x = ScanResponse{}
-	mi := &file_geostate_v1_state_proto_msgTypes[26]
+	mi := &file_geostate_v1_state_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1905,7 +1978,7 @@ func (x *ScanResponse) String() string {
 func (*ScanResponse) ProtoMessage() {}
 
 func (x *ScanResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_geostate_v1_state_proto_msgTypes[26]
+	mi := &file_geostate_v1_state_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1918,7 +1991,7 @@ func (x *ScanResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScanResponse.ProtoReflect.Descriptor instead.
 func (*ScanResponse) Descriptor() ([]byte, []int) {
-	return file_geostate_v1_state_proto_rawDescGZIP(), []int{26}
+	return file_geostate_v1_state_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ScanResponse) GetValues() []*Value {
@@ -1951,7 +2024,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_geostate_v1_state_proto_msgTypes[27]
+	mi := &file_geostate_v1_state_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1963,7 +2036,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geostate_v1_state_proto_msgTypes[27]
+	mi := &file_geostate_v1_state_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1976,7 +2049,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_geostate_v1_state_proto_rawDescGZIP(), []int{27}
+	return file_geostate_v1_state_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *WatchRequest) GetPrefix() string {
@@ -1994,7 +2067,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_geostate_v1_state_proto_msgTypes[28]
+	mi := &file_geostate_v1_state_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2006,7 +2079,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geostate_v1_state_proto_msgTypes[28]
+	mi := &file_geostate_v1_state_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2019,7 +2092,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_geostate_v1_state_proto_rawDescGZIP(), []int{28}
+	return file_geostate_v1_state_proto_rawDescGZIP(), []int{29}
 }
 
 type PartitionStatus struct {
@@ -2037,7 +2110,7 @@ type PartitionStatus struct {
 
 func (x *PartitionStatus) Reset() {
 	*x = PartitionStatus{}
-	mi := &file_geostate_v1_state_proto_msgTypes[29]
+	mi := &file_geostate_v1_state_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2049,7 +2122,7 @@ func (x *PartitionStatus) String() string {
 func (*PartitionStatus) ProtoMessage() {}
 
 func (x *PartitionStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_geostate_v1_state_proto_msgTypes[29]
+	mi := &file_geostate_v1_state_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2062,7 +2135,7 @@ func (x *PartitionStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PartitionStatus.ProtoReflect.Descriptor instead.
 func (*PartitionStatus) Descriptor() ([]byte, []int) {
-	return file_geostate_v1_state_proto_rawDescGZIP(), []int{29}
+	return file_geostate_v1_state_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *PartitionStatus) GetPartition() int32 {
@@ -2119,7 +2192,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_geostate_v1_state_proto_msgTypes[30]
+	mi := &file_geostate_v1_state_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2131,7 +2204,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_geostate_v1_state_proto_msgTypes[30]
+	mi := &file_geostate_v1_state_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2144,7 +2217,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_geostate_v1_state_proto_rawDescGZIP(), []int{30}
+	return file_geostate_v1_state_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *StatusResponse) GetRegion() string {
@@ -2245,7 +2318,7 @@ type FunctionStatus struct {
 
 func (x *FunctionStatus) Reset() {
 	*x = FunctionStatus{}
-	mi := &file_geostate_v1_state_proto_msgTypes[31]
+	mi := &file_geostate_v1_state_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2257,7 +2330,7 @@ func (x *FunctionStatus) String() string {
 func (*FunctionStatus) ProtoMessage() {}
 
 func (x *FunctionStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_geostate_v1_state_proto_msgTypes[31]
+	mi := &file_geostate_v1_state_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2270,7 +2343,7 @@ func (x *FunctionStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FunctionStatus.ProtoReflect.Descriptor instead.
 func (*FunctionStatus) Descriptor() ([]byte, []int) {
-	return file_geostate_v1_state_proto_rawDescGZIP(), []int{31}
+	return file_geostate_v1_state_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *FunctionStatus) GetName() string {
@@ -2356,7 +2429,7 @@ type RemoteStatus struct {
 
 func (x *RemoteStatus) Reset() {
 	*x = RemoteStatus{}
-	mi := &file_geostate_v1_state_proto_msgTypes[32]
+	mi := &file_geostate_v1_state_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2368,7 +2441,7 @@ func (x *RemoteStatus) String() string {
 func (*RemoteStatus) ProtoMessage() {}
 
 func (x *RemoteStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_geostate_v1_state_proto_msgTypes[32]
+	mi := &file_geostate_v1_state_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2381,7 +2454,7 @@ func (x *RemoteStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoteStatus.ProtoReflect.Descriptor instead.
 func (*RemoteStatus) Descriptor() ([]byte, []int) {
-	return file_geostate_v1_state_proto_rawDescGZIP(), []int{32}
+	return file_geostate_v1_state_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *RemoteStatus) GetRegion() string {
@@ -2472,12 +2545,17 @@ const file_geostate_v1_state_proto_rawDesc = "" +
 	"\x06holder\x18\x04 \x01(\tR\x06holder\x12\x14\n" +
 	"\x05epoch\x18\x05 \x01(\x04R\x05epoch\x12\"\n" +
 	"\rexpires_in_ms\x18\x06 \x01(\x03R\vexpiresInMs\x12\x1b\n" +
-	"\theld_here\x18\a \x01(\bR\bheldHere\"\x85\x01\n" +
+	"\theld_here\x18\a \x01(\bR\bheldHere\"\xb7\x01\n" +
 	"\x0eLeasesResponse\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12/\n" +
 	"\x06shards\x18\x02 \x03(\v2\x17.geostate.v1.ShardLeaseR\x06shards\x12\x16\n" +
 	"\x06leader\x18\x03 \x01(\x04R\x06leader\x12\x12\n" +
-	"\x04term\x18\x04 \x01(\x04R\x04term\"I\n" +
+	"\x04term\x18\x04 \x01(\x04R\x04term\x120\n" +
+	"\x06clocks\x18\x05 \x03(\v2\x18.geostate.v1.MemberClockR\x06clocks\"y\n" +
+	"\vMemberClock\x12\x16\n" +
+	"\x06member\x18\x01 \x01(\x04R\x06member\x12#\n" +
+	"\roffset_micros\x18\x02 \x01(\x03R\foffsetMicros\x12-\n" +
+	"\x12uncertainty_micros\x18\x03 \x01(\x04R\x11uncertaintyMicros\"I\n" +
 	"\x14TransferLeaseRequest\x12\x14\n" +
 	"\x05shard\x18\x01 \x01(\rR\x05shard\x12\x1b\n" +
 	"\tto_region\x18\x02 \x01(\tR\btoRegion\"F\n" +
@@ -2664,7 +2742,7 @@ func file_geostate_v1_state_proto_rawDescGZIP() []byte {
 }
 
 var file_geostate_v1_state_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_geostate_v1_state_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
+var file_geostate_v1_state_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
 var file_geostate_v1_state_proto_goTypes = []any{
 	(CrdtKind)(0),                 // 0: geostate.v1.CrdtKind
 	(*RouteRequest)(nil),          // 1: geostate.v1.RouteRequest
@@ -2672,90 +2750,92 @@ var file_geostate_v1_state_proto_goTypes = []any{
 	(*LeasesRequest)(nil),         // 3: geostate.v1.LeasesRequest
 	(*ShardLease)(nil),            // 4: geostate.v1.ShardLease
 	(*LeasesResponse)(nil),        // 5: geostate.v1.LeasesResponse
-	(*TransferLeaseRequest)(nil),  // 6: geostate.v1.TransferLeaseRequest
-	(*TransferLeaseResponse)(nil), // 7: geostate.v1.TransferLeaseResponse
-	(*CheckpointRequest)(nil),     // 8: geostate.v1.CheckpointRequest
-	(*CheckpointResponse)(nil),    // 9: geostate.v1.CheckpointResponse
-	(*SavepointRequest)(nil),      // 10: geostate.v1.SavepointRequest
-	(*SavepointResponse)(nil),     // 11: geostate.v1.SavepointResponse
-	(*CheckpointStatus)(nil),      // 12: geostate.v1.CheckpointStatus
-	(*UpdateRequest)(nil),         // 13: geostate.v1.UpdateRequest
-	(*Position)(nil),              // 14: geostate.v1.Position
-	(*UpdateResponse)(nil),        // 15: geostate.v1.UpdateResponse
-	(*Freshness)(nil),             // 16: geostate.v1.Freshness
-	(*RemoteFreshness)(nil),       // 17: geostate.v1.RemoteFreshness
-	(*Value)(nil),                 // 18: geostate.v1.Value
-	(*WindowSelector)(nil),        // 19: geostate.v1.WindowSelector
-	(*WindowRange)(nil),           // 20: geostate.v1.WindowRange
-	(*WindowInfo)(nil),            // 21: geostate.v1.WindowInfo
-	(*RegionWatermark)(nil),       // 22: geostate.v1.RegionWatermark
-	(*GetRequest)(nil),            // 23: geostate.v1.GetRequest
-	(*BatchGetRequest)(nil),       // 24: geostate.v1.BatchGetRequest
-	(*BatchGetResponse)(nil),      // 25: geostate.v1.BatchGetResponse
-	(*ScanRequest)(nil),           // 26: geostate.v1.ScanRequest
-	(*ScanResponse)(nil),          // 27: geostate.v1.ScanResponse
-	(*WatchRequest)(nil),          // 28: geostate.v1.WatchRequest
-	(*StatusRequest)(nil),         // 29: geostate.v1.StatusRequest
-	(*PartitionStatus)(nil),       // 30: geostate.v1.PartitionStatus
-	(*StatusResponse)(nil),        // 31: geostate.v1.StatusResponse
-	(*FunctionStatus)(nil),        // 32: geostate.v1.FunctionStatus
-	(*RemoteStatus)(nil),          // 33: geostate.v1.RemoteStatus
-	(*CompareAndSet)(nil),         // 34: geostate.v1.CompareAndSet
-	(*OrderStamp)(nil),            // 35: geostate.v1.OrderStamp
-	(*HlcTimestamp)(nil),          // 36: geostate.v1.HlcTimestamp
+	(*MemberClock)(nil),           // 6: geostate.v1.MemberClock
+	(*TransferLeaseRequest)(nil),  // 7: geostate.v1.TransferLeaseRequest
+	(*TransferLeaseResponse)(nil), // 8: geostate.v1.TransferLeaseResponse
+	(*CheckpointRequest)(nil),     // 9: geostate.v1.CheckpointRequest
+	(*CheckpointResponse)(nil),    // 10: geostate.v1.CheckpointResponse
+	(*SavepointRequest)(nil),      // 11: geostate.v1.SavepointRequest
+	(*SavepointResponse)(nil),     // 12: geostate.v1.SavepointResponse
+	(*CheckpointStatus)(nil),      // 13: geostate.v1.CheckpointStatus
+	(*UpdateRequest)(nil),         // 14: geostate.v1.UpdateRequest
+	(*Position)(nil),              // 15: geostate.v1.Position
+	(*UpdateResponse)(nil),        // 16: geostate.v1.UpdateResponse
+	(*Freshness)(nil),             // 17: geostate.v1.Freshness
+	(*RemoteFreshness)(nil),       // 18: geostate.v1.RemoteFreshness
+	(*Value)(nil),                 // 19: geostate.v1.Value
+	(*WindowSelector)(nil),        // 20: geostate.v1.WindowSelector
+	(*WindowRange)(nil),           // 21: geostate.v1.WindowRange
+	(*WindowInfo)(nil),            // 22: geostate.v1.WindowInfo
+	(*RegionWatermark)(nil),       // 23: geostate.v1.RegionWatermark
+	(*GetRequest)(nil),            // 24: geostate.v1.GetRequest
+	(*BatchGetRequest)(nil),       // 25: geostate.v1.BatchGetRequest
+	(*BatchGetResponse)(nil),      // 26: geostate.v1.BatchGetResponse
+	(*ScanRequest)(nil),           // 27: geostate.v1.ScanRequest
+	(*ScanResponse)(nil),          // 28: geostate.v1.ScanResponse
+	(*WatchRequest)(nil),          // 29: geostate.v1.WatchRequest
+	(*StatusRequest)(nil),         // 30: geostate.v1.StatusRequest
+	(*PartitionStatus)(nil),       // 31: geostate.v1.PartitionStatus
+	(*StatusResponse)(nil),        // 32: geostate.v1.StatusResponse
+	(*FunctionStatus)(nil),        // 33: geostate.v1.FunctionStatus
+	(*RemoteStatus)(nil),          // 34: geostate.v1.RemoteStatus
+	(*CompareAndSet)(nil),         // 35: geostate.v1.CompareAndSet
+	(*OrderStamp)(nil),            // 36: geostate.v1.OrderStamp
+	(*HlcTimestamp)(nil),          // 37: geostate.v1.HlcTimestamp
 }
 var file_geostate_v1_state_proto_depIdxs = []int32{
 	4,  // 0: geostate.v1.LeasesResponse.shards:type_name -> geostate.v1.ShardLease
-	4,  // 1: geostate.v1.TransferLeaseResponse.lease:type_name -> geostate.v1.ShardLease
-	34, // 2: geostate.v1.UpdateRequest.cas:type_name -> geostate.v1.CompareAndSet
-	14, // 3: geostate.v1.UpdateResponse.position:type_name -> geostate.v1.Position
-	35, // 4: geostate.v1.UpdateResponse.stamp:type_name -> geostate.v1.OrderStamp
-	17, // 5: geostate.v1.Freshness.remotes:type_name -> geostate.v1.RemoteFreshness
-	36, // 6: geostate.v1.RemoteFreshness.applied:type_name -> geostate.v1.HlcTimestamp
-	0,  // 7: geostate.v1.Value.kind:type_name -> geostate.v1.CrdtKind
-	35, // 8: geostate.v1.Value.stamp:type_name -> geostate.v1.OrderStamp
-	16, // 9: geostate.v1.Value.freshness:type_name -> geostate.v1.Freshness
-	21, // 10: geostate.v1.Value.window:type_name -> geostate.v1.WindowInfo
-	20, // 11: geostate.v1.WindowSelector.range:type_name -> geostate.v1.WindowRange
-	22, // 12: geostate.v1.WindowInfo.behind:type_name -> geostate.v1.RegionWatermark
-	19, // 13: geostate.v1.GetRequest.window:type_name -> geostate.v1.WindowSelector
-	19, // 14: geostate.v1.BatchGetRequest.window:type_name -> geostate.v1.WindowSelector
-	18, // 15: geostate.v1.BatchGetResponse.values:type_name -> geostate.v1.Value
-	19, // 16: geostate.v1.ScanRequest.window:type_name -> geostate.v1.WindowSelector
-	18, // 17: geostate.v1.ScanResponse.values:type_name -> geostate.v1.Value
-	30, // 18: geostate.v1.StatusResponse.partitions:type_name -> geostate.v1.PartitionStatus
-	33, // 19: geostate.v1.StatusResponse.remotes:type_name -> geostate.v1.RemoteStatus
-	12, // 20: geostate.v1.StatusResponse.checkpoint:type_name -> geostate.v1.CheckpointStatus
-	32, // 21: geostate.v1.StatusResponse.functions:type_name -> geostate.v1.FunctionStatus
-	30, // 22: geostate.v1.RemoteStatus.partitions:type_name -> geostate.v1.PartitionStatus
-	36, // 23: geostate.v1.RemoteStatus.applied:type_name -> geostate.v1.HlcTimestamp
-	13, // 24: geostate.v1.State.Update:input_type -> geostate.v1.UpdateRequest
-	23, // 25: geostate.v1.State.Get:input_type -> geostate.v1.GetRequest
-	24, // 26: geostate.v1.State.BatchGet:input_type -> geostate.v1.BatchGetRequest
-	26, // 27: geostate.v1.State.Scan:input_type -> geostate.v1.ScanRequest
-	28, // 28: geostate.v1.State.Watch:input_type -> geostate.v1.WatchRequest
-	29, // 29: geostate.v1.Admin.Status:input_type -> geostate.v1.StatusRequest
-	8,  // 30: geostate.v1.Admin.Checkpoint:input_type -> geostate.v1.CheckpointRequest
-	10, // 31: geostate.v1.Admin.Savepoint:input_type -> geostate.v1.SavepointRequest
-	3,  // 32: geostate.v1.Admin.Leases:input_type -> geostate.v1.LeasesRequest
-	6,  // 33: geostate.v1.Admin.TransferLease:input_type -> geostate.v1.TransferLeaseRequest
-	1,  // 34: geostate.v1.Admin.Route:input_type -> geostate.v1.RouteRequest
-	15, // 35: geostate.v1.State.Update:output_type -> geostate.v1.UpdateResponse
-	18, // 36: geostate.v1.State.Get:output_type -> geostate.v1.Value
-	25, // 37: geostate.v1.State.BatchGet:output_type -> geostate.v1.BatchGetResponse
-	27, // 38: geostate.v1.State.Scan:output_type -> geostate.v1.ScanResponse
-	18, // 39: geostate.v1.State.Watch:output_type -> geostate.v1.Value
-	31, // 40: geostate.v1.Admin.Status:output_type -> geostate.v1.StatusResponse
-	9,  // 41: geostate.v1.Admin.Checkpoint:output_type -> geostate.v1.CheckpointResponse
-	11, // 42: geostate.v1.Admin.Savepoint:output_type -> geostate.v1.SavepointResponse
-	5,  // 43: geostate.v1.Admin.Leases:output_type -> geostate.v1.LeasesResponse
-	7,  // 44: geostate.v1.Admin.TransferLease:output_type -> geostate.v1.TransferLeaseResponse
-	2,  // 45: geostate.v1.Admin.Route:output_type -> geostate.v1.RouteResponse
-	35, // [35:46] is the sub-list for method output_type
-	24, // [24:35] is the sub-list for method input_type
-	24, // [24:24] is the sub-list for extension type_name
-	24, // [24:24] is the sub-list for extension extendee
-	0,  // [0:24] is the sub-list for field type_name
+	6,  // 1: geostate.v1.LeasesResponse.clocks:type_name -> geostate.v1.MemberClock
+	4,  // 2: geostate.v1.TransferLeaseResponse.lease:type_name -> geostate.v1.ShardLease
+	35, // 3: geostate.v1.UpdateRequest.cas:type_name -> geostate.v1.CompareAndSet
+	15, // 4: geostate.v1.UpdateResponse.position:type_name -> geostate.v1.Position
+	36, // 5: geostate.v1.UpdateResponse.stamp:type_name -> geostate.v1.OrderStamp
+	18, // 6: geostate.v1.Freshness.remotes:type_name -> geostate.v1.RemoteFreshness
+	37, // 7: geostate.v1.RemoteFreshness.applied:type_name -> geostate.v1.HlcTimestamp
+	0,  // 8: geostate.v1.Value.kind:type_name -> geostate.v1.CrdtKind
+	36, // 9: geostate.v1.Value.stamp:type_name -> geostate.v1.OrderStamp
+	17, // 10: geostate.v1.Value.freshness:type_name -> geostate.v1.Freshness
+	22, // 11: geostate.v1.Value.window:type_name -> geostate.v1.WindowInfo
+	21, // 12: geostate.v1.WindowSelector.range:type_name -> geostate.v1.WindowRange
+	23, // 13: geostate.v1.WindowInfo.behind:type_name -> geostate.v1.RegionWatermark
+	20, // 14: geostate.v1.GetRequest.window:type_name -> geostate.v1.WindowSelector
+	20, // 15: geostate.v1.BatchGetRequest.window:type_name -> geostate.v1.WindowSelector
+	19, // 16: geostate.v1.BatchGetResponse.values:type_name -> geostate.v1.Value
+	20, // 17: geostate.v1.ScanRequest.window:type_name -> geostate.v1.WindowSelector
+	19, // 18: geostate.v1.ScanResponse.values:type_name -> geostate.v1.Value
+	31, // 19: geostate.v1.StatusResponse.partitions:type_name -> geostate.v1.PartitionStatus
+	34, // 20: geostate.v1.StatusResponse.remotes:type_name -> geostate.v1.RemoteStatus
+	13, // 21: geostate.v1.StatusResponse.checkpoint:type_name -> geostate.v1.CheckpointStatus
+	33, // 22: geostate.v1.StatusResponse.functions:type_name -> geostate.v1.FunctionStatus
+	31, // 23: geostate.v1.RemoteStatus.partitions:type_name -> geostate.v1.PartitionStatus
+	37, // 24: geostate.v1.RemoteStatus.applied:type_name -> geostate.v1.HlcTimestamp
+	14, // 25: geostate.v1.State.Update:input_type -> geostate.v1.UpdateRequest
+	24, // 26: geostate.v1.State.Get:input_type -> geostate.v1.GetRequest
+	25, // 27: geostate.v1.State.BatchGet:input_type -> geostate.v1.BatchGetRequest
+	27, // 28: geostate.v1.State.Scan:input_type -> geostate.v1.ScanRequest
+	29, // 29: geostate.v1.State.Watch:input_type -> geostate.v1.WatchRequest
+	30, // 30: geostate.v1.Admin.Status:input_type -> geostate.v1.StatusRequest
+	9,  // 31: geostate.v1.Admin.Checkpoint:input_type -> geostate.v1.CheckpointRequest
+	11, // 32: geostate.v1.Admin.Savepoint:input_type -> geostate.v1.SavepointRequest
+	3,  // 33: geostate.v1.Admin.Leases:input_type -> geostate.v1.LeasesRequest
+	7,  // 34: geostate.v1.Admin.TransferLease:input_type -> geostate.v1.TransferLeaseRequest
+	1,  // 35: geostate.v1.Admin.Route:input_type -> geostate.v1.RouteRequest
+	16, // 36: geostate.v1.State.Update:output_type -> geostate.v1.UpdateResponse
+	19, // 37: geostate.v1.State.Get:output_type -> geostate.v1.Value
+	26, // 38: geostate.v1.State.BatchGet:output_type -> geostate.v1.BatchGetResponse
+	28, // 39: geostate.v1.State.Scan:output_type -> geostate.v1.ScanResponse
+	19, // 40: geostate.v1.State.Watch:output_type -> geostate.v1.Value
+	32, // 41: geostate.v1.Admin.Status:output_type -> geostate.v1.StatusResponse
+	10, // 42: geostate.v1.Admin.Checkpoint:output_type -> geostate.v1.CheckpointResponse
+	12, // 43: geostate.v1.Admin.Savepoint:output_type -> geostate.v1.SavepointResponse
+	5,  // 44: geostate.v1.Admin.Leases:output_type -> geostate.v1.LeasesResponse
+	8,  // 45: geostate.v1.Admin.TransferLease:output_type -> geostate.v1.TransferLeaseResponse
+	2,  // 46: geostate.v1.Admin.Route:output_type -> geostate.v1.RouteResponse
+	36, // [36:47] is the sub-list for method output_type
+	25, // [25:36] is the sub-list for method input_type
+	25, // [25:25] is the sub-list for extension type_name
+	25, // [25:25] is the sub-list for extension extendee
+	0,  // [0:25] is the sub-list for field type_name
 }
 
 func init() { file_geostate_v1_state_proto_init() }
@@ -2765,16 +2845,16 @@ func file_geostate_v1_state_proto_init() {
 	}
 	file_geostate_v1_crdt_proto_init()
 	file_geostate_v1_update_proto_init()
-	file_geostate_v1_state_proto_msgTypes[12].OneofWrappers = []any{
+	file_geostate_v1_state_proto_msgTypes[13].OneofWrappers = []any{
 		(*UpdateRequest_Add)(nil),
 		(*UpdateRequest_Set)(nil),
 		(*UpdateRequest_Cas)(nil),
 	}
-	file_geostate_v1_state_proto_msgTypes[17].OneofWrappers = []any{
+	file_geostate_v1_state_proto_msgTypes[18].OneofWrappers = []any{
 		(*Value_Counter)(nil),
 		(*Value_Register)(nil),
 	}
-	file_geostate_v1_state_proto_msgTypes[18].OneofWrappers = []any{
+	file_geostate_v1_state_proto_msgTypes[19].OneofWrappers = []any{
 		(*WindowSelector_Current)(nil),
 		(*WindowSelector_LatestFinal)(nil),
 		(*WindowSelector_StartMs)(nil),
@@ -2786,7 +2866,7 @@ func file_geostate_v1_state_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_geostate_v1_state_proto_rawDesc), len(file_geostate_v1_state_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   33,
+			NumMessages:   34,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -65,16 +65,28 @@ class ShardLease(_message.Message):
     def __init__(self, shard: _Optional[int] = ..., home: _Optional[str] = ..., prefix: _Optional[str] = ..., holder: _Optional[str] = ..., epoch: _Optional[int] = ..., expires_in_ms: _Optional[int] = ..., held_here: _Optional[bool] = ...) -> None: ...
 
 class LeasesResponse(_message.Message):
-    __slots__ = ("region", "shards", "leader", "term")
+    __slots__ = ("region", "shards", "leader", "term", "clocks")
     REGION_FIELD_NUMBER: _ClassVar[int]
     SHARDS_FIELD_NUMBER: _ClassVar[int]
     LEADER_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
+    CLOCKS_FIELD_NUMBER: _ClassVar[int]
     region: str
     shards: _containers.RepeatedCompositeFieldContainer[ShardLease]
     leader: int
     term: int
-    def __init__(self, region: _Optional[str] = ..., shards: _Optional[_Iterable[_Union[ShardLease, _Mapping]]] = ..., leader: _Optional[int] = ..., term: _Optional[int] = ...) -> None: ...
+    clocks: _containers.RepeatedCompositeFieldContainer[MemberClock]
+    def __init__(self, region: _Optional[str] = ..., shards: _Optional[_Iterable[_Union[ShardLease, _Mapping]]] = ..., leader: _Optional[int] = ..., term: _Optional[int] = ..., clocks: _Optional[_Iterable[_Union[MemberClock, _Mapping]]] = ...) -> None: ...
+
+class MemberClock(_message.Message):
+    __slots__ = ("member", "offset_micros", "uncertainty_micros")
+    MEMBER_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_MICROS_FIELD_NUMBER: _ClassVar[int]
+    UNCERTAINTY_MICROS_FIELD_NUMBER: _ClassVar[int]
+    member: int
+    offset_micros: int
+    uncertainty_micros: int
+    def __init__(self, member: _Optional[int] = ..., offset_micros: _Optional[int] = ..., uncertainty_micros: _Optional[int] = ...) -> None: ...
 
 class TransferLeaseRequest(_message.Message):
     __slots__ = ("shard", "to_region")
