@@ -20,6 +20,11 @@ pub(crate) fn expected(drill: Drill) -> &'static [(&'static str, Where)] {
             ("GeostateReplicationStalled", Elsewhere),
         ],
         Drill::BrokerLoss => &[("GeostateConsumerRestarts", Target)],
+        // every region checkpoints to the one local S3 server
+        Drill::S3Outage => &[
+            ("GeostateCheckpointsFailing", Target),
+            ("GeostateCheckpointsFailing", Elsewhere),
+        ],
         // (not GeostateReplicationLagHigh: the lag is the newest merged delta's, and the
         // backlog is merged in batches whose newest deltas are fresh)
         Drill::MirrorBacklog => &[("GeostateReplicationStalled", Any)],

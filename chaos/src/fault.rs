@@ -155,6 +155,19 @@ pub(crate) async fn inject(
                 failovers: None,
             }
         }
+        Drill::S3Outage => {
+            cluster_script(path, &["s3", "kill"]).await?;
+            tokio::time::sleep(Duration::from_secs(40)).await;
+            cluster_script(path, &["s3", "start"]).await?;
+            Fault {
+                target: "the S3 server (checkpoint store)".into(),
+                // checkpoints only: no write, read or lease waits on them
+                affected: vec![],
+                owned_budget: Some(UNAFFECTED_BUDGET),
+                partitions,
+                failovers: None,
+            }
+        }
         Drill::RegionWipe => {
             wipe_node(path, cluster, region).await?;
             Fault {

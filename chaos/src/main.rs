@@ -14,7 +14,7 @@
 //! - **latency** of acknowledged writes and reads before, during and after the fault.
 //!
 //! ```text
-//! chaos kill-region|pause-holder|broker-loss|mirror-backlog|region-wipe|isolate-region|clock-skew \
+//! chaos kill-region|pause-holder|broker-loss|mirror-backlog|s3-outage|region-wipe|isolate-region|clock-skew \
 //!       [--cluster regions/local/run/cluster.json] [--region eu-west-1] [--out chaos/reports]
 //! ```
 //!
@@ -49,6 +49,9 @@ enum Drill {
     BrokerLoss,
     /// MirrorMaker 2 stopped for 20 s under load, then started: the backlog drains.
     MirrorBacklog,
+    /// The S3 server (the checkpoint store) SIGKILLed for 40 s (over two checkpoint
+    /// intervals), then started again: checkpoints fail meanwhile, nothing else stops.
+    S3Outage,
     /// The node SIGKILLed and its data dir deleted: it restores from the newest S3
     /// checkpoint and its own deltas topic.
     RegionWipe,

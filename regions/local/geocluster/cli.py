@@ -9,6 +9,7 @@ from .lifecycle import (cmd_down, cmd_kafka, cmd_mirror, cmd_node, cmd_restart_n
                         cmd_top, cmd_up)
 from .net import cmd_net
 from .postgres import cmd_postgres, cmd_sink, cmd_udf
+from .s3 import cmd_s3
 from .secure import cmd_secure_kafka
 
 
@@ -39,6 +40,10 @@ def main(description: str) -> None:
     postgres = sub.add_parser("postgres", help="kill PostgreSQL (a crash), start it, or both")
     postgres.add_argument("action", choices=["kill", "start", "restart"])
     postgres.set_defaults(fn=cmd_postgres)
+    s3 = sub.add_parser("s3", help="kill the S3 server (SIGKILL) or start it again on its "
+                        "port and folder")
+    s3.add_argument("action", choices=["kill", "start"])
+    s3.set_defaults(fn=cmd_s3)
     sink = sub.add_parser("sink", help="kill a region's PostgreSQL sink (SIGKILL) or start it")
     sink.add_argument("action", choices=["kill", "start"])
     sink.add_argument("region")

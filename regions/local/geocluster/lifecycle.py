@@ -87,8 +87,10 @@ def cmd_up(_args: argparse.Namespace) -> None:
             log(f"already up ({CLUSTER_JSON})")
             return
         services = tuple(f"{s} " for s in REGION_SERVICES)
-        if all(k.startswith(("node ", *services)) or k in ("mirrormaker2", "witness", "prometheus")
-               for k in down):
+        if all(k.startswith(("node ", *services))
+               or k in ("mirrormaker2", "witness", "prometheus", "s3") for k in down):
+            if "s3" in down:
+                restart_s3(existing)
             if "mirrormaker2" in down:
                 existing["mirrormaker2"]["pid"] = start_mm2(existing["regions"])
                 write_cluster(existing)
