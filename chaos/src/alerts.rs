@@ -62,7 +62,7 @@ pub(crate) struct Alerts {
 }
 
 impl Alerts {
-    /// Judges what fired in the last `window` against what `drill` must fire.
+    /// Judges what fired (name → regions) against what `drill` must fire at `target`.
     pub(crate) fn judge(
         drill: Drill,
         target: &str,
