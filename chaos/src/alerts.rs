@@ -52,6 +52,17 @@ pub(crate) enum Where {
     Any,
 }
 
+impl Where {
+    /// Whether an alert in `region` is where this says, for a fault on `target`.
+    fn holds(self, region: &str, target: &str) -> bool {
+        match self {
+            Where::Target => region == target,
+            Where::Elsewhere => region != target,
+            Where::Any => true,
+        }
+    }
+}
+
 /// What the drill's alerts came to.
 #[derive(Clone, Serialize)]
 pub(crate) struct Alerts {
@@ -71,12 +82,9 @@ impl Alerts {
         let expected = expected(drill)
             .iter()
             .map(|&(name, place)| {
-                let regions = fired.get(name);
-                let hit = regions.is_some_and(|rs| match place {
-                    Where::Target => rs.contains(target),
-                    Where::Elsewhere => rs.iter().any(|r| r != target),
-                    Where::Any => !rs.is_empty(),
-                });
+                let hit = fired
+                    .get(name)
+                    .is_some_and(|rs| rs.iter().any(|r| place.holds(r, target)));
                 (name.to_string(), place, hit)
             })
             .collect();
@@ -105,18 +113,13 @@ pub(crate) async fn wait_quiet(
     let mut said = false;
     loop {
         let mut active = Vec::new();
-        for series in prometheus::query(url, "ALERTS")? {
+        for series in query(url, "ALERTS".into()).await? {
             let labels = &series["metric"];
             let name = labels["alertname"].as_str().unwrap_or_default();
             let region = labels["geostate_region"].as_str().unwrap_or_default();
-            let hit = expected(drill).iter().any(|&(n, place)| {
-                n == name
-                    && match place {
-                        Where::Target => region == target,
-                        Where::Elsewhere => region != target,
-                        Where::Any => true,
-                    }
-            });
+            let hit = expected(drill)
+                .iter()
+                .any(|&(n, place)| n == name && place.holds(region, target));
             if hit {
                 active.push(format!("{name} ({region})"));
             }
@@ -142,7 +145,7 @@ pub(crate) async fn wait_quiet(
 
 /// Every alert Prometheus at `url` had firing at some point in the last `window`: name →
 /// the regions (`geostate_region`) it fired in.
-pub(crate) fn fired(
+pub(crate) async fn fired(
     url: &str,
     window: Duration,
 ) -> anyhow::Result<BTreeMap<String, BTreeSet<String>>> {
@@ -151,13 +154,19 @@ pub(crate) fn fired(
         window.as_secs().max(1)
     );
     let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for series in prometheus::query(url, &promql)? {
+    for series in query(url, promql).await? {
         let labels = &series["metric"];
         let name = labels["alertname"].as_str().unwrap_or("?").to_string();
         let region = labels["geostate_region"].as_str().unwrap_or("").to_string();
         out.entry(name).or_default().insert(region);
     }
     Ok(out)
+}
+
+/// `prometheus::query` (a blocking HTTP call) on the blocking pool.
+async fn query(url: &str, promql: String) -> anyhow::Result<Vec<serde_json::Value>> {
+    let url = url.to_string();
+    tokio::task::spawn_blocking(move || prometheus::query(&url, &promql)).await?
 }
 
 #[cfg(test)]

@@ -211,7 +211,7 @@ async fn drill(args: Args) -> anyhow::Result<bool> {
     let alerts = match &cluster.prometheus {
         Some(p) => {
             let window = Duration::from_nanos(load.now_ns() - fault_ns);
-            let fired = alerts::fired(&p.url, window)?;
+            let fired = alerts::fired(&p.url, window).await?;
             Some(alerts::Alerts::judge(args.drill, &region, fired))
         }
         None => None,
