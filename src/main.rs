@@ -860,10 +860,15 @@ async fn top(node: Node, peers: Vec<String>, interval: f64, once: bool) -> anyho
             }
             previous.insert(addr.clone(), (s.events_applied, now));
         }
+        let regions: std::collections::BTreeSet<&str> = frame
+            .nodes
+            .values()
+            .filter_map(|s| s.as_ref().ok().map(|s| s.region.as_str()))
+            .collect();
         let title = format!(
             "geostate top: {} nodes, {} regions, {} (every {interval} s; Ctrl-C quits)",
             frame.nodes.len(),
-            frame.leases.len().max(seeds.len()),
+            regions.len(),
             time::OffsetDateTime::now_utc()
                 .format(&time::format_description::well_known::Rfc3339)
                 .unwrap_or_default(),

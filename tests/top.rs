@@ -6,7 +6,7 @@
 mod common;
 
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, ensure};
 use common::cluster;
@@ -92,11 +92,28 @@ fn in_a_terminal_it_redraws_in_place() -> anyhow::Result<()> {
         "60",
         &command.join(" "),
     ])?;
+    let title = |pane: &str| {
+        pane.lines()
+            .find(|l| l.contains("geostate top:"))
+            .map(String::from)
+    };
+    // the pane until it shows what `ready` asks (at most 30 s; the checks below then say
+    // what it showed instead)
+    let capture_until = |ready: &dyn Fn(&str) -> bool| -> anyhow::Result<String> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let pane = tmux(&["capture-pane", "-p", "-t", &session])?;
+            if ready(&pane) || Instant::now() > deadline {
+                return Ok(pane);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
     let captured = (|| {
-        std::thread::sleep(Duration::from_secs(3));
-        let first = tmux(&["capture-pane", "-p", "-t", &session])?;
-        std::thread::sleep(Duration::from_secs(1));
-        let second = tmux(&["capture-pane", "-p", "-t", &session])?;
+        let first = capture_until(&|pane| title(pane).is_some())?;
+        let second = capture_until(&|pane| {
+            title(pane).is_some() && title(pane) != title(&first) && pane.contains("ago")
+        })?;
         anyhow::Ok((first, second))
     })();
     let _ = tmux(&["kill-session", "-t", &session]);
@@ -108,11 +125,6 @@ fn in_a_terminal_it_redraws_in_place() -> anyhow::Result<()> {
             "not one frame on the screen:\n{pane}"
         );
     }
-    let title = |pane: &str| {
-        pane.lines()
-            .find(|l| l.contains("geostate top:"))
-            .map(String::from)
-    };
     ensure!(
         title(&first) != title(&second),
         "the frame was not redrawn:\n{second}"
