@@ -259,6 +259,18 @@ enum Command {
         #[arg(long, default_value = "")]
         key: String,
     },
+    /// Take a region out of the running lease group (a membership change through its
+    /// log): its member stops voting, its further nodes leave with it, and from that entry
+    /// on the table refuses its commands, so its leases lapse and the other regions take
+    /// its shards at a higher epoch. Asks the members of a region file's `[lease]` (any
+    /// region's, or the witness's with `--role witness`), over its TLS when it has one.
+    RemoveRegion {
+        region: String,
+        #[command(flatten)]
+        config: ConfigArgs,
+        #[arg(long, value_enum, default_value_t = Role::Region)]
+        role: Role,
+    },
     /// Where a key lives: its partition and the node serving it.
     Route {
         #[command(flatten)]
@@ -413,6 +425,11 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
     match command {
         Command::Run { config, role } => run(config, role).await,
         Command::CheckConfig { config, role } => check_config(config, role),
+        Command::RemoveRegion {
+            region,
+            config,
+            role,
+        } => remove_region(region, config, role).await,
         Command::Probe {
             node,
             ready,
@@ -651,6 +668,39 @@ fn check_config(config: ConfigArgs, role: Role) -> anyhow::Result<()> {
     };
     println!("{}: valid", path.display());
     print!("{described}");
+    Ok(())
+}
+
+async fn remove_region(region: String, config: ConfigArgs, role: Role) -> anyhow::Result<()> {
+    use geostate::lease::network::{Channels, GroupChange, change_group};
+    let ConfigArgs { config: path, set } = config;
+    let (lease, tls) = match role {
+        Role::Witness => {
+            let c = geostate::config::WitnessConfig::load(&path, &set)?;
+            (c.lease, c.tls)
+        }
+        Role::Region => {
+            let c = geostate::config::Config::load_with(&path, &set)?;
+            let lease = c
+                .lease
+                .context("the configuration has no [lease] section")?;
+            (lease, c.tls)
+        }
+    };
+    let tls = tls
+        .as_ref()
+        .map(geostate::security::Tls::load)
+        .transpose()?;
+    let region = geostate::crdt::RegionId::new(region)?;
+    let members: Vec<String> = lease.members.values().map(|m| m.addr.clone()).collect();
+    let change = GroupChange::RemoveRegion {
+        region: region.clone(),
+    };
+    let wait = std::time::Duration::from_secs(30);
+    let index = change_group(&Channels::new(tls), &members, &change, wait)
+        .await
+        .map_err(|e| anyhow::anyhow!("removing {region} from the lease group: {e}"))?;
+    println!("{region} is no region of the lease group (log index {index})");
     Ok(())
 }
 

@@ -2,7 +2,8 @@
 //! with its own RocksDB storage, talking gRPC over loopback. A lease granted through the
 //! leader is applied everywhere; with the leader's member stopped, the remaining majority
 //! elects a new leader and keeps granting (a new holder, a higher epoch); the stopped
-//! member restarts from its own disk and catches up.
+//! member restarts from its own disk and catches up. A third region's member joins the
+//! running group and leaves it again, each a membership change through the log.
 
 mod common;
 
@@ -17,6 +18,7 @@ use geostate::clock::SystemClock;
 use geostate::config::{LeaseConfig, Member as MemberConfig};
 use geostate::crdt::RegionId;
 use geostate::lease::member::Member;
+use geostate::lease::network::{Channels, GroupChange, change_group};
 use geostate::lease::raft_store::{Proposal, Reply};
 use geostate::lease::table::{Command, Outcome, Refusal};
 use geostate::pb;
@@ -26,7 +28,8 @@ use openraft::Vote;
 use openraft::error::{ClientWriteError, RaftError};
 use openraft::raft::AppendEntriesRequest;
 
-/// Member `id` of a three-member group on `ports`, with fast Raft timings.
+/// Member `id` of the group on `ports` (us-east-1, eu-west-1, the witness, then
+/// ap-southeast-1), with fast Raft timings.
 fn config(id: u64, ports: &[u16]) -> LeaseConfig {
     let members = ports
         .iter()
@@ -34,7 +37,16 @@ fn config(id: u64, ports: &[u16]) -> LeaseConfig {
         .map(|(i, port)| {
             let id = i as u64 + 1;
             // the table takes commands for the group's regions only
-            let region = ["us-east-1", "eu-west-1"].get(i).map(|r| RegionId::new(*r));
+            let region = [
+                Some("us-east-1"),
+                Some("eu-west-1"),
+                None,
+                Some("ap-southeast-1"),
+            ]
+            .get(i)
+            .copied()
+            .flatten()
+            .map(RegionId::new);
             let member = MemberConfig {
                 id,
                 addr: format!("127.0.0.1:{port}"),
@@ -59,6 +71,7 @@ fn config(id: u64, ports: &[u16]) -> LeaseConfig {
         election_timeout: Duration::from_millis(400),
         take_back: false,
         forward_writes: false,
+        join: false,
     }
 }
 
@@ -190,6 +203,137 @@ async fn leases_are_granted_by_the_majority_after_the_leader_stops() -> anyhow::
     .await?;
     members.insert(old_leader, back);
     applied_everywhere(&members, 2).await?;
+    for (_, m) in members {
+        m.stop().await;
+    }
+    Ok(())
+}
+
+/// Waits until every member's table counts exactly `regions` as the group's.
+async fn regions_everywhere(
+    members: &BTreeMap<u64, Member>,
+    regions: &[&str],
+) -> anyhow::Result<()> {
+    for (id, m) in members {
+        let until = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let now: Vec<String> = m.view.regions().into_keys().map(String::from).collect();
+            if now == regions {
+                break;
+            }
+            anyhow::ensure!(
+                std::time::Instant::now() < until,
+                "member {id} counts {now:?}, not {regions:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    Ok(())
+}
+
+/// A region added at runtime: its member (`lease.join`) asks the running group to add it,
+/// and from the membership entry that makes it a voter the table takes its commands and
+/// counts it among the shards' homes; `remove-region` takes it out again, after which its
+/// commands are refused and its lease passes to another region at a higher epoch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_region_joins_the_running_group_and_leaves_it() -> anyhow::Result<()> {
+    let dirs: Vec<tempfile::TempDir> = (0..4)
+        .map(|_| tempfile::tempdir())
+        .collect::<Result<_, _>>()?;
+    let ports: Vec<u16> = (0..4).map(|_| common::free_port()).collect();
+    let mut members = BTreeMap::new();
+    // the group forms of the first three, which know nothing of the fourth
+    for id in 1..=3 {
+        let member = Member::start(
+            &config(id, &ports[..3]),
+            dirs[id as usize - 1].path(),
+            100,
+            Arc::new(SystemClock),
+            None,
+        )
+        .await?;
+        members.insert(id, member);
+    }
+    regions_everywhere(&members, &["eu-west-1", "us-east-1"]).await?;
+    assert!(
+        matches!(
+            acquire(&members, "ap-southeast-1", 2000).await?,
+            Outcome::Refused {
+                reason: Refusal::Impossible,
+                ..
+            }
+        ),
+        "a region outside the group is refused"
+    );
+
+    // the fourth region's member joins the running group, and votes
+    let joining = LeaseConfig {
+        join: true,
+        ..config(4, &ports)
+    };
+    let fourth = Member::start(&joining, dirs[3].path(), 100, Arc::new(SystemClock), None).await?;
+    assert!(
+        fourth.caught_up(Duration::from_secs(20)).await,
+        "the new member caught up"
+    );
+    members.insert(4, fourth);
+    regions_everywhere(&members, &["ap-southeast-1", "eu-west-1", "us-east-1"]).await?;
+    let leader_id = leader(&members).await?;
+    let voters: Vec<u64> = members[&leader_id]
+        .raft
+        .metrics()
+        .borrow()
+        .membership_config
+        .membership()
+        .voter_ids()
+        .collect();
+    assert_eq!(voters, [1, 2, 3, 4]);
+    let Outcome::Granted(held) = acquire(&members, "ap-southeast-1", 2000).await? else {
+        anyhow::bail!("the joined region's acquire was refused");
+    };
+    assert_eq!((held.holder.as_str(), held.epoch), ("ap-southeast-1", 1));
+    applied_everywhere(&members, 1).await?;
+    // the homes now go round three regions, in every member's count
+    let sorted: Vec<RegionId> = members[&1].view.regions().into_keys().collect();
+    let homes: Vec<String> = (0..3)
+        .filter_map(|shard| joining.home_among(shard, &sorted).map(String::from))
+        .collect();
+    assert_eq!(homes, ["ap-southeast-1", "eu-west-1", "us-east-1"]);
+
+    // taken out again: through any member, by another region's configuration
+    let addrs: Vec<String> = ports[..3]
+        .iter()
+        .map(|p| format!("127.0.0.1:{p}"))
+        .collect();
+    let remove = GroupChange::RemoveRegion {
+        region: RegionId::new("ap-southeast-1")?,
+    };
+    change_group(
+        &Channels::new(None),
+        &addrs,
+        &remove,
+        Duration::from_secs(20),
+    )
+    .await
+    .map_err(anyhow::Error::msg)?;
+    members.remove(&4).context("the fourth")?.stop().await;
+    regions_everywhere(&members, &["eu-west-1", "us-east-1"]).await?;
+    assert!(matches!(
+        acquire(&members, "ap-southeast-1", 2000).await?,
+        Outcome::Refused {
+            reason: Refusal::Impossible,
+            ..
+        }
+    ));
+    // its lease lapses, and another region takes the shard at a higher epoch
+    tokio::time::sleep(Duration::from_millis(
+        held.expires_at_ms.saturating_sub(now_ms()),
+    ))
+    .await;
+    let Outcome::Granted(taken) = acquire(&members, "eu-west-1", 2000).await? else {
+        anyhow::bail!("the left region's shard was not granted to another");
+    };
+    assert_eq!((taken.holder.as_str(), taken.epoch), ("eu-west-1", 2));
     for (_, m) in members {
         m.stop().await;
     }

@@ -450,7 +450,7 @@ impl Handler {
                     .as_ref()
                     .filter(|h| h.holder != api.config.region),
             )
-            .map(|(l, holder)| (l.config().api_of(&holder.holder), holder.holder.clone()))
+            .map(|(l, holder)| (l.api_of(&holder.holder), holder.holder.clone()))
             .filter(|(addrs, _)| !addrs.is_empty());
         let Some((addrs, region)) = target else {
             metrics::counter!(m::OWNED_WRITES_REFUSED).increment(1);

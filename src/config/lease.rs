@@ -62,6 +62,10 @@ pub struct LeaseConfig {
     /// An owned write at a region without the lease is forwarded to the holder's API
     /// instead of being refused.
     pub forward_writes: bool,
+    /// This region's member joins a group already running (a region added at runtime)
+    /// instead of forming one: it asks the members to add it, and votes once the leader
+    /// made it a voter.
+    pub join: bool,
 }
 
 impl LeaseConfig {
@@ -73,11 +77,13 @@ impl LeaseConfig {
         }
     }
 
-    /// Each region's member id.
-    pub fn voters(&self) -> BTreeMap<RegionId, u64> {
+    /// Each configured region member's region, by member id. The group's regions are
+    /// those of its membership in the Raft log (`lease::raft_store::regions_of`); these
+    /// stand in for a membership written by an earlier version, whose nodes name none.
+    pub fn configured_regions(&self) -> BTreeMap<u64, RegionId> {
         self.members
             .values()
-            .filter_map(|m| Some((m.region.clone()?, m.id)))
+            .filter_map(|m| Some((m.id, m.region.clone()?)))
             .collect()
     }
 
@@ -124,15 +130,21 @@ impl LeaseConfig {
             .map_or(&[], |m| &m.api)
     }
 
-    /// The region a shard prefers: its prefix's home, or the regions in turn.
+    /// The region a shard prefers among the configured regions (see [`Self::home_among`]).
     pub fn home_of(&self, shard: ShardId) -> Option<RegionId> {
+        self.home_among(shard, &self.regions())
+    }
+
+    /// The region a shard prefers among `regions` (sorted; the group's, as its log has
+    /// them): its prefix's home while that region is among them, else the regions in turn.
+    pub fn home_among(&self, shard: ShardId, regions: &[RegionId]) -> Option<RegionId> {
         if shard >= self.shards {
             return self
                 .homes
                 .get((shard - self.shards) as usize)
-                .map(|(_, r)| r.clone());
+                .map(|(_, r)| r.clone())
+                .filter(|r| regions.contains(r));
         }
-        let regions = self.regions();
         (!regions.is_empty()).then(|| regions[shard as usize % regions.len()].clone())
     }
 }
@@ -158,6 +170,8 @@ pub(crate) struct RawLease {
     take_back: bool,
     #[serde(default)]
     forward_writes: bool,
+    #[serde(default)]
+    join: bool,
     #[serde(default, rename = "member")]
     members: Vec<RawMember>,
     #[serde(default, rename = "home")]
@@ -286,6 +300,12 @@ impl RawLease {
                 ),
             ));
         }
+        if self.join && (self.learner > 0 || region.is_none()) {
+            return Err(invalid(
+                "lease.join",
+                "only a region's member joins a running group (its further nodes join as learners anyway)",
+            ));
+        }
         if self.learner > 0 && region.is_none() {
             return Err(invalid(
                 "lease.learner",
@@ -365,6 +385,7 @@ impl RawLease {
             election_timeout: parse_duration("lease.election-timeout", &self.election_timeout)?,
             take_back: self.take_back,
             forward_writes: self.forward_writes,
+            join: self.join,
         };
         // what the Raft library requires of its timings
         if config.election_timeout.as_millis() <= config.heartbeat.as_millis() {

@@ -213,13 +213,30 @@ impl Leases {
     }
 
     /// Every shard, for `Admin/Leases`.
+    /// The group's regions as its applied log has them, sorted: a region added or removed
+    /// at runtime counts from the membership entry on.
+    pub fn regions(&self) -> Vec<RegionId> {
+        self.view.regions().into_keys().collect()
+    }
+
+    /// The gRPC API entry addresses of `region`: as its member joined the group with them,
+    /// else as configured.
+    pub fn api_of(&self, region: &RegionId) -> Vec<String> {
+        match self.view.regions().remove(region) {
+            Some(joined) if !joined.api.is_empty() => joined.api,
+            _ => self.config.api_of(region).to_vec(),
+        }
+    }
+
     pub fn status(&self) -> Vec<ShardStatus> {
         let now = self.mono_ms();
+        let regions = self.regions();
         let holdings = self.holdings();
         self.config
             .all_shards()
             .map(|shard| {
-                self.shard_status(shard, self.view.lease(shard), holdings.valid(shard, now))
+                let (lease, held_here) = (self.view.lease(shard), holdings.valid(shard, now));
+                self.shard_status(shard, &regions, lease, held_here)
             })
             .collect()
     }
@@ -227,12 +244,13 @@ impl Leases {
     fn shard_status(
         &self,
         shard: ShardId,
+        regions: &[RegionId],
         lease: Option<Lease>,
         held_here: Option<u64>,
     ) -> ShardStatus {
         ShardStatus {
             shard,
-            home: self.config.home_of(shard),
+            home: self.config.home_among(shard, regions),
             prefix: shard
                 .checked_sub(self.config.shards)
                 .and_then(|i| self.config.homes.get(i as usize))
@@ -415,6 +433,7 @@ impl Leases {
         let commands = {
             let handed_off = self.handed_off.lock().unwrap_or_else(|p| p.into_inner());
             let answered = self.answered.lock().unwrap_or_else(|p| p.into_inner());
+            let regions = self.regions();
             let shards = self.config.all_shards().map(|shard| {
                 let lease = plan::fresher(self.view.lease(shard), answered.get(&shard).cloned());
                 let back = |epoch| {
@@ -424,7 +443,7 @@ impl Leases {
                 };
                 ShardView {
                     shard,
-                    home: self.config.home_of(shard),
+                    home: self.config.home_among(shard, &regions),
                     handed_off: handed_off.get(&shard).is_some_and(|&(_, e)| !back(e)),
                     lease,
                 }
@@ -541,7 +560,7 @@ impl Leases {
         if shard >= shards {
             return Err(TransferError::NoShard { shard, shards });
         }
-        if !self.config.regions().contains(&to) {
+        if !self.regions().contains(&to) {
             return Err(TransferError::NoRegion(to));
         }
         let now = self.mono_ms();
@@ -573,7 +592,9 @@ impl Leases {
             .ok_or(TransferError::NoOutcome)?
         {
             // the leader's outcome: this member's own table may apply it a moment later
-            Outcome::Granted(lease) => Ok(self.shard_status(shard, Some(lease), None)),
+            Outcome::Granted(lease) => {
+                Ok(self.shard_status(shard, &self.regions(), Some(lease), None))
+            }
             Outcome::Refused { reason, .. } => {
                 // nothing moved: the shard is renewed again from the next round (left
                 // handed off, it would never be renewed here while another node of this

@@ -3,6 +3,12 @@
 //! initialized from the configured members the first time any of them starts (every
 //! member proposes the same first membership entry, so it does not matter which wins).
 //!
+//! A region added to a running group (`lease.join = true`) does not form it: its member
+//! asks the members to add it, and the leader adds it as a learner, waits until it holds
+//! the log, and makes it a voter. The group's regions are its voters' regions as the log
+//! has them (`raft_store::regions_of`), so every member starts counting the region at the
+//! same entry; `geostate lease remove-region` takes one out the same way.
+//!
 //! A region's further node (`lease.learner = n`) runs learner n instead: it asks the members
 //! to add it (again until the leader does), then receives the table like a member and
 //! proposes through the leader, but votes in nothing, so nodes come and go without
@@ -16,14 +22,14 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use openraft::{BasicNode, ChangeMembers, Raft};
+use openraft::{ChangeMembers, Raft};
 use tokio::net::TcpListener;
 use tokio::sync::{oneshot, watch};
 
 use super::election::Election;
-use super::network::{self, Channels, Handover, LearnerChange, Network, Proposer, Service};
+use super::network::{self, Channels, GroupChange, Handover, Network, Proposer, Service};
 use super::placement::{Placement, RoundTrips};
-use super::raft_store::{self, LeaseRaft, TableView};
+use super::raft_store::{self, GroupNode, LeaseRaft, TableView};
 use crate::clock::Clock;
 use crate::config::LeaseConfig;
 use crate::peers::refuses;
@@ -97,11 +103,11 @@ impl Member {
                     source,
                 })?;
         let dir = dir.to_owned();
-        let voters = config.voters();
+        let configured = config.configured_regions();
         let shards = config.all_shards().end;
         std::fs::create_dir_all(&dir).map_err(|e| MemberError::Storage(e.to_string()))?;
         let (log, machine, view) = tokio::task::spawn_blocking(move || {
-            raft_store::open(&dir, max_offset_ms, voters, shards).map_err(|e| e.to_string())
+            raft_store::open(&dir, max_offset_ms, configured, shards).map_err(|e| e.to_string())
         })
         .await
         .map_err(|e| MemberError::Storage(e.to_string()))?
@@ -150,35 +156,51 @@ impl Member {
             .await
             .map_err(|e| MemberError::Raft(e.to_string()))?;
         let members: Vec<String> = config.members.values().map(|m| m.addr.clone()).collect();
-        let (joined_tx, joined) = watch::channel((config.learner == 0).then_some(0));
-        let (learner, joining) = if config.learner > 0 {
-            let join = LearnerChange::Join {
-                id: config.raft_id(),
-                addr: config.listen.to_string(),
+        // a region that joined votes from its own log on: it starts as a member then
+        let votes = (raft.metrics().borrow().membership_config.membership())
+            .voter_ids()
+            .any(|v| v == config.raft_id());
+        let forms = config.learner == 0 && (!config.join || votes);
+        let (joined_tx, joined) = watch::channel(forms.then_some(0));
+        let (learner, joining) = if !forms {
+            let join = match config.members.get(&config.member_id) {
+                Some(me) if config.join => GroupChange::AddRegion {
+                    id: config.member_id,
+                    node: group_node(me),
+                },
+                _ => GroupChange::Join {
+                    id: config.raft_id(),
+                    addr: config.listen.to_string(),
+                },
             };
-            let asked = members.clone();
+            let own = config.listen.to_string();
+            let asked: Vec<String> = members.iter().filter(|a| **a != own).cloned().collect();
             let channels = channels();
             let joining = tokio::spawn(async move {
                 loop {
-                    match network::change_learner(&channels, &asked, &join, LEARNER_ASK).await {
+                    match network::change_group(&channels, &asked, &join, LEARNER_ASK).await {
                         Ok(index) => {
                             joined_tx.send_replace(Some(index));
-                            break tracing::info!("joined the lease group as a learner");
+                            break match join {
+                                GroupChange::AddRegion { .. } => {
+                                    tracing::info!("joined the lease group as a voter")
+                                }
+                                _ => tracing::info!("joined the lease group as a learner"),
+                            };
                         }
                         Err(e) => tracing::debug!(error = %e, "joining the lease group"),
                     }
                     tokio::time::sleep(JOIN_RETRY).await;
                 }
             });
-            (Some((config.raft_id(), members)), Some(joining))
+            let learner = (config.learner > 0).then(|| (config.raft_id(), members));
+            (learner, Some(joining))
         } else {
             (None, None)
         };
-        if !initialized && config.learner == 0 {
-            let nodes: BTreeMap<u64, BasicNode> = config
-                .members
-                .values()
-                .map(|m| (m.id, BasicNode::new(m.addr.clone())))
+        if !initialized && forms {
+            let nodes: BTreeMap<u64, GroupNode> = (config.members.values())
+                .map(|m| (m.id, group_node(m)))
                 .collect();
             match raft.initialize(nodes).await {
                 Ok(()) => tracing::info!(members = config.members.len(), "lease group formed"),
@@ -247,9 +269,9 @@ impl Member {
             joining.abort();
         }
         if let Some((id, members)) = self.learner.take() {
-            let leave = LearnerChange::Leave { id };
+            let leave = GroupChange::Leave { id };
             let channels = Channels::new(self.tls.clone());
-            match network::change_learner(&channels, &members, &leave, LEARNER_ASK).await {
+            match network::change_group(&channels, &members, &leave, LEARNER_ASK).await {
                 Ok(_) => tracing::info!("left the lease group"),
                 Err(e) => tracing::warn!(error = %e, "leaving the lease group as a learner"),
             }
@@ -301,6 +323,15 @@ async fn prune_learners(raft: Raft<LeaseRaft>) {
                 }
             }
         }
+    }
+}
+
+/// A configured member as the group's membership lists it.
+fn group_node(member: &crate::config::Member) -> GroupNode {
+    GroupNode {
+        addr: member.addr.clone(),
+        region: member.region.clone(),
+        api: member.api.clone(),
     }
 }
 

@@ -18,7 +18,7 @@ use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
     VoteRequest, VoteResponse,
 };
-use openraft::{BasicNode, ChangeMembers, Raft};
+use openraft::{ChangeMembers, Raft};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use tonic::transport::Channel;
@@ -26,19 +26,20 @@ use tonic::{Code, Request, Response, Status};
 
 use super::election::{Election, PreVote};
 use super::placement::RoundTrips;
-use super::raft_store::{LeaseRaft, Proposal, Reply};
+use super::raft_store::{GroupNode, LeaseRaft, Proposal, Reply, regions_of};
 use super::runtime::RPC_TIMEOUT_FLOOR;
 use super::table::{Command, Outcome};
 
 use crate::clock::Clock;
 use crate::config::LeaseConfig;
+use crate::crdt::RegionId;
 use crate::pb;
 use crate::pb::lease_raft_client::LeaseRaftClient;
 use crate::pb::lease_raft_server::LeaseRaftServer;
 use crate::security::{Caller, Tls};
 
 type NodeId = u64;
-type RpcError<E = openraft::error::Infallible> = RPCError<NodeId, BasicNode, RaftError<NodeId, E>>;
+type RpcError<E = openraft::error::Infallible> = RPCError<NodeId, GroupNode, RaftError<NodeId, E>>;
 
 /// Largest Raft message accepted (snapshots of a big lease table).
 const MAX_MESSAGE: usize = 64 * 1024 * 1024;
@@ -54,7 +55,7 @@ pub struct Network {
 impl RaftNetworkFactory<LeaseRaft> for Network {
     type Network = Peer;
 
-    async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> Peer {
+    async fn new_client(&mut self, target: NodeId, node: &GroupNode) -> Peer {
         Peer {
             target,
             addr: node.addr.clone(),
@@ -236,6 +237,8 @@ pub struct Service {
     /// Each member's name (its certificate's common name) by id: a caller with a
     /// certificate proposes only for its own region and sends Raft messages only as itself.
     names: BTreeMap<NodeId, String>,
+    /// Each configured member's region (see [`regions_of`]).
+    regions: BTreeMap<NodeId, RegionId>,
 }
 
 impl Service {
@@ -253,22 +256,44 @@ impl Service {
             election,
             trips,
             names: names.map(|m| (m.id, m.name().to_owned())).collect(),
+            regions: config.configured_regions(),
         })
         .max_decoding_message_size(MAX_MESSAGE)
         .max_encoding_message_size(MAX_MESSAGE)
     }
 }
 
-/// A change of the group's learners (a region's further nodes), asked of any member: the
-/// leader applies it, another member refuses (unless there is nothing to change). The
-/// answer is the answering member's last log index after the change: a learner's table
-/// is current as of its join once it applied that far.
+/// A change of the group's nodes, asked of any member: the leader applies it, another
+/// member refuses (unless there is nothing to change). The answer is the answering
+/// member's last log index after the change: a joining node's table is current as of its
+/// join once it applied that far.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub enum LearnerChange {
-    /// Add (or re-address) learner `id`, served at `addr`.
+pub enum GroupChange {
+    /// Add (or re-address) learner `id` (a region's further node), served at `addr`.
     Join { id: NodeId, addr: String },
     /// Remove learner `id` (a node that stops).
     Leave { id: NodeId },
+    /// Add a region: its member `id` (`node` names the region) joins as a learner, and
+    /// once it holds the log it becomes a voter. From that entry on, the table takes the
+    /// region's commands and counts it among the shards' homes.
+    AddRegion { id: NodeId, node: GroupNode },
+    /// Remove a region: its member stops voting and leaves with its further nodes. From
+    /// that entry on, the table refuses the region's commands (`Impossible`): its leases
+    /// lapse and the other regions take its shards at a higher epoch.
+    RemoveRegion { region: RegionId },
+}
+
+impl GroupChange {
+    /// The member a change is asked for: the caller must be it (or, for a learner, its
+    /// region's member), except for removing a region, which any member may ask.
+    fn sender(&self) -> Option<NodeId> {
+        match self {
+            GroupChange::Join { id, .. }
+            | GroupChange::Leave { id }
+            | GroupChange::AddRegion { id, .. } => Some(*id),
+            GroupChange::RemoveRegion { .. } => None,
+        }
+    }
 }
 
 impl Service {
@@ -293,6 +318,17 @@ impl Service {
             _ => Err(Status::permission_denied(format!(
                 "{name} sent a message as member {sender}"
             ))),
+        }
+    }
+
+    /// Refuses a caller whose certificate names no member (a plaintext caller is not
+    /// checked, as in [`Self::check_sender`]).
+    fn check_member(caller: &Caller, names: &BTreeMap<NodeId, String>) -> Result<(), Status> {
+        match caller.name.as_deref() {
+            Some(name) if !names.values().any(|n| n == name) => Err(Status::permission_denied(
+                format!("{name} is no member of the lease group"),
+            )),
+            _ => Ok(()),
         }
     }
 
@@ -328,31 +364,31 @@ impl Service {
         }
     }
 
-    async fn change_learner(&self, change: LearnerChange) -> Result<u64, String> {
-        self.apply_learner_change(change).await?;
+    async fn change_group(&self, change: GroupChange) -> Result<u64, String> {
+        self.apply_group_change(change).await?;
         Ok(self.raft.metrics().borrow().last_log_index.unwrap_or(0))
     }
 
-    async fn apply_learner_change(&self, change: LearnerChange) -> Result<(), String> {
+    async fn apply_group_change(&self, change: GroupChange) -> Result<(), String> {
         let membership = self.raft.metrics().borrow().membership_config.clone();
         let membership = membership.membership();
-        let (LearnerChange::Join { id, .. } | LearnerChange::Leave { id }) = &change;
-        let id = *id;
-        if membership.voter_ids().any(|v| v == id) {
-            return Err(format!("{id} is a voting member, not a learner"));
-        }
         let changed = match change {
-            LearnerChange::Join { addr, .. } => match membership.get_node(&id) {
+            GroupChange::Join { id, .. } | GroupChange::Leave { id }
+                if membership.voter_ids().any(|v| v == id) =>
+            {
+                return Err(format!("{id} is a voting member, not a learner"));
+            }
+            GroupChange::Join { id, addr } => match membership.get_node(&id) {
                 Some(node) if node.addr == addr => return Ok(()),
                 Some(_) => {
-                    let node = BTreeMap::from([(id, BasicNode::new(addr))]);
+                    let node = BTreeMap::from([(id, GroupNode::at(addr))]);
                     self.raft
                         .change_membership(ChangeMembers::SetNodes(node), true)
                         .await
                 }
-                None => self.raft.add_learner(id, BasicNode::new(addr), false).await,
+                None => self.raft.add_learner(id, GroupNode::at(addr), false).await,
             },
-            LearnerChange::Leave { .. } => {
+            GroupChange::Leave { id } => {
                 if membership.get_node(&id).is_none() {
                     return Ok(());
                 }
@@ -361,17 +397,112 @@ impl Service {
                     .change_membership(ChangeMembers::RemoveNodes(ids), true)
                     .await
             }
+            GroupChange::AddRegion { id, node } => {
+                return self.add_region(membership, id, node).await;
+            }
+            GroupChange::RemoveRegion { region } => {
+                return self.remove_region(membership, &region).await;
+            }
         };
         changed.map(|_| ()).map_err(|e| e.to_string())
+    }
+
+    /// Adds region member `id` as a learner, waits until it holds the log, then makes it
+    /// a voter (openraft's joint consensus). Asked again, it finishes what is left.
+    async fn add_region(
+        &self,
+        membership: &openraft::Membership<NodeId, GroupNode>,
+        id: NodeId,
+        node: GroupNode,
+    ) -> Result<(), String> {
+        let Some(region) = node.region.clone() else {
+            return Err(format!("member {id} names no region"));
+        };
+        if id == 0 || id >> 32 != 0 {
+            return Err(format!("{id} is not a member id (1..=4294967295)"));
+        }
+        let regions = regions_of(membership, &self.regions);
+        if let Some(other) = regions.get(&region).filter(|r| r.member != id) {
+            return Err(format!(
+                "{region} is in the group already, as member {}",
+                other.member
+            ));
+        }
+        let error = |e: openraft::error::RaftError<
+            NodeId,
+            openraft::error::ClientWriteError<NodeId, GroupNode>,
+        >| e.to_string();
+        if membership.voter_ids().any(|v| v == id) {
+            if membership.get_node(&id) != Some(&node) {
+                // restarted with other addresses: the group lists the new ones
+                let nodes = ChangeMembers::SetNodes(BTreeMap::from([(id, node)]));
+                self.raft
+                    .change_membership(nodes, true)
+                    .await
+                    .map_err(error)?;
+            }
+            return Ok(());
+        }
+        if membership.get_node(&id) != Some(&node) {
+            // blocking: answers once the learner holds the leader's log
+            self.raft
+                .add_learner(id, node.clone(), true)
+                .await
+                .map_err(error)?;
+        }
+        let voter = ChangeMembers::AddVoterIds(BTreeSet::from([id]));
+        self.raft
+            .change_membership(voter, false)
+            .await
+            .map_err(error)?;
+        tracing::info!(member = id, %region, "a region joined the lease group");
+        Ok(())
+    }
+
+    /// Removes `region`'s member from the voters, and its further nodes (learners) with it.
+    async fn remove_region(
+        &self,
+        membership: &openraft::Membership<NodeId, GroupNode>,
+        region: &RegionId,
+    ) -> Result<(), String> {
+        let regions = regions_of(membership, &self.regions);
+        let Some(member) = regions.get(region).map(|r| r.member) else {
+            return Ok(());
+        };
+        if regions.len() <= 1 {
+            return Err(format!("{region} is the group's last region"));
+        }
+        let error = |e: openraft::error::RaftError<
+            NodeId,
+            openraft::error::ClientWriteError<NodeId, GroupNode>,
+        >| e.to_string();
+        let voters = ChangeMembers::RemoveVoters(BTreeSet::from([member]));
+        self.raft
+            .change_membership(voters, false)
+            .await
+            .map_err(error)?;
+        let metrics = self.raft.metrics().borrow().membership_config.clone();
+        let learners: BTreeSet<NodeId> = (metrics.membership().learner_ids())
+            .filter(|&id| id == member || id >> 32 == member)
+            .collect();
+        if !learners.is_empty() {
+            let gone = ChangeMembers::RemoveNodes(learners);
+            self.raft
+                .change_membership(gone, false)
+                .await
+                .map_err(error)?;
+        }
+        tracing::info!(member, %region, "a region left the lease group");
+        Ok(())
     }
 }
 
 /// Asks the members at `members` in turn to apply `change` until one (the leader) does,
 /// and answers its last log index then; else the last refusal.
-pub async fn change_learner(
+pub async fn change_group(
     channels: &Channels,
     members: &[String],
-    change: &LearnerChange,
+    change: &GroupChange,
     timeout: Duration,
 ) -> Result<u64, String> {
     let json = serde_json::to_vec(change).map_err(|e| e.to_string())?;
@@ -513,10 +644,12 @@ impl pb::lease_raft_server::LeaseRaft for Service {
         request: Request<pb::RaftMessage>,
     ) -> Result<Response<pb::RaftMessage>, Status> {
         let caller = Caller::of(&request);
-        let change: LearnerChange = decode(request)?;
-        let (LearnerChange::Join { id, .. } | LearnerChange::Leave { id }) = &change;
-        Self::check_sender(&caller, &self.names, *id)?;
-        encode(&self.change_learner(change).await)
+        let change: GroupChange = decode(request)?;
+        match change.sender() {
+            Some(id) => Self::check_sender(&caller, &self.names, id)?,
+            None => Self::check_member(&caller, &self.names)?,
+        }
+        encode(&self.change_group(change).await)
     }
 }
 

@@ -30,11 +30,11 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use openraft::{BasicNode, Raft, RaftMetrics};
+use openraft::{Raft, RaftMetrics};
 use tonic::Request;
 
 use super::network::{Channels, Handover};
-use super::raft_store::LeaseRaft;
+use super::raft_store::{GroupNode, LeaseRaft};
 use crate::metrics as m;
 use crate::pb;
 use crate::pb::lease_raft_client::LeaseRaftClient;
@@ -312,7 +312,7 @@ impl Placement {
     async fn caught_up(&self, raft: &Raft<LeaseRaft>, to: u64) -> bool {
         let mut metrics = raft.metrics();
         let last = metrics.borrow().last_log_index;
-        let matched = |m: &RaftMetrics<u64, BasicNode>| {
+        let matched = |m: &RaftMetrics<u64, GroupNode>| {
             m.replication.as_ref()?.get(&to)?.as_ref().map(|l| l.index)
         };
         let done = metrics.wait_for(|m| m.current_leader != Some(self.me) || matched(m) >= last);

@@ -24,7 +24,7 @@ use std::sync::Arc;
 
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage, RaftStateMachine, Snapshot};
 use openraft::{
-    BasicNode, Entry, EntryPayload, LogId, OptionalSend, RaftLogReader, RaftSnapshotBuilder,
+    Entry, EntryPayload, LogId, Membership, OptionalSend, RaftLogReader, RaftSnapshotBuilder,
     SnapshotMeta, StorageError, StorageIOError, StoredMembership, Vote,
 };
 use rocksdb::{
@@ -42,9 +42,71 @@ openraft::declare_raft_types!(
         D = Proposal,
         R = Reply,
         NodeId = u64,
-        Node = BasicNode,
+        Node = GroupNode,
         AsyncRuntime = super::runtime::LeaseRuntime,
 );
+
+/// A node of the lease group as its membership (in the Raft log) lists it: where its Raft
+/// service is, and for a region's member its region and API entry addresses. The group's
+/// regions are its voters' regions, so adding or removing a region is a membership change
+/// every member applies at the same log index.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupNode {
+    pub addr: String,
+    /// `None` for the witness and for a region's further nodes (learners: their region is
+    /// their member's, see [`learner_id`]), and in the memberships of an earlier version
+    /// (their regions are the configured members').
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region: Option<RegionId>,
+    /// The region's gRPC API entry addresses (where other regions forward owned writes).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub api: Vec<String>,
+}
+
+impl GroupNode {
+    /// A node known by its address only (a learner, the witness).
+    pub fn at(addr: impl Into<String>) -> Self {
+        Self {
+            addr: addr.into(),
+            ..Self::default()
+        }
+    }
+}
+
+impl std::fmt::Display for GroupNode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.region {
+            Some(region) => write!(f, "{} ({region})", self.addr),
+            None => f.write_str(&self.addr),
+        }
+    }
+}
+
+/// A region of the group: its voting member's id and API entry addresses.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GroupRegion {
+    pub member: NodeId,
+    pub api: Vec<String>,
+}
+
+/// The regions of `membership`: each voter's region, from its node, or (a membership
+/// written by an earlier version, whose nodes carry no region) from `configured`.
+pub fn regions_of(
+    membership: &Membership<NodeId, GroupNode>,
+    configured: &BTreeMap<NodeId, RegionId>,
+) -> BTreeMap<RegionId, GroupRegion> {
+    membership
+        .voter_ids()
+        .filter_map(|id| {
+            let node = membership.get_node(&id);
+            let region = node
+                .and_then(|n| n.region.clone())
+                .or_else(|| configured.get(&id).cloned())?;
+            let api = node.map(|n| n.api.clone()).unwrap_or_default();
+            Some((region, GroupRegion { member: id, api }))
+        })
+        .collect()
+}
 
 /// One log entry's lease commands, applied in order.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -62,30 +124,41 @@ const CF_LOGS: &str = "logs";
 const CF_META: &str = "meta";
 const CF_MACHINE: &str = "machine";
 
-/// A read-only view of the applied lease table, shared with the state machine.
+/// A read-only view of the applied lease table and membership, shared with the state
+/// machine.
 #[derive(Clone)]
-pub struct TableView(Arc<std::sync::RwLock<Machine>>);
+pub struct TableView {
+    machine: Arc<std::sync::RwLock<Machine>>,
+    /// Each configured member's region (see [`regions_of`]).
+    configured: BTreeMap<NodeId, RegionId>,
+}
 
 impl TableView {
     /// One shard's row, without copying the table.
     pub fn lease(&self, shard: super::table::ShardId) -> Option<super::table::Lease> {
-        self.0
+        self.machine
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .table
             .get(shard)
             .cloned()
     }
+
+    /// The group's regions as of the applied log (sorted by name).
+    pub fn regions(&self) -> BTreeMap<RegionId, GroupRegion> {
+        let machine = self.machine.read().unwrap_or_else(|p| p.into_inner());
+        regions_of(machine.membership.membership(), &self.configured)
+    }
 }
 
 /// Opens (or creates) the lease group's store in `dir`.
-/// `voters`: each region's member id (its further nodes are learners under it, see
-/// [`learner_id`]).
+/// `configured`: each configured member's region, for a membership written by an earlier
+/// version (its nodes carry no region; see [`regions_of`]).
 /// `shards`: the group's shard count (a command for another is refused, [`Bounds`]).
 pub fn open(
     dir: &Path,
     max_offset_ms: u64,
-    voters: BTreeMap<RegionId, NodeId>,
+    configured: BTreeMap<NodeId, RegionId>,
     shards: ShardId,
 ) -> Result<(LogStore, StateMachine, TableView), Error> {
     let mut opts = Options::default();
@@ -114,10 +187,13 @@ pub fn open(
         StateMachine {
             db,
             machine: machine.clone(),
-            bounds: Bounds::new(voters.keys().cloned().collect(), shards),
-            voters,
+            configured: configured.clone(),
+            shards,
         },
-        TableView(machine),
+        TableView {
+            machine,
+            configured,
+        },
     ))
 }
 
@@ -286,22 +362,24 @@ impl RaftLogStorage<LeaseRaft> for LogStore {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Machine {
     pub last_applied: Option<LogId<NodeId>>,
-    pub membership: StoredMembership<NodeId, BasicNode>,
+    pub membership: StoredMembership<NodeId, GroupNode>,
     pub table: LeaseTable,
 }
 
 #[derive(Serialize, Deserialize)]
 struct StoredSnapshot {
-    meta: SnapshotMeta<NodeId, BasicNode>,
+    meta: SnapshotMeta<NodeId, GroupNode>,
     data: Vec<u8>,
 }
 
-/// The lease table as a Raft state machine.
+/// The lease table as a Raft state machine. The regions a command may name are those of
+/// the membership applied before it ([`regions_of`]): equal on every member at every log
+/// index, whatever each member's configuration says.
 pub struct StateMachine {
     db: Arc<DB>,
     machine: Arc<std::sync::RwLock<Machine>>,
-    voters: BTreeMap<RegionId, NodeId>,
-    bounds: Bounds,
+    configured: BTreeMap<NodeId, RegionId>,
+    shards: ShardId,
 }
 
 /// The id of learner `n` (1, 2, …) of the region whose member is `member`: the member's id
@@ -322,7 +400,7 @@ pub fn learner_id(member: NodeId, n: u32) -> NodeId {
 fn apply(
     voters: &BTreeMap<RegionId, NodeId>,
     bounds: &Bounds,
-    membership: &StoredMembership<NodeId, BasicNode>,
+    membership: &StoredMembership<NodeId, GroupNode>,
     table: &mut LeaseTable,
     command: &Command,
 ) -> Outcome {
@@ -424,7 +502,7 @@ impl RaftStateMachine<LeaseRaft> for StateMachine {
 
     async fn applied_state(
         &mut self,
-    ) -> Result<(Option<LogId<NodeId>>, StoredMembership<NodeId, BasicNode>), Error> {
+    ) -> Result<(Option<LogId<NodeId>>, StoredMembership<NodeId, GroupNode>), Error> {
         let machine = self.read();
         Ok((machine.last_applied, machine.membership.clone()))
     }
@@ -441,18 +519,22 @@ impl RaftStateMachine<LeaseRaft> for StateMachine {
                 machine.last_applied = Some(entry.log_id);
                 replies.push(match entry.payload {
                     EntryPayload::Blank => Reply::default(),
-                    EntryPayload::Normal(proposal) => Reply(
-                        proposal
-                            .0
-                            .iter()
-                            .map(|command| {
-                                let Machine {
-                                    membership, table, ..
-                                } = &mut *machine;
-                                apply(&self.voters, &self.bounds, membership, table, command)
-                            })
-                            .collect(),
-                    ),
+                    EntryPayload::Normal(proposal) => {
+                        let Machine {
+                            membership, table, ..
+                        } = &mut *machine;
+                        let voters: BTreeMap<RegionId, NodeId> =
+                            regions_of(membership.membership(), &self.configured)
+                                .into_iter()
+                                .map(|(region, r)| (region, r.member))
+                                .collect();
+                        let bounds = Bounds::new(voters.keys().cloned().collect(), self.shards);
+                        Reply(
+                            (proposal.0.iter())
+                                .map(|command| apply(&voters, &bounds, membership, table, command))
+                                .collect(),
+                        )
+                    }
                     EntryPayload::Membership(membership) => {
                         machine.membership = StoredMembership::new(Some(entry.log_id), membership);
                         Reply::default()
@@ -477,7 +559,7 @@ impl RaftStateMachine<LeaseRaft> for StateMachine {
 
     async fn install_snapshot(
         &mut self,
-        meta: &SnapshotMeta<NodeId, BasicNode>,
+        meta: &SnapshotMeta<NodeId, GroupNode>,
         snapshot: Box<Cursor<Vec<u8>>>,
     ) -> Result<(), Error> {
         let data = snapshot.into_inner();
@@ -535,12 +617,12 @@ mod tests {
     }
 
     /// Members 1 (us-east-1), 2 (eu-west-1), 3 (the witness), and learners of us-east-1.
-    fn group(learners: &[u32]) -> StoredMembership<NodeId, BasicNode> {
-        let mut nodes: BTreeMap<NodeId, BasicNode> = (1..=3)
-            .map(|id| (id, BasicNode::new(format!("m{id}"))))
+    fn group(learners: &[u32]) -> StoredMembership<NodeId, GroupNode> {
+        let mut nodes: BTreeMap<NodeId, GroupNode> = (1..=3)
+            .map(|id| (id, GroupNode::at(format!("m{id}"))))
             .collect();
         for &n in learners {
-            nodes.insert(learner_id(1, n), BasicNode::new(format!("l{n}")));
+            nodes.insert(learner_id(1, n), GroupNode::at(format!("l{n}")));
         }
         let voters = BTreeSet::from([1, 2, 3]);
         StoredMembership::new(None, openraft::Membership::new(vec![voters], nodes))
@@ -640,6 +722,97 @@ mod tests {
             apply(&voters, &bounds, &membership, &mut table, &release),
             Outcome::Granted(_)
         ));
+    }
+
+    /// The regions a command may name are the voters' regions of the membership applied
+    /// before it: a region's commands are refused until the entry that makes its member
+    /// a voter, and again from the entry that removes it, whatever the configuration says.
+    #[tokio::test]
+    async fn the_regions_follow_the_membership_in_the_log() -> Result<(), Error> {
+        let dir = tempfile::tempdir().map_err(|e| StorageIOError::write(&e))?;
+        // the configuration names only the first two regions
+        let configured = BTreeMap::from([(1, r("us-east-1")), (2, r("eu-west-1"))]);
+        let (_, mut machine, view) = open(dir.path(), 100, configured, 8)?;
+        let node = |id: u64, region: Option<&str>| GroupNode {
+            addr: format!("m{id}"),
+            region: region.map(r),
+            api: vec![format!("api{id}")],
+        };
+        let membership = |voters: &[u64]| {
+            let mut nodes = BTreeMap::from([
+                (1, node(1, Some("us-east-1"))),
+                (2, node(2, Some("eu-west-1"))),
+                (3, node(3, None)),
+                (4, node(4, Some("ap-southeast-1"))),
+            ]);
+            nodes.retain(|id, _| *id < 4 || voters.contains(&4) || voters.is_empty());
+            let voters = if voters.is_empty() {
+                vec![1, 2, 3]
+            } else {
+                voters.to_vec()
+            };
+            openraft::Membership::new(vec![voters.into_iter().collect()], nodes)
+        };
+        let mut index = 0;
+        let mut entry = |payload| {
+            index += 1;
+            let log_id = LogId::new(openraft::CommittedLeaderId::new(1, 1), index);
+            Entry::<LeaseRaft> { log_id, payload }
+        };
+        let acquire = |now_ms| {
+            EntryPayload::Normal(Proposal(vec![Command::Acquire {
+                shard: 0,
+                region: r("ap-southeast-1"),
+                now_ms,
+                duration_ms: 2000,
+            }]))
+        };
+        let now = 1_800_000_000_000;
+        let entries = vec![
+            entry(EntryPayload::Membership(membership(&[]))),
+            entry(acquire(now)),
+            entry(EntryPayload::Membership(membership(&[1, 2, 3, 4]))),
+            entry(acquire(now + 1)),
+            entry(EntryPayload::Membership(membership(&[1, 2, 3]))),
+            entry(acquire(now + 5000)),
+        ];
+        let replies = machine.apply(entries).await?;
+        let outcome = |i: usize| replies[i].0.first().cloned();
+        assert!(
+            matches!(
+                outcome(1),
+                Some(Outcome::Refused {
+                    reason: Refusal::Impossible,
+                    ..
+                })
+            ),
+            "before its member votes: {:?}",
+            outcome(1)
+        );
+        assert!(
+            matches!(outcome(3), Some(Outcome::Granted(_))),
+            "{:?}",
+            outcome(3)
+        );
+        assert!(
+            matches!(
+                outcome(5),
+                Some(Outcome::Refused {
+                    reason: Refusal::Impossible,
+                    ..
+                })
+            ),
+            "after its member left: {:?}",
+            outcome(5)
+        );
+        // the view lists the log's regions (not the configured ones), with their API
+        let regions = view.regions();
+        assert_eq!(
+            regions.keys().cloned().collect::<Vec<_>>(),
+            [r("eu-west-1"), r("us-east-1")]
+        );
+        assert_eq!(regions[&r("us-east-1")].api, ["api1"]);
+        Ok(())
     }
 
     /// openraft's own conformance suite for log and state machine storage.
