@@ -8,11 +8,10 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{bail, ensure};
-use common::failover::{self, Region};
-use geostate::pb;
+use anyhow::ensure;
+use common::failover;
 
 const REGIONS: [&str; 3] = ["ap-southeast-1", "eu-west-1", "us-east-1"];
 
@@ -46,7 +45,7 @@ fn three_regions_replicate_each_to_each_and_two_of_them_take_over_a_lost_ones_sh
             region.state.update(common::add(&counter, 1 << i)).await?;
         }
         for region in &mut regions {
-            wait_counter(region, &counter, 7, Duration::from_secs(60)).await?;
+            failover::wait_counter(region, &counter, 7, Duration::from_secs(60)).await?;
         }
 
         // an owned write at its home is seen in the other two
@@ -70,7 +69,7 @@ fn three_regions_replicate_each_to_each_and_two_of_them_take_over_a_lost_ones_sh
         // ap-southeast-1's node killed: the other two are a majority and take its shard
         let (key, shard) = owned[0].clone();
         three.script(&["node", "kill", REGIONS[0]])?;
-        let (mut taker, took) = loop_until_taken(&mut regions[1..], shard, &key).await?;
+        let (mut taker, took) = failover::write_anywhere(&mut regions[1..], &key).await?;
         ensure!(
             failover::epoch_of(&took) > epochs[0],
             "the shard was written at epoch {} after {}'s epoch {}",
@@ -104,51 +103,4 @@ fn three_regions_replicate_each_to_each_and_two_of_them_take_over_a_lost_ones_sh
         }
         Ok(())
     })
-}
-
-/// Writes `key` at each of `regions` in turn until one accepts it: that region took the
-/// shard. Answers its index and the accepted write.
-async fn loop_until_taken(
-    regions: &mut [Region],
-    shard: u32,
-    key: &str,
-) -> anyhow::Result<(usize, pb::UpdateResponse)> {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        for (i, region) in regions.iter_mut().enumerate() {
-            if let Ok(r) = region.state.update(failover::set(key, "taken")).await {
-                return Ok((i, r.into_inner()));
-            }
-        }
-        if Instant::now() > deadline {
-            bail!("no surviving region took shard {shard} within 30 s");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-async fn wait_counter(
-    region: &mut Region,
-    key: &str,
-    want: i64,
-    within: Duration,
-) -> anyhow::Result<()> {
-    let deadline = Instant::now() + within;
-    loop {
-        let got = region
-            .state
-            .get(failover::replica(key))
-            .await
-            .map(|v| common::counter(v.get_ref()))
-            .unwrap_or(0);
-        if got == want {
-            return Ok(());
-        }
-        ensure!(
-            Instant::now() < deadline,
-            "{}: {key} is {got}, not {want}, after {within:?}",
-            region.name
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }

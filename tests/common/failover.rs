@@ -289,3 +289,50 @@ pub async fn wait_value(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// Waits until `region` reads the counter `key` as `want`.
+pub async fn wait_counter(
+    region: &mut Region,
+    key: &str,
+    want: i64,
+    within: Duration,
+) -> anyhow::Result<()> {
+    let deadline = Instant::now() + within;
+    loop {
+        let got = region
+            .state
+            .get(replica(key))
+            .await
+            .map(|v| super::counter(v.get_ref()))
+            .unwrap_or(0);
+        if got == want {
+            return Ok(());
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "{}: {key} is {got}, not {want}, after {within:?}",
+            region.name
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Writes `key` (value "taken") at each of `regions` in turn until one accepts it: that
+/// region took the key's shard. Answers its index and the accepted write.
+pub async fn write_anywhere(
+    regions: &mut [Region],
+    key: &str,
+) -> anyhow::Result<(usize, pb::UpdateResponse)> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        for (i, region) in regions.iter_mut().enumerate() {
+            if let Ok(r) = region.state.update(set(key, "taken")).await {
+                return Ok((i, r.into_inner()));
+            }
+        }
+        if Instant::now() > deadline {
+            bail!("no region took {key}'s shard within 30 s");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

@@ -224,7 +224,9 @@ pub fn cpu_seconds(pid: u32) -> f64 {
 }
 
 /// Runs a benchmark's body on a two-thread runtime (benchmarks have no test harness).
-pub fn block_on(body: impl std::future::Future<Output = anyhow::Result<()>>) -> anyhow::Result<()> {
+pub fn block_on<T>(
+    body: impl std::future::Future<Output = anyhow::Result<T>>,
+) -> anyhow::Result<T> {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 
 from .install import cmd_install
-from .lifecycle import (cmd_down, cmd_kafka, cmd_mirror, cmd_node, cmd_restart_nodes, cmd_status,
-                        cmd_top, cmd_up)
+from .lifecycle import (cmd_down, cmd_kafka, cmd_mirror, cmd_node, cmd_region, cmd_restart_nodes,
+                        cmd_status, cmd_top, cmd_up)
 from .net import cmd_net
 from .postgres import cmd_postgres, cmd_sink, cmd_udf
 from .s3 import cmd_s3
@@ -37,6 +37,11 @@ def main(description: str) -> None:
     node.add_argument("node", metavar="REGION[/i]")
     node.add_argument("--clock-offset", type=int, default=0, metavar="MS")
     node.set_defaults(fn=cmd_node)
+    region = sub.add_parser("region", help="add a region to the running cluster (its lease "
+                            "member joins the group through its log) or remove one")
+    region.add_argument("action", choices=["add", "remove"])
+    region.add_argument("region")
+    region.set_defaults(fn=cmd_region)
     postgres = sub.add_parser("postgres", help="kill PostgreSQL (a crash), start it, or both")
     postgres.add_argument("action", choices=["kill", "start", "restart"])
     postgres.set_defaults(fn=cmd_postgres)

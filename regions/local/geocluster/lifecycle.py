@@ -138,8 +138,9 @@ def cmd_up(_args: argparse.Namespace) -> None:
                    "security": security,
                    "tools": {"grpcurl": str(GRPCURL), "geostate": str(geostate_bin()),
                              "s3s_fs": str(S3S_FS), "cluster_py": str(REPO / "regions" / "local" / "cluster.py")}}
-        for region, r in regions.items():
+        for member_id, (region, r) in enumerate(sorted(regions.items()), start=1):
             cluster["regions"][region] = {
+                "member_id": member_id,
                 "kafka": r["kafka"], "kafka_pid": r["kafka_pid"],
                 # ports fixed up front: every node's config names the others' addresses
                 "grpc": f"127.0.0.1:{free_port()}", "metrics": None,
@@ -152,7 +153,8 @@ def cmd_up(_args: argparse.Namespace) -> None:
         # odd, so that losing any one site (or half the regions and not the witness) leaves
         # a majority; with an odd number the regions alone are one
         if len(regions) % 2 == 0:
-            cluster["witness"] = {"grpc": None, "lease": f"127.0.0.1:{free_port()}",
+            cluster["witness"] = {"member_id": len(regions) + 1,
+                                  "grpc": None, "lease": f"127.0.0.1:{free_port()}",
                                   "data_dir": str(RUN / "nodes" / "witness"), "pid": None}
         write_cluster(cluster)  # so `down` finds whatever started, even if `up` fails now
         for region, r in regions.items():
@@ -345,6 +347,102 @@ def cmd_mirror(args: argparse.Namespace) -> None:
     else:
         cluster["mirrormaker2"]["pid"] = start_mm2(cluster["regions"])
         write_cluster(cluster)
+
+
+def cmd_region(args: argparse.Namespace) -> None:
+    """Add a region to the running cluster, or remove one. The lease group changes its
+    regions through its own log (a membership change every member applies at the same
+    entry); the mirrors and the other regions' remotes follow by restarts.
+
+    - `add REGION`: its Kafka (with the topics), MirrorMaker 2 restarted with every pair,
+      its node started with `lease.join` (the leader adds its member as a learner, then
+      a voter; the node reads the other regions' deltas from their start), its services;
+      then each other region's nodes restarted one at a time to merge it as a remote;
+    - `remove REGION`: `geostate remove-region` through another region's configuration
+      (its leases lapse and the others take its shards at a higher epoch), then its
+      processes stopped and forgotten, MirrorMaker 2 and the other nodes restarted
+      without it."""
+    cluster = read_cluster()
+    if cluster is None:
+        die(f"no cluster at {CLUSTER_JSON}; run `up` first")
+    region, regions = args.region, cluster["regions"]
+    if cluster.get("security"):
+        die("a secure cluster's certificates are made at `up`: add or remove regions on a "
+            "plaintext one")
+    if args.action == "add":
+        if region in regions:
+            die(f"{region} is a region of the cluster already")
+        kafka = start_kafka(region, None)
+        ids = member_ids(cluster)
+        regions[region] = {
+            "member_id": max(ids.values()) + 1, "joined": True,
+            "kafka": kafka["kafka"], "kafka_pid": kafka["kafka_pid"],
+            "grpc": f"127.0.0.1:{free_port()}", "metrics": None,
+            "data_dir": str(RUN / "nodes" / region), "lease": f"127.0.0.1:{free_port()}",
+            "pid": None, "kafka_client": {}}
+        write_cluster(cluster)
+        wait_for(f"kafka {region} metadata", lambda: kafka_topics(kafka["kafka"]) is not None, 90)
+        create_topics(kafka["kafka"])
+        restart_mirrors(cluster)
+        r = regions[region]
+        start_node(region, r, cluster["s3"], cluster)
+        write_cluster(cluster)
+        wait_node(region, r)
+        for start in REGION_SERVICES.values():
+            start(region, cluster)
+        write_cluster(cluster)
+        restart_other_nodes(cluster, region)
+        log(f"region {region}: added (lease member {r['member_id']})")
+    else:
+        if region not in regions:
+            die(f"no region {region!r} (regions: {', '.join(regions)})")
+        if len(regions) <= 2:
+            die("a cluster keeps at least two regions")
+        other = regions[next(o for o in sorted(regions) if o != region)]
+        out = subprocess.run([str(geostate_bin()), "remove-region", region, "--config",
+                              other["config"]] + set_args(other["set"]),
+                             capture_output=True, text=True)
+        if out.returncode != 0:
+            die(f"remove-region {region}: {out.stderr.strip()}")
+        log(out.stdout.strip())
+        r = regions.pop(region)
+        for i, n in further_nodes(r).items():
+            stop_pid(f"node-{region}-{i}", n.get("pid") or 0)
+        for service in REGION_SERVICES:
+            if r.get(service, {}).get("pid"):
+                stop_pid(f"{service}-{region}", r[service]["pid"])
+        stop_pid(f"node-{region}", r.get("pid") or 0)
+        stop_pid(f"kafka-{region}", r["kafka_pid"])
+        write_cluster(cluster)
+        restart_mirrors(cluster)
+        restart_other_nodes(cluster, region)
+        log(f"region {region}: removed")
+
+
+def restart_mirrors(cluster: dict) -> None:
+    """MirrorMaker 2 again, with every pair of the cluster's regions now."""
+    if cluster["mirrormaker2"].get("pid"):
+        stop_pid("mirrormaker2", cluster["mirrormaker2"]["pid"])
+    cluster["mirrormaker2"]["pid"] = start_mm2(cluster["regions"])
+    write_cluster(cluster)
+    wait_for("mirrormaker 2 remote topics",
+             lambda: mirrored_topics_present(cluster["regions"]), 120)
+
+
+def restart_other_nodes(cluster: dict, changed: str) -> None:
+    """Every node of the regions other than `changed`, one at a time (its partitions move
+    to the region's other nodes meanwhile, if it has any): their settings now name the
+    cluster's regions as they are (remotes, the lease group's members)."""
+    for region, r in cluster["regions"].items():
+        if region == changed:
+            continue
+        start_node(region, r, cluster["s3"], cluster)
+        write_cluster(cluster)
+        wait_node(region, r)
+        for i, n in further_nodes(r).items():
+            start_further_node(region, i, cluster)
+            write_cluster(cluster)
+            wait_node(f"{region}/{i}", n)
 
 
 def cmd_kafka(args: argparse.Namespace) -> None:

@@ -48,13 +48,27 @@ def extra_settings() -> list[str]:
     return os.environ.get("GEOSTATE_SET", "").split()
 
 
+def member_ids(cluster: dict) -> dict[str, int]:
+    """Each lease group member's id by region (and `witness`): as recorded in cluster.json
+    (`up` numbers the regions by name and the witness last; a region added later takes
+    the next free id), so ids never change while the group runs."""
+    regions = sorted(cluster["regions"])
+    ids = {region: cluster["regions"][region].get("member_id") or i
+           for i, region in enumerate(regions, start=1)}
+    if "witness" in cluster:
+        ids["witness"] = cluster["witness"].get("member_id") or len(regions) + 1
+    return ids
+
+
 def lease_settings(member_id: int, listen: str, cluster: dict) -> list[str]:
     """This cluster's lease group in place of the template's: this member's id and
     address, and every member (regions by name, then the witness if there is one)."""
-    members = [{"id": i, "addr": r["lease"], "region": region, "api": entry_addresses(r)}
-               for i, (region, r) in enumerate(sorted(cluster["regions"].items()), start=1)]
+    ids = member_ids(cluster)
+    members = [{"id": ids[region], "addr": r["lease"], "region": region,
+                "api": entry_addresses(r)}
+               for region, r in sorted(cluster["regions"].items())]
     if "witness" in cluster:
-        members.append({"id": len(members) + 1, "addr": cluster["witness"]["lease"]})
+        members.append({"id": ids["witness"], "addr": cluster["witness"]["lease"]})
     return [f"lease.member-id={member_id}", f"lease.listen={toml(listen)}",
             f"lease.member={toml(members)}"]
 
@@ -89,7 +103,7 @@ def tls_settings(name: str, cluster: dict) -> list[str]:
 def witness_settings(cluster: dict) -> list[str]:
     w = cluster["witness"]
     return ([f"data-dir={toml(w['data_dir'])}"]
-            + lease_settings(len(cluster["regions"]) + 1, w["lease"], cluster)
+            + lease_settings(member_ids(cluster)["witness"], w["lease"], cluster)
             + tls_settings("witness", cluster)
             + extra_settings())
 
@@ -135,10 +149,12 @@ def node_settings(region: str, r: dict, s3: dict, cluster: dict,
     settings.append(f"replication.remote={toml(remotes)}")
     if not (REPO / "regions" / f"{region}.toml").exists():
         settings.append(f"region={toml(region)}")
-    member_id = sorted(cluster["regions"]).index(region) + 1
-    settings += lease_settings(member_id, own["lease"], cluster)
+    settings += lease_settings(member_ids(cluster)[region], own["lease"], cluster)
     if learner:
         settings.append(f"lease.learner={learner}")
+    elif r.get("joined"):
+        # added at runtime (`region add`): its member joins the running group
+        settings.append("lease.join=true")
     if clock_offset_ms:
         sign = "-" if clock_offset_ms < 0 else ""
         settings.append(f"clock-offset={sign}{abs(clock_offset_ms)}ms")
