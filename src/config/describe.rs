@@ -153,6 +153,8 @@ impl WitnessConfig {
 fn describe_lease(out: &mut String, lease: &LeaseConfig, tls: &str) {
     let me = if lease.learner > 0 {
         format!("learner {} under member {}", lease.learner, lease.member_id)
+    } else if lease.join {
+        format!("member {}, joining the running group", lease.member_id)
     } else {
         format!("member {}", lease.member_id)
     };
