@@ -22,6 +22,7 @@
 
 mod alerts;
 mod fault;
+mod ledger;
 mod load;
 mod report;
 
@@ -217,20 +218,25 @@ async fn drill(args: Args) -> anyhow::Result<bool> {
         None => None,
     };
     let ops = load.ops.lock().await.clone();
-    let report = Report::new(
-        &args,
-        &DrillRun {
-            regions: &regions,
-            fault: &fault,
-            ops: &ops,
-            finals: &finals,
-            convergence,
-            fault_ns,
-            heal_ns,
-            end_ns,
-            alerts: alerts.as_ref(),
-        },
-    );
+    let mut run = DrillRun {
+        regions: &regions,
+        fault: &fault,
+        ops: &ops,
+        finals: &finals,
+        convergence,
+        fault_ns,
+        heal_ns,
+        end_ns,
+        alerts: alerts.as_ref(),
+        ledger: Vec::new(),
+    };
+    for key in run.counters_off() {
+        match ledger::ledger(&cluster, key, &ops) {
+            Ok(lines) => run.ledger.extend(lines),
+            Err(e) => run.ledger.push(format!("{key}: no ledger: {e:#}")),
+        }
+    }
+    let report = Report::new(&args, &run);
     report.write(&args.out, args.drill)?;
     Ok(report.pass)
 }

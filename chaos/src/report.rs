@@ -65,6 +65,8 @@ pub(crate) struct Report {
     alerts: Option<Alerts>,
     failures: Vec<String>,
     pub(crate) pass: bool,
+    /// Per counter that is off, its ledger read back from the regions' topics.
+    ledger: Vec<String>,
 }
 
 /// The longest time between successes at `times` (sorted) from `from_ns` to `to_ns`:
@@ -124,9 +126,42 @@ pub(crate) struct DrillRun<'a> {
     pub(crate) end_ns: u64,
     /// The alerts the cluster's Prometheus fired (`None`: the cluster runs none).
     pub(crate) alerts: Option<&'a Alerts>,
+    /// The ledger of each counter whose final count is off ([`crate::ledger`]).
+    pub(crate) ledger: Vec<String>,
 }
 
-impl DrillRun<'_> {
+impl<'a> DrillRun<'a> {
+    /// The counters whose final count is off: below their acknowledged increments, or
+    /// above those and the indeterminate ones.
+    pub(crate) fn counters_off(&self) -> Vec<&'a str> {
+        let finals: &'a BTreeMap<String, BTreeMap<String, i64>> = self.finals;
+        (finals.iter())
+            .filter(|(key, by_region)| {
+                let (lost, duplicated) = self.tally(key, by_region);
+                lost + duplicated > 0
+            })
+            .map(|(key, _)| key.as_str())
+            .collect()
+    }
+
+    /// A counter's (lost, duplicated) increments, and its (acknowledged, indeterminate)
+    /// adds: every add is +1, so acknowledged ≤ final ≤ acknowledged + indeterminate.
+    fn tally(&self, key: &str, by_region: &BTreeMap<String, i64>) -> (i64, i64) {
+        let (acked, info) = self.adds(key);
+        let last = by_region.values().copied().max().unwrap_or(0);
+        ((acked - last).max(0), (last - acked - info).max(0))
+    }
+
+    /// A counter's acknowledged and indeterminate adds.
+    fn adds(&self, key: &str) -> (i64, i64) {
+        let count = |outcome| {
+            let ops = self.ops.iter();
+            ops.filter(|o| o.kind == Kind::Write && o.key == key && o.outcome == outcome)
+                .count() as i64
+        };
+        (count(Outcome::Ok), count(Outcome::Info))
+    }
+
     /// The end times of the successful operations `pick` selects, sorted.
     fn successes(&self, pick: impl Fn(&Op) -> bool) -> Vec<u64> {
         let mut t: Vec<u64> = self
@@ -231,14 +266,8 @@ impl DrillRun<'_> {
     fn accounting(&self) -> (i64, i64, Vec<String>) {
         let (mut lost, mut duplicates, mut keys) = (0, 0, Vec::new());
         for (key, by_region) in self.finals {
-            let count = |outcome| {
-                let ops = self.ops.iter();
-                ops.filter(|o| o.kind == Kind::Write && o.key == *key && o.outcome == outcome)
-                    .count() as i64
-            };
-            let (acked, info) = (count(Outcome::Ok), count(Outcome::Info));
-            let last = by_region.values().copied().max().unwrap_or(0);
-            let (key_lost, key_duplicated) = ((acked - last).max(0), (last - acked - info).max(0));
+            let (acked, info) = self.adds(key);
+            let (key_lost, key_duplicated) = self.tally(key, by_region);
             if key_lost + key_duplicated > 0 {
                 // where each acknowledged write entered the log: set against the nodes'
                 // "took the partition" lines (resume, end), they show which one is missing
@@ -399,6 +428,7 @@ impl Report {
             alerts: run.alerts.cloned(),
             pass: failures.is_empty(),
             failures,
+            ledger: run.ledger.clone(),
         }
     }
 
@@ -517,6 +547,13 @@ impl Report {
                 md.push_str(&format!("- {f}\n"));
             }
         }
+        if !self.ledger.is_empty() {
+            md.push_str("\nLedger of the counters that are off (rounds whose entries did not rise by their records):\n\n```\n");
+            for line in &self.ledger {
+                md.push_str(&format!("{line}\n"));
+            }
+            md.push_str("```\n");
+        }
         std::fs::write(out.join(format!("{name}.md")), &md)?;
         print!("{md}");
         Ok(())
@@ -623,6 +660,7 @@ mod tests {
             heal_ns: 12 * s,
             end_ns: 30 * s,
             alerts,
+            ledger: Vec::new(),
         };
         Report::new(&args, &run)
     }
@@ -711,6 +749,7 @@ mod tests {
             heal_ns: 25 * s,
             end_ns: 30 * s,
             alerts: None,
+            ledger: Vec::new(),
         };
         let report = Report::new(&args, &run);
         assert_eq!(
