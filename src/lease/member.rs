@@ -7,7 +7,7 @@
 //! asks the members to add it, and the leader adds it as a learner, waits until it holds
 //! the log, and makes it a voter. The group's regions are its voters' regions as the log
 //! has them (`raft_store::regions_of`), so every member starts counting the region at the
-//! same entry; `geostate lease remove-region` takes one out the same way.
+//! same entry; `geostate remove-region` takes one out the same way.
 //!
 //! A region's further node (`lease.learner = n`) runs learner n instead: it asks the members
 //! to add it (again until the leader does), then receives the table like a member and
