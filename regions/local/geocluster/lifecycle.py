@@ -406,13 +406,15 @@ def cmd_region(args: argparse.Namespace) -> None:
             die(f"remove-region {region}: {out.stderr.strip()}")
         log(out.stdout.strip())
         r = regions.pop(region)
-        for i, n in further_nodes(r).items():
-            stop_pid(f"node-{region}-{i}", n.get("pid") or 0)
-        for service in REGION_SERVICES:
-            if r.get(service, {}).get("pid"):
-                stop_pid(f"{service}-{region}", r[service]["pid"])
-        stop_pid(f"node-{region}", r.get("pid") or 0)
-        stop_pid(f"kafka-{region}", r["kafka_pid"])
+        stopped = [(f"node-{region}-{i}", n.get("pid")) for i, n in further_nodes(r).items()]
+        stopped += [(f"{service}-{region}", r.get(service, {}).get("pid"))
+                    for service in REGION_SERVICES]
+        stopped += [(f"node-{region}", r.get("pid")), (f"kafka-{region}", r["kafka_pid"])]
+        for name, pid in stopped:
+            if pid:
+                stop_pid(name, pid)
+            # `down` stops every pid file's process: none left to a reused pid
+            (PIDS / name).unlink(missing_ok=True)
         write_cluster(cluster)
         restart_mirrors(cluster)
         restart_other_nodes(cluster, region)
