@@ -369,11 +369,15 @@ def cmd_region(args: argparse.Namespace) -> None:
     if cluster.get("security"):
         die("a secure cluster's certificates are made at `up`: add or remove regions on a "
             "plaintext one")
+    # the members' ids as they run now, recorded: a cluster.json from before ids were
+    # recorded numbers them by sorted name, which a new name would change
+    ids = member_ids(cluster)
+    for name, member_id in ids.items():
+        (cluster["witness"] if name == "witness" else regions[name])["member_id"] = member_id
     if args.action == "add":
         if region in regions:
             die(f"{region} is a region of the cluster already")
         kafka = start_kafka(region, None)
-        ids = member_ids(cluster)
         regions[region] = {
             "member_id": max(ids.values()) + 1, "joined": True,
             "kafka": kafka["kafka"], "kafka_pid": kafka["kafka_pid"],
