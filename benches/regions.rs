@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use common::{Cluster, PrivateCluster, cluster, ms, percentile, unique};
+use common::{Cluster, PrivateCluster, cluster, unique};
 use geostate::pb::state_client::StateClient;
 
 /// Writes per second per region, and for how long; first a round of `WARM_UP` seconds,
@@ -70,7 +70,7 @@ async fn run() -> anyhow::Result<()> {
             println!(
                 "| {} | {origin} → {remote} | {} |",
                 m.regions,
-                figures(lags)
+                flow::figures(lags)
             );
         }
     }
@@ -82,20 +82,9 @@ async fn run() -> anyhow::Result<()> {
     println!("| regions | writes | p50 | p99 | max |");
     println!("|---:|---:|---:|---:|---:|");
     for m in [&two, &three] {
-        println!("| {} | {} |", m.regions, figures(&m.everywhere));
+        println!("| {} | {} |", m.regions, flow::figures(&m.everywhere));
     }
     Ok(())
-}
-
-/// A table's `writes | p50 | p99 | max` cells for sorted times.
-fn figures(sorted: &[Duration]) -> String {
-    format!(
-        "{} | {} | {} | {}",
-        sorted.len(),
-        ms(percentile(sorted, 0.5)),
-        ms(percentile(sorted, 0.99)),
-        ms(sorted.last().copied().unwrap_or_default())
-    )
 }
 
 async fn measure(cluster: &Cluster, seconds: u64) -> anyhow::Result<Measured> {

@@ -95,13 +95,7 @@ async fn run() -> anyhow::Result<()> {
             &mirrored,
         ),
     ] {
-        println!(
-            "| {name} | {} | {} | {} | {} |",
-            l.len(),
-            ms(percentile(l, 0.5)),
-            ms(percentile(l, 0.99)),
-            ms(l.last().copied().unwrap_or_default())
-        );
+        println!("| {name} | {} |", flow::figures(l));
     }
     println!();
 

@@ -65,3 +65,15 @@ pub(crate) async fn add_new_keys(
     }
     Ok(acked)
 }
+
+/// A table's `writes | p50 | p99 | max` cells for sorted times.
+pub(crate) fn figures(sorted: &[Duration]) -> String {
+    use crate::common::{ms, percentile};
+    format!(
+        "{} | {} | {} | {}",
+        sorted.len(),
+        ms(percentile(sorted, 0.5)),
+        ms(percentile(sorted, 0.99)),
+        ms(sorted.last().copied().unwrap_or_default())
+    )
+}
