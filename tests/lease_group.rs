@@ -75,6 +75,11 @@ fn config(id: u64, ports: &[u16]) -> LeaseConfig {
     }
 }
 
+/// A plaintext member with the test's clock offset bound (100 ms), storing in `dir`.
+async fn start(config: &LeaseConfig, dir: &std::path::Path) -> anyhow::Result<Member> {
+    Ok(Member::start(config, dir, 100, Arc::new(SystemClock), None).await?)
+}
+
 async fn leader(members: &BTreeMap<u64, Member>) -> anyhow::Result<u64> {
     let any = members.values().next().context("no member")?;
     let metrics = any
@@ -147,17 +152,7 @@ async fn leases_are_granted_by_the_majority_after_the_leader_stops() -> anyhow::
     // every member forms the group with the same first membership on its first start
     for (i, dir) in dirs.iter().enumerate() {
         let id = i as u64 + 1;
-        members.insert(
-            id,
-            Member::start(
-                &config(id, &ports),
-                dir.path(),
-                100,
-                Arc::new(SystemClock),
-                None,
-            )
-            .await?,
-        );
+        members.insert(id, start(&config(id, &ports), dir.path()).await?);
     }
 
     // a grant through the leader reaches every member's table
@@ -193,12 +188,9 @@ async fn leases_are_granted_by_the_majority_after_the_leader_stops() -> anyhow::
     applied_everywhere(&members, 2).await?;
 
     // the stopped member comes back from its own disk and catches up
-    let back = Member::start(
+    let back = start(
         &config(old_leader, &ports),
         dirs[old_leader as usize - 1].path(),
-        100,
-        Arc::new(SystemClock),
-        None,
     )
     .await?;
     members.insert(old_leader, back);
@@ -244,14 +236,7 @@ async fn a_region_joins_the_running_group_and_leaves_it() -> anyhow::Result<()> 
     let mut members = BTreeMap::new();
     // the group forms of the first three, which know nothing of the fourth
     for id in 1..=3 {
-        let member = Member::start(
-            &config(id, &ports[..3]),
-            dirs[id as usize - 1].path(),
-            100,
-            Arc::new(SystemClock),
-            None,
-        )
-        .await?;
+        let member = start(&config(id, &ports[..3]), dirs[id as usize - 1].path()).await?;
         members.insert(id, member);
     }
     regions_everywhere(&members, &["eu-west-1", "us-east-1"]).await?;
@@ -271,7 +256,7 @@ async fn a_region_joins_the_running_group_and_leaves_it() -> anyhow::Result<()> 
         join: true,
         ..config(4, &ports)
     };
-    let fourth = Member::start(&joining, dirs[3].path(), 100, Arc::new(SystemClock), None).await?;
+    let fourth = start(&joining, dirs[3].path()).await?;
     assert!(
         fourth.caught_up(Duration::from_secs(20)).await,
         "the new member caught up"
