@@ -231,7 +231,10 @@ async fn drill(args: Args) -> anyhow::Result<bool> {
         ledger: Vec::new(),
     };
     for key in run.counters_off() {
-        match ledger::ledger(&cluster, key, &ops) {
+        // Kafka reads that block: off the async threads
+        let (cluster, owned, ops) = (cluster.clone(), key.to_owned(), ops.clone());
+        let read = tokio::task::spawn_blocking(move || ledger::ledger(&cluster, &owned, &ops));
+        match read.await.map_err(anyhow::Error::from).and_then(|r| r) {
             Ok(lines) => run.ledger.extend(lines),
             Err(e) => run.ledger.push(format!("{key}: no ledger: {e:#}")),
         }
