@@ -8,6 +8,7 @@
 //!     └─ late ──► late outbox entries      watermark per partition ──► stored with them
 //! ```
 
+use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
@@ -281,8 +282,7 @@ impl Applied {
         spec: &WindowSpec,
         ctx: &BatchContext<'_>,
     ) -> Result<Result<(), Rejection>, S::Error> {
-        let written = record.timestamp_ms.and_then(|ms| u64::try_from(ms).ok());
-        let Some(t) = update.event_time_ms.or(written) else {
+        let Some(t) = event_time(record, update) else {
             let key = update.key.clone();
             return Ok(Err(Rejection::NoEventTime { key }));
         };
@@ -356,6 +356,18 @@ impl Applied {
     }
 }
 
+/// A windowed update's event time: its own, else its record's Kafka timestamp.
+fn event_time(record: &Record, update: &Update) -> Option<u64> {
+    let written = record.timestamp_ms.and_then(|ms| u64::try_from(ms).ok());
+    update.event_time_ms.or(written)
+}
+
+/// The key of the slice a windowed `update` writes (`None` without an event time).
+fn slice_key_of(record: &Record, update: &Update, spec: &WindowSpec) -> Option<String> {
+    let t = event_time(record, update)?;
+    Some(window::slice_key(&update.key, spec.slice_of(t)))
+}
+
 /// A touched key's working copy within a batch.
 #[derive(Default)]
 struct Working {
@@ -364,6 +376,39 @@ struct Working {
     recent_ids: Option<VecDeque<String>>,
     state_changed: bool,
     ids_changed: bool,
+}
+
+impl Working {
+    /// Whether a write with idempotency id `id` was applied to `key` (this copy's).
+    fn applied<S: StateSource>(
+        &mut self,
+        source: &S,
+        key: &str,
+        id: &str,
+    ) -> Result<bool, S::Error> {
+        if self.recent_ids.is_none() {
+            self.recent_ids = Some(source.recent_ids(key)?);
+        }
+        Ok(self
+            .recent_ids
+            .as_ref()
+            .is_some_and(|ids| ids.iter().any(|i| i == id)))
+    }
+}
+
+/// `key`'s working copy, read from `source` on first use.
+fn working<'w, S: StateSource>(
+    work: &'w mut BTreeMap<String, Working>,
+    source: &S,
+    key: &str,
+) -> Result<&'w mut Working, S::Error> {
+    Ok(match work.entry(key.to_string()) {
+        Entry::Occupied(entry) => entry.into_mut(),
+        Entry::Vacant(entry) => entry.insert(Working {
+            state: source.state(key)?,
+            ..Working::default()
+        }),
+    })
 }
 
 /// Applies `records` on top of what `source` holds; reads each touched key once. Per
@@ -438,29 +483,37 @@ pub fn apply_batch<S: StateSource>(
                 }
             }
         }
+        // a retry of a write its id says was applied is a duplicate, even where the write
+        // would be refused now (its window closed since, its shard's fence moved past its
+        // epoch): a refusal would tell the client it was not applied
         if let Some(spec) = &window
             && let Err(why) = out.slice(source, &record, &mut update, spec, ctx)?
         {
             match why {
-                Rejection::Late { .. } => out.late.push((record, why)),
+                Rejection::Late { .. } => {
+                    let key = slice_key_of(&record, &update, spec);
+                    if let (Some(id), Some(key)) = (&update.id, key)
+                        && working(&mut work, source, &key)?.applied(source, &key, id)?
+                    {
+                        out.duplicates += 1;
+                    } else {
+                        out.late.push((record, why));
+                    }
+                }
                 why => out.rejected.push((record, why)),
             }
             continue;
         }
-        if !work.contains_key(&update.key) {
-            let state = source.state(&update.key)?;
-            let entry = Working {
-                state,
-                ..Working::default()
-            };
-            work.insert(update.key.clone(), entry);
-        }
-        let Some(entry) = work.get_mut(&update.key) else {
-            continue;
-        };
+        let entry = working(&mut work, source, &update.key)?;
         if let Some((shard, epoch)) = owned
             && let Err(highest) = out.fences.admit(source, shard, record.partition, epoch)?
         {
+            if let Some(id) = &update.id
+                && entry.applied(source, &update.key, id)?
+            {
+                out.duplicates += 1;
+                continue;
+            }
             let key = update.key.clone();
             let why = Rejection::Fenced {
                 key,
@@ -470,18 +523,11 @@ pub fn apply_batch<S: StateSource>(
             out.rejected.push((record, why));
             continue;
         }
-        if let Some(id) = &update.id {
-            if entry.recent_ids.is_none() {
-                entry.recent_ids = Some(source.recent_ids(&update.key)?);
-            }
-            if entry
-                .recent_ids
-                .as_ref()
-                .is_some_and(|ids| ids.contains(id))
-            {
-                out.duplicates += 1;
-                continue;
-            }
+        if let Some(id) = &update.id
+            && entry.applied(source, &update.key, id)?
+        {
+            out.duplicates += 1;
+            continue;
         }
         let output = match owned {
             Some((_, epoch)) if outputs_changes => register_change(&update, &record, ctx, epoch),
@@ -1248,6 +1294,47 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert_eq!(out.recent_ids["trips/a"], ["x", "y"]);
+    }
+
+    /// A retry of an applied write (its id) is a duplicate even where the write itself
+    /// would be refused now: its window closed since, or its shard's fence moved past its
+    /// epoch. A refusal would tell the client it was not applied.
+    #[test]
+    fn a_retry_of_an_applied_write_is_a_duplicate_after_its_window_closed_or_its_fence_rose() {
+        let windowed = |offset, t: u64, id: &str| {
+            let json = format!(r#"{{"key":"requests/a","add":1,"event_time":{t},"id":"{id}"}}"#);
+            record(0, offset, &json)
+        };
+        let out = run(
+            vec![
+                windowed(1, 10 * MIN + 5, "r-1"),
+                // the watermark passes minute 10's close (11:10)
+                windowed(2, 12 * MIN, "r-2"),
+                windowed(3, 10 * MIN + 5, "r-1"),
+            ],
+            &BTreeMap::new(),
+        );
+        assert!(out.late.is_empty(), "{:?}", out.late);
+        assert!(out.rejected.is_empty(), "{:?}", out.rejected);
+        assert_eq!((out.applied, out.duplicates), (2, 1));
+        assert_eq!(counted(&out, "requests/a", 10 * MIN), 1);
+
+        let set = |offset, epoch, id: &str| {
+            let json = format!(
+                r#"{{"key":"surge/a","set":"{offset}","epoch":{epoch},"id":"{id}","hlc":{{"wall_nanos":{offset},"logical":0}}}}"#
+            );
+            record(0, offset, &json)
+        };
+        let out = run(
+            vec![set(1, 6, "s-1"), set(2, 7, "s-2"), set(3, 6, "s-1")],
+            &Fenced(BTreeMap::new()),
+        );
+        assert!(out.rejected.is_empty(), "{:?}", out.rejected);
+        assert_eq!((out.applied, out.duplicates), (2, 1));
+        let CrdtValue::LwwRegister(reg) = &out.states["surge/a"] else {
+            panic!("surge/a is a register")
+        };
+        assert_eq!(reg.value(), b"2");
     }
 
     /// A source whose keys all had ids "x" and "y" applied.
