@@ -349,6 +349,9 @@ struct Ready {
     read_end: Duration,
 }
 
+/// A shipper task's partition and how it ended.
+type Ended = (i32, Result<(), ShipError>);
+
 /// One running shipper.
 struct Shipping {
     hand_off: watch::Sender<bool>,
@@ -376,7 +379,7 @@ impl Keeper {
     /// cannot be caught up from the store.
     pub async fn run(mut self, mut stop: watch::Receiver<bool>) -> Result<(), KeeperError> {
         let mut shippers: BTreeMap<i32, Shipping> = BTreeMap::new();
-        let mut running: JoinSet<(i32, Result<(), ShipError>)> = JoinSet::new();
+        let mut running: JoinSet<Ended> = JoinSet::new();
         // what the group assigns this node (a partition fenced by another node stays in
         // it until the group revokes it)
         let mut assigned: BTreeSet<i32> = BTreeSet::new();
@@ -398,27 +401,17 @@ impl Keeper {
                     }
                     Some(Change::Revoked { partitions, lost, done }) => {
                         assigned.retain(|p| !partitions.contains(p));
-                        self.give_up(&partitions, lost, &mut shippers, &mut running).await;
+                        let others = self.give_up(&partitions, lost, &mut shippers, &mut running).await;
                         self.copies.keep(&shippers);
                         let _ = done.send(());
+                        for (p, result) in others {
+                            self.shipper_ended(p, result, &mut shippers, &mut retakes).await?;
+                        }
                     }
                 },
-                Some(ended) = running.join_next() => {
-                    let Ok((p, result)) = ended else { continue };
-                    shippers.remove(&p);
-                    self.copies.keep(&shippers);
-                    match result {
-                        // a shipper ends on its own only when handed off or stopped
-                        Ok(()) => {}
-                        Err(ShipError::Fatal(why)) => {
-                            tracing::error!(partition = p, %why, "another node ships this partition now: this node stops writing it");
-                            self.shared.disown(&[p]);
-                            retakes.spawn(async move {
-                                tokio::time::sleep(RETAKE_AFTER).await;
-                                p
-                            });
-                        }
-                        Err(e) => return Err(KeeperError::Shipper(format!("the shipper of partition {p}: {e}"))),
+                Some(ended) = running.join_next_with_id() => {
+                    if let Some((p, result)) = shipper_outcome(ended, shippers.iter()) {
+                        self.shipper_ended(p, result, &mut shippers, &mut retakes).await?;
                     }
                 }
                 Some(Ok(p)) = retakes.join_next() => {
@@ -443,7 +436,7 @@ impl Keeper {
         &self,
         partitions: Vec<i32>,
         shippers: &mut BTreeMap<i32, Shipping>,
-        running: &mut JoinSet<(i32, Result<(), ShipError>)>,
+        running: &mut JoinSet<Ended>,
         stop: &watch::Receiver<bool>,
     ) -> Result<(), KeeperError> {
         let new: Vec<i32> = partitions
@@ -540,7 +533,7 @@ impl Keeper {
     fn start(
         &self,
         ready: Ready,
-        running: &mut JoinSet<(i32, Result<(), ShipError>)>,
+        running: &mut JoinSet<Ended>,
         stop: &watch::Receiver<bool>,
     ) -> (i32, Shipping) {
         let Ready {
@@ -555,14 +548,6 @@ impl Keeper {
             caught,
             read_end,
         } = ready;
-        self.shared.applied.send_modify(|at| match applied {
-            Some(o) => {
-                at.insert(partition, o);
-            }
-            None => {
-                at.remove(&partition);
-            }
-        });
         let (hand_off, handing_off) = watch::channel(false);
         let shipper = Shipper {
             store: self.store.clone(),
@@ -575,12 +560,13 @@ impl Keeper {
             clock: self.hlc.physical().clone(),
             replayed: self.shared.replayed.subscribe(),
             hand_off: handing_off,
+            owned: self.shared.owned.subscribe(),
             outputs: self.outputs.clone(),
             ship_every: self.config.replication.ship_every,
         };
         let run = shipper.run(stop.clone());
         let task = running.spawn(async move { (partition, run.await) });
-        self.shared.own(partition, end);
+        self.shared.own(partition, applied, end);
         let recovered = &caught_up.recovered;
         tracing::info!(
             partition,
@@ -600,15 +586,50 @@ impl Keeper {
         (partition, Shipping { hand_off, task })
     }
 
+    /// What the keeper does when the shipper of `p` ended with `result` on its own (not
+    /// handed off): after a fence, it stops writing `p` and takes it again later if the
+    /// group still assigns it here; after any other failure the node stops (a partition
+    /// owned with no shipper would acknowledge writes nobody ships).
+    async fn shipper_ended(
+        &self,
+        p: i32,
+        result: Result<(), ShipError>,
+        shippers: &mut BTreeMap<i32, Shipping>,
+        retakes: &mut JoinSet<i32>,
+    ) -> Result<(), KeeperError> {
+        shippers.remove(&p);
+        self.copies.keep(shippers);
+        match result {
+            // a shipper ends on its own only when handed off or stopped
+            Ok(()) => Ok(()),
+            Err(ShipError::Fatal(why)) => {
+                tracing::error!(partition = p, %why, "another node ships this partition now: this node stops writing it");
+                self.shared.disown(&[p]);
+                self.shared.cut(&[p]);
+                retakes.spawn(async move {
+                    tokio::time::sleep(RETAKE_AFTER).await;
+                    p
+                });
+                Ok(())
+            }
+            Err(e) => Err(KeeperError::Shipper(format!(
+                "the shipper of partition {p}: {e}"
+            ))),
+        }
+    }
+
     /// Gives up `partitions`: ingest stops reading them (its batch committed), then each
     /// shipper ships what is left (unless the group already moved them: `lost`) and ends.
+    /// From the wait's end, nothing of ingest's commits to them ([`IngestShared::cut`]).
+    /// Answers how the other shippers that ended meanwhile ended (for
+    /// [`Keeper::shipper_ended`]).
     async fn give_up(
         &self,
         partitions: &[i32],
         lost: bool,
         shippers: &mut BTreeMap<i32, Shipping>,
-        running: &mut JoinSet<(i32, Result<(), ShipError>)>,
-    ) {
+        running: &mut JoinSet<Ended>,
+    ) -> Vec<Ended> {
         let started = std::time::Instant::now();
         self.shared.disown(partitions);
         let gone: BTreeSet<i32> = partitions.iter().copied().collect();
@@ -620,9 +641,11 @@ impl Keeper {
         {
             tracing::warn!(
                 ?partitions,
-                "ingest did not stop reading the revoked partitions in time"
+                "ingest did not stop reading the revoked partitions in time: its batch of them is not committed"
             );
         }
+        self.shared.cut(partitions);
+        let mut others = Vec::new();
         let mut handed: Vec<(i32, Shipping)> = partitions
             .iter()
             .filter_map(|p| shippers.remove(p).map(|s| (*p, s)))
@@ -638,20 +661,21 @@ impl Keeper {
         }
         let deadline = tokio::time::Instant::now() + REVOKE_WAIT / 2;
         while !handed.is_empty() {
-            let Ok(Some(ended)) = tokio::time::timeout_at(deadline, running.join_next()).await
+            let Ok(Some(ended)) =
+                tokio::time::timeout_at(deadline, running.join_next_with_id()).await
             else {
                 break;
             };
-            let Ok((p, result)) = ended else { continue };
-            match result {
-                Err(ShipError::Fatal(_)) if !handed.iter().any(|(q, _)| *q == p) => {
-                    shippers.remove(&p);
-                    self.shared.disown(&[p]);
-                }
-                Err(e) => {
-                    tracing::warn!(partition = p, error = %e, "the partition's last round failed")
-                }
-                Ok(()) => {}
+            let shipping = handed.iter().map(|(p, s)| (p, s)).chain(shippers.iter());
+            let Some((p, result)) = shipper_outcome(ended, shipping) else {
+                continue;
+            };
+            if !handed.iter().any(|(q, _)| *q == p) {
+                others.push((p, result));
+                continue;
+            }
+            if let Err(e) = result {
+                tracing::warn!(partition = p, error = %e, "the partition's last round failed");
             }
             handed.retain(|(q, _)| *q != p);
         }
@@ -668,12 +692,106 @@ impl Keeper {
             took_ms = started.elapsed().as_millis() as u64,
             "gave up the partitions"
         );
+        others
     }
+}
+
+/// The partition of a shipper task that ended, found by its task among `shipping`, and
+/// how it ended (a panic as a failure of its shipper); `None` for a task the keeper
+/// aborted or no longer tracks (a partition taken again since has another task).
+fn shipper_outcome<'a>(
+    ended: Result<(tokio::task::Id, Ended), tokio::task::JoinError>,
+    mut shipping: impl Iterator<Item = (&'a i32, &'a Shipping)>,
+) -> Option<Ended> {
+    let (id, result) = match ended {
+        Ok((id, (_, result))) => (id, result),
+        Err(e) if e.is_cancelled() => return None,
+        Err(e) => (e.id(), Err(ShipError::Panicked)),
+    };
+    let (&p, _) = shipping.find(|(_, s)| s.task.id() == id)?;
+    Some((p, result))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::clock::ManualClock;
+    use crate::store::StoreError;
+
+    /// A keeper of a region whose Kafka is never reached, on a store in `dir`.
+    fn keeper(dir: &std::path::Path) -> Keeper {
+        let config = Arc::new(Config::load(&crate::repo_file("regions/us-east-1.toml")).unwrap());
+        let clock = Arc::new(ManualClock::new(1_000_000_000));
+        let (_changes, changes) = mpsc::unbounded_channel();
+        Keeper {
+            store: Arc::new(Store::open(dir, 2).unwrap()),
+            hlc: Arc::new(Hlc::new(clock, Duration::from_millis(500))),
+            shared: Arc::new(IngestShared::default()),
+            actor: Actor::new(config.region.clone(), 1),
+            changes,
+            first_taken: None,
+            copies: Arc::new(Copies::new([0, 1])),
+            freshness: Arc::new(Freshness::default()),
+            outputs: None,
+            config,
+        }
+    }
+
+    /// A shipper of `p` that ends with `ends` once handed off (`None`: at once).
+    fn shipper(
+        running: &mut JoinSet<Ended>,
+        p: i32,
+        handed: bool,
+        ends: Result<(), ShipError>,
+    ) -> Shipping {
+        let (hand_off, mut handing_off) = watch::channel(false);
+        let task = running.spawn(async move {
+            if handed {
+                let _ = handing_off.wait_for(|&h| h).await;
+            }
+            (p, ends)
+        });
+        Shipping { hand_off, task }
+    }
+
+    /// Another partition's shipper that ends while a revoke hands one off is not lost:
+    /// a storage failure stops the node (a partition owned with no shipper would
+    /// acknowledge writes nobody ships), a fence lets the partition go and takes it again
+    /// later.
+    #[tokio::test]
+    async fn a_shipper_that_ends_during_a_hand_off_is_dealt_with_as_at_any_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let keeper = keeper(dir.path());
+        for (failure, stops) in [
+            (ShipError::Store(StoreError::Task("disk gone".into())), true),
+            (ShipError::Fatal("fenced".into()), false),
+        ] {
+            let mut running = JoinSet::new();
+            let mut shippers = BTreeMap::new();
+            shippers.insert(0, shipper(&mut running, 0, true, Ok(())));
+            shippers.insert(1, shipper(&mut running, 1, false, Err(failure)));
+            keeper.shared.own(0, None, 0);
+            keeper.shared.own(1, None, 0);
+            // the other shipper ends first
+            tokio::task::yield_now().await;
+            let others = keeper
+                .give_up(&[0], false, &mut shippers, &mut running)
+                .await;
+            assert_eq!(others.len(), 1, "partition 1's end is reported");
+            let (p, result) = others.into_iter().next().unwrap();
+            assert_eq!(p, 1);
+            let mut retakes = JoinSet::new();
+            let ended = keeper
+                .shipper_ended(p, result, &mut shippers, &mut retakes)
+                .await;
+            assert_eq!(ended.is_err(), stops, "{ended:?}");
+            if !stops {
+                assert!(!keeper.shared.owned.borrow().contains(&1));
+                assert_eq!(retakes.len(), 1);
+            }
+            assert!(shippers.is_empty());
+        }
+    }
 
     fn owners(pairs: &[(i32, &str)]) -> BTreeMap<i32, String> {
         pairs.iter().map(|(p, n)| (*p, n.to_string())).collect()

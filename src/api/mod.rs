@@ -26,7 +26,7 @@ use crate::clock::Hlc;
 use crate::config::{Config, Ownership, RecordFormat};
 use crate::crdt::{CrdtType, CrdtValue, RegionId};
 use crate::ingest::event::{Op, Update};
-use crate::ingest::ingestor::{IngestShared, Outcome};
+use crate::ingest::ingestor::{IngestShared, Outcome, Terms};
 use crate::lease::leases::{Leases, NotHolder, ShardStatus};
 use crate::lease::network::Channels;
 use crate::metrics as m;
@@ -513,13 +513,15 @@ impl Handler {
         }
         let crdt = self.checked(&update)?;
         let produced = Instant::now();
+        // before the record exists: a take of its partition after this is noticed
+        let terms = api.shared.terms();
         let (partition, offset) = self.append(&mut update, crdt).await?;
         Span::current()
             .record("partition", partition)
             .record("offset", offset);
         let acked = Instant::now();
         m::write_stage("produce", acked - produced);
-        self.applied(partition, offset).await?;
+        self.applied(partition, offset, &terms).await?;
         m::write_stage("applied", acked.elapsed());
         // acknowledged only if applied under the lease it was accepted with (what a new
         // holder waits for, see `settled`)
@@ -615,10 +617,10 @@ impl Handler {
 
     /// Waits until ingest applied the record at `partition`/`offset`, and answers how
     /// it was decided.
-    async fn applied(&self, partition: i32, offset: i64) -> Result<(), ApiError> {
+    async fn applied(&self, partition: i32, offset: i64, terms: &Terms) -> Result<(), ApiError> {
         let shared = &self.0.shared;
         let Ok(outcome) =
-            tokio::time::timeout(APPLY_TIMEOUT, shared.passed(partition, offset)).await
+            tokio::time::timeout(APPLY_TIMEOUT, shared.passed(partition, offset, terms)).await
         else {
             let (keys, max) = (
                 self.0.store.outbox_len_in(&shared.owned.borrow()),

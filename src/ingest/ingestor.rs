@@ -92,10 +92,10 @@ pub struct IngestShared {
     pub committed: watch::Sender<u64>,
     /// Notified after every shipped round (wakes ingest waiting for outbox room).
     pub shipped: Arc<tokio::sync::Notify>,
-    /// Held across every read-modify-write of state (a local batch, a merge of remote
-    /// deltas): two writers reading the same key and each writing back their result would
-    /// lose the other's update.
-    pub state_writer: tokio::sync::Mutex<()>,
+    /// Per partition, its [`Term`] here.
+    terms: Mutex<Terms>,
+    /// Held by ingest from its term check to the end of its commit, and by a cut.
+    commit_gate: Mutex<()>,
     /// The partitions this node owns (the region's group assigned them and they caught
     /// up): ingest reads them, the API answers their keys, the mergers merge them.
     pub owned: watch::Sender<BTreeSet<i32>>,
@@ -109,6 +109,20 @@ pub struct IngestShared {
     pub replayed: watch::Sender<BTreeSet<i32>>,
 }
 
+/// A partition's term on this node: how often this node took it, and how often it let
+/// it go ([`IngestShared::cut`]). Ingest commits a batch only if each of its partitions is
+/// in the term it started reading it in; an `Update` trusts `applied` only while the
+/// partition was not taken again since it appended its record (a take sets `applied` to
+/// what the partition's previous owner reached).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Term {
+    taken: u64,
+    let_go: u64,
+}
+
+/// Every partition's [`Term`].
+pub type Terms = BTreeMap<i32, Term>;
+
 /// Nothing owned yet: the keeper fills `applied` as it takes each partition.
 impl Default for IngestShared {
     fn default() -> Self {
@@ -120,7 +134,8 @@ impl Default for IngestShared {
             events_dead_lettered: AtomicU64::new(0),
             committed: watch::Sender::new(0),
             shipped: Arc::new(tokio::sync::Notify::new()),
-            state_writer: tokio::sync::Mutex::new(()),
+            terms: Mutex::default(),
+            commit_gate: Mutex::default(),
             owned: watch::Sender::new(BTreeSet::new()),
             reading: watch::Sender::new(BTreeSet::new()),
             replay_to: Mutex::default(),
@@ -130,10 +145,20 @@ impl Default for IngestShared {
 }
 
 impl IngestShared {
-    /// Marks `partition` owned, to be replayed up to `end` (the updates topic's end when
-    /// this node took it) before it is counted as replayed.
-    pub fn own(&self, partition: i32, end: i64) {
-        let applied = self.applied.borrow().get(&partition).copied();
+    /// Marks `partition` owned in a new term, its store applied through `applied`, to be
+    /// replayed up to `end` (the updates topic's end when this node took it) before it is
+    /// counted as replayed.
+    pub fn own(&self, partition: i32, applied: Option<i64>, end: i64) {
+        // the new term first: a waiter that sees the new offsets sees the new term
+        self.lock_terms().entry(partition).or_default().taken += 1;
+        self.applied.send_modify(|at| match applied {
+            Some(o) => {
+                at.insert(partition, o);
+            }
+            None => {
+                at.remove(&partition);
+            }
+        });
         if applied.is_some_and(|o| o + 1 >= end) || end <= 0 {
             self.replayed.send_modify(|r| {
                 r.insert(partition);
@@ -155,14 +180,55 @@ impl IngestShared {
             .send_modify(|r| r.retain(|p| !partitions.contains(p)));
     }
 
+    /// Ends ingest's term in `partitions` (given up: the keeper hands them on, or another
+    /// node fenced this one out of them): a batch of theirs not committed yet never is,
+    /// and a waiter on them no longer trusts `applied`. Once this returns, no commit of
+    /// theirs is under way or to come until they are taken again.
+    pub fn cut(&self, partitions: &[i32]) {
+        // waits for a commit that passed its term check (never for Kafka)
+        let _gate = self.lock_gate();
+        let mut terms = self.lock_terms();
+        for &p in partitions {
+            terms.entry(p).or_default().let_go += 1;
+        }
+    }
+
+    fn lock_gate(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.commit_gate.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Every partition's term now.
+    pub fn terms(&self) -> Terms {
+        self.lock_terms().clone()
+    }
+
+    /// Whether each of `partitions` is still in the term `then` holds for it.
+    pub fn same_terms(&self, then: &Terms, partitions: impl IntoIterator<Item = i32>) -> bool {
+        let terms = self.lock_terms();
+        partitions
+            .into_iter()
+            .all(|p| terms.get(&p) == then.get(&p))
+    }
+
+    /// Whether `partition` was taken again since `then`.
+    fn taken_since(&self, then: &Terms, partition: i32) -> bool {
+        let taken = |terms: &Terms| terms.get(&partition).map_or(0, |t| t.taken);
+        taken(&self.lock_terms()) != taken(then)
+    }
+
+    fn lock_terms(&self) -> std::sync::MutexGuard<'_, Terms> {
+        self.terms.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     fn lock_replay(&self) -> std::sync::MutexGuard<'_, BTreeMap<i32, i64>> {
         self.replay_to.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Waits until ingest passed the record at `(partition, offset)`, or until its
-    /// partition moved away before it did (neither owned nor read here any more: the
-    /// partition's next owner applies the record); answers what became of it.
-    pub async fn passed(&self, partition: i32, offset: i64) -> Outcome {
+    /// Waits until ingest passed the record at `(partition, offset)`, appended when the
+    /// partitions were in `terms`, or until its partition moved away before it did
+    /// (neither owned nor read here any more, or taken again since: the partition's other
+    /// owner applied the record, or refused it); answers what became of it.
+    pub async fn passed(&self, partition: i32, offset: i64, terms: &Terms) -> Outcome {
         let (mut applied, mut owned, mut reading) = (
             self.applied.subscribe(),
             self.owned.subscribe(),
@@ -170,14 +236,19 @@ impl IngestShared {
         );
         loop {
             // gone first: ingest publishes a batch's offsets before it stops reading its
-            // partition, so once the partition is gone its last offsets are in `applied`
+            // partition, so once the partition is gone its last offsets are in `applied`;
+            // in a later term they may be another node's (set at a take)
             let gone = !owned.borrow_and_update().contains(&partition)
                 && !reading.borrow_and_update().contains(&partition);
-            if applied
+            let reached = applied
                 .borrow_and_update()
                 .get(&partition)
-                .is_some_and(|&o| o >= offset)
-            {
+                .is_some_and(|&o| o >= offset);
+            // after reading `applied`: a take raises the term before it sets them
+            if self.taken_since(terms, partition) {
+                return Outcome::Moved;
+            }
+            if reached {
                 return self.outcome(partition, offset);
             }
             if gone {
@@ -199,11 +270,19 @@ impl IngestShared {
         rejected.outcome(partition, offset)
     }
 
-    fn remember_rejections(&self, rejected: &[(Record, Rejection)]) {
+    /// Tells waiters what a committed batch applied: its refusals first, then its offsets.
+    fn publish(&self, applied: &Applied) {
         let mut recent = self.rejected.lock().unwrap_or_else(|p| p.into_inner());
-        for (record, why) in rejected {
+        for (record, why) in applied.late.iter().chain(&applied.rejected) {
             recent.remember(record.partition, record.offset, why.clone());
         }
+        drop(recent);
+        self.applied.send_modify(|positions| {
+            for (&p, &o) in &applied.offsets {
+                let at = positions.entry(p).or_insert(o);
+                *at = (*at).max(o);
+            }
+        });
     }
 }
 
@@ -257,6 +336,23 @@ impl Rejections {
     }
 }
 
+/// How applying a batch ended.
+enum Applying {
+    Done,
+    /// Asked to stop meanwhile.
+    Stopped,
+    /// A partition of the batch was given up meanwhile: a part was not committed.
+    Cut,
+}
+
+/// How applying a part of a batch ended.
+enum Part {
+    /// Committed; the records left for after the lease group answered, if any.
+    Committed(Option<Pending>),
+    /// Not committed: a partition's term ended ([`IngestShared::cut`]).
+    Cut,
+}
+
 pub struct Ingestor {
     pub config: Arc<Config>,
     pub actor: Actor,
@@ -281,8 +377,11 @@ impl Ingestor {
     pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) -> Result<(), IngestError> {
         let mut owned = self.shared.owned.subscribe();
         let mut reader: Option<Reader> = None;
+        // the partitions' terms when the reader started (before it read `owned`)
+        let mut terms = BTreeMap::new();
         loop {
             if reader.is_none() || owned.has_changed().unwrap_or(false) {
+                terms = self.shared.terms();
                 reader = self.follow(&mut owned).await?;
             }
             let Some(reading) = reader.as_mut() else {
@@ -317,8 +416,17 @@ impl Ingestor {
                     return Ok(());
                 }
                 let received = batch.first_at.unwrap_or_else(Instant::now);
-                if !self.apply(batch.records, received, &mut shutdown).await? {
-                    return Ok(());
+                match self
+                    .apply(batch.records, received, &terms, &mut shutdown)
+                    .await?
+                {
+                    Applying::Done => {}
+                    Applying::Stopped => return Ok(()),
+                    Applying::Cut => {
+                        // read again, from the applied offsets, without those given up
+                        reader = None;
+                        continue;
+                    }
                 }
             }
             if let Some(e) = batch.failed
@@ -420,29 +528,33 @@ impl Ingestor {
         }
     }
 
-    /// Applies `records`, in parts where one names a lease epoch to ask the lease group
-    /// about (false: asked to stop meanwhile).
+    /// Applies `records` (read in `terms`), in parts where one names a lease epoch to ask
+    /// the lease group about.
     async fn apply(
         &mut self,
         mut records: Vec<Record>,
         received: Instant,
+        terms: &Terms,
         shutdown: &mut watch::Receiver<bool>,
-    ) -> Result<bool, IngestError> {
-        loop {
-            let Some(pending) = self.apply_part(records, received).await? else {
-                break;
-            };
-            if !self
-                .learn_grant(pending.shard, pending.epoch, shutdown)
-                .await
-            {
-                return Ok(false);
+    ) -> Result<Applying, IngestError> {
+        let applying = loop {
+            match self.apply_part(records, received, terms).await? {
+                Part::Committed(None) => break Applying::Done,
+                Part::Cut => break Applying::Cut,
+                Part::Committed(Some(pending)) => {
+                    if !self
+                        .learn_grant(pending.shard, pending.epoch, shutdown)
+                        .await
+                    {
+                        return Ok(Applying::Stopped);
+                    }
+                    records = pending.records;
+                }
             }
-            records = pending.records;
-        }
+        };
         // an answer holds for the records read before it, and no later ones
         self.grants.read.clear();
-        Ok(true)
+        Ok(applying)
     }
 
     /// Learns whether the lease group granted `epoch` of `shard`: from this region's
@@ -511,15 +623,19 @@ impl Ingestor {
         }
     }
 
-    /// Applies and commits what it can of `records` (the first received at `received`);
-    /// returns the part left for after the lease group answered.
+    /// Applies and commits what it can of `records` (the first received at `received`,
+    /// read in `terms`); returns the part left for after the lease group answered. Commits
+    /// nothing if one of their partitions' term ended meanwhile ([`IngestShared::cut`]).
     async fn apply_part(
         &self,
         records: Vec<Record>,
         received: Instant,
-    ) -> Result<Option<Pending>, IngestError> {
-        // read-modify-write of state: no merge of remote deltas may interleave
-        let _writer = self.shared.state_writer.lock().await;
+        terms: &Terms,
+    ) -> Result<Part, IngestError> {
+        let touched: BTreeSet<i32> = records.iter().map(|r| r.partition).collect();
+        // read-modify-write of state: no merge or catch-up may interleave (reading alone
+        // needs no guard; the commit's task takes it)
+        let writer = self.store.writer().await;
         let started = Instant::now();
         m::write_stage("batch", started.saturating_duration_since(received));
         let events = records.len();
@@ -550,9 +666,15 @@ impl Ingestor {
 
         self.dead_letter(&applied.rejected).await;
 
-        let store = self.store.clone();
+        let (store, shared, terms) = (self.store.clone(), self.shared.clone(), terms.clone());
         let topic = self.config.kafka.updates_topic.clone();
-        let applied = tokio::task::spawn_blocking(move || {
+        let committed = tokio::task::spawn_blocking(move || {
+            let _writer = writer;
+            // a cut waits for this commit, or this batch sees it
+            let _gate = shared.lock_gate();
+            if !shared.same_terms(&terms, touched) {
+                return Ok::<_, StoreError>(None);
+            }
             let mut late: Vec<(String, Vec<u8>)> = applied.late.iter().map(late_event).collect();
             late.extend(
                 applied
@@ -560,22 +682,29 @@ impl Ingestor {
                     .iter()
                     .map(|((p, o), change)| (window::output_key(*p, *o), change.payload())),
             );
-            store
-                .commit(&Commit {
-                    topic: &topic,
-                    states: &applied.states,
-                    offsets: &applied.offsets,
-                    outbox: &applied.outbox,
-                    recent_ids: &applied.recent_ids,
-                    hlc_high_water: origin_time,
-                    remote_applied: None,
-                    fences: &applied.fences.0,
-                    watermarks: &applied.watermarks,
-                    late: &late,
-                })
-                .map(|()| applied)
+            store.commit(&Commit {
+                topic: &topic,
+                states: &applied.states,
+                offsets: &applied.offsets,
+                outbox: &applied.outbox,
+                recent_ids: &applied.recent_ids,
+                hlc_high_water: origin_time,
+                remote_applied: None,
+                fences: &applied.fences.0,
+                watermarks: &applied.watermarks,
+                late: &late,
+            })?;
+            shared.publish(&applied);
+            Ok(Some(applied))
         })
         .await??;
+        let Some(applied) = committed else {
+            tracing::info!(
+                records = events,
+                "a batch read before its partitions were given up is not committed; ingest reads again"
+            );
+            return Ok(Part::Cut);
+        };
         m::write_stage("commit", apply_done.elapsed());
 
         if !applied.outbox.is_empty() || !applied.late.is_empty() {
@@ -583,7 +712,6 @@ impl Ingestor {
         }
         if !applied.late.is_empty() {
             metrics::counter!(m::EVENTS_LATE).increment(applied.late.len() as u64);
-            self.shared.remember_rejections(&applied.late);
         }
         metrics::counter!(m::EVENTS_APPLIED).increment(applied.applied as u64);
         metrics::counter!(m::EVENTS_DUPLICATE).increment(applied.duplicates as u64);
@@ -602,18 +730,11 @@ impl Ingestor {
         self.shared
             .events_applied
             .fetch_add(applied.applied as u64, Ordering::Relaxed);
-        self.shared.remember_rejections(&applied.rejected);
-        self.shared.applied.send_modify(|positions| {
-            for (&p, &o) in &applied.offsets {
-                let at = positions.entry(p).or_insert(o);
-                *at = (*at).max(o);
-            }
-        });
         if self.shared.changes.receiver_count() > 0 && !applied.states.is_empty() {
             let changes: Vec<Change> = applied.states.into_iter().collect();
             let _ = self.shared.changes.send(Arc::new(changes));
         }
-        Ok(pending)
+        Ok(Part::Committed(pending))
     }
 
     /// Produces every refused record to the dead-letter topic with its reason (cut to what
@@ -774,10 +895,11 @@ mod tests {
     fn a_write_is_answered_once_its_partition_moves_away() {
         for last_batch_has_it in [false, true] {
             let shared = IngestShared::default();
-            shared.own(0, 0);
+            shared.own(0, None, 0);
             shared.reading.send_replace(BTreeSet::from([0]));
             shared.applied.send_replace(BTreeMap::from([(0, 3)]));
-            let mut wait = std::pin::pin!(shared.passed(0, 5));
+            let terms = shared.terms();
+            let mut wait = std::pin::pin!(shared.passed(0, 5, &terms));
             assert_eq!(
                 wait.as_mut().now_or_never(),
                 None,
@@ -800,6 +922,120 @@ mod tests {
             };
             assert_eq!(wait.now_or_never(), Some(expected));
         }
+    }
+
+    /// A waiter trusts `applied` only while its partition was not taken again since its
+    /// record was appended: a take sets the offsets the partition's other owner reached,
+    /// and that owner may have refused the record (a failed compare-and-set, a fence). A
+    /// partition let go after ingest's last batch applied the record answers applied.
+    #[test]
+    fn a_write_is_not_answered_applied_from_another_owners_offsets() {
+        // taken back while ingest was stuck in a batch
+        let shared = IngestShared::default();
+        shared.own(0, Some(3), 10);
+        shared.reading.send_replace(BTreeSet::from([0]));
+        let terms = shared.terms();
+        let mut wait = std::pin::pin!(shared.passed(0, 5, &terms));
+        assert_eq!(wait.as_mut().now_or_never(), None);
+        shared.disown(&[0]);
+        shared.cut(&[0]);
+        assert_eq!(wait.as_mut().now_or_never(), None, "ingest still reads it");
+        shared.own(0, Some(10), 12);
+        assert_eq!(wait.now_or_never(), Some(Outcome::Moved));
+
+        // taken after the record was appended, before its waiter looked
+        let shared = IngestShared::default();
+        let terms = shared.terms();
+        shared.own(0, Some(10), 12);
+        shared.reading.send_replace(BTreeSet::from([0]));
+        let wait = shared.passed(0, 5, &terms);
+        assert_eq!(wait.now_or_never(), Some(Outcome::Moved));
+
+        // let go after the last batch applied it
+        let shared = IngestShared::default();
+        shared.own(0, Some(3), 10);
+        shared.reading.send_replace(BTreeSet::from([0]));
+        let terms = shared.terms();
+        let mut wait = std::pin::pin!(shared.passed(0, 5, &terms));
+        assert_eq!(wait.as_mut().now_or_never(), None);
+        shared.disown(&[0]);
+        shared.applied.send_replace(BTreeMap::from([(0, 6)]));
+        shared.reading.send_replace(BTreeSet::new());
+        shared.cut(&[0]);
+        assert_eq!(wait.now_or_never(), Some(Outcome::Applied));
+    }
+
+    /// The config, store and ingest task of a region whose Kafka is never reached (the
+    /// records given make no dead letter).
+    fn offline_ingestor(store: Arc<Store>, shared: Arc<IngestShared>) -> Ingestor {
+        let mut config = Config::load(&crate::repo_file("regions/us-east-1.toml")).unwrap();
+        config.kafka.bootstrap = "127.0.0.1:1".into();
+        let config = Arc::new(config);
+        let clock = Arc::new(crate::clock::ManualClock::new(1_700_000_000_000_000_000));
+        Ingestor {
+            actor: Actor::new(config.region.clone(), 1),
+            hlc: Arc::new(Hlc::new(clock, Duration::from_millis(500))),
+            store,
+            source: ConsumerSpec {
+                kafka: config.kafka.clone(),
+                group: "unused".into(),
+                report_end: false,
+                topic: config.kafka.updates_topic.clone(),
+                partitions: Vec::new(),
+                role: "ingest",
+            },
+            dlq: RenewingProducer::new(&config.kafka, Duration::from_secs(1)).unwrap(),
+            shared,
+            leases: None,
+            grants: Grants::default(),
+            partitions: 1,
+            config,
+        }
+    }
+
+    /// A batch read before its partition was given up without ingest's consent (ingest
+    /// did not stop reading it in time, or another node fenced this one) is not
+    /// committed: a catch-up of the copy may have raised its offset and watermark since,
+    /// and the batch would lower them again. One read in the current term commits.
+    #[tokio::test]
+    async fn a_batch_read_before_its_partition_was_cut_is_not_committed() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(Store::open(dir.path(), 1).unwrap());
+        let shared = Arc::new(IngestShared::default());
+        let ingestor = offline_ingestor(store.clone(), shared.clone());
+        let topic = ingestor.config.kafka.updates_topic.clone();
+        let add = |offset| Record {
+            partition: 0,
+            offset,
+            timestamp_ms: Some(1_700_000_000_000),
+            key: Some(b"trips/a".to_vec()),
+            payload: Some(br#"{"key":"trips/a","add":1}"#.to_vec()),
+        };
+        shared.own(0, None, 0);
+        let read_in = shared.terms();
+        shared.disown(&[0]);
+        shared.cut(&[0]);
+        let part = ingestor
+            .apply_part(vec![add(0)], Instant::now(), &read_in)
+            .await
+            .unwrap();
+        assert!(matches!(part, Part::Cut));
+        assert_eq!(store.source_offsets(&topic).unwrap(), BTreeMap::new());
+        assert_eq!(store.get("trips/a").unwrap(), None);
+        assert!(shared.applied.borrow().is_empty());
+
+        shared.own(0, None, 0);
+        let read_in = shared.terms();
+        let part = ingestor
+            .apply_part(vec![add(0)], Instant::now(), &read_in)
+            .await
+            .unwrap();
+        assert!(matches!(part, Part::Committed(None)));
+        assert_eq!(
+            store.source_offsets(&topic).unwrap(),
+            BTreeMap::from([(0, 0)])
+        );
+        assert_eq!(shared.applied.borrow().get(&0), Some(&0));
     }
 
     #[test]

@@ -130,6 +130,9 @@ pub async fn catch_up(
     store: &Arc<Store>,
     partition: i32,
 ) -> Result<CaughtUp, BootstrapError> {
+    // a writer of the copy that started before (an aborted shipper's last store writes)
+    // finishes before anything of it is read
+    drop(store.writer().await);
     let mut discarded = false;
     loop {
         let recovered = merge_own_topic(config, hlc, store, vec![partition]).await?;
@@ -142,15 +145,19 @@ pub async fn catch_up(
                 "this node's copy of the partition holds increments it never shipped, and another node shipped the partition since: discarding the copy and rebuilding it from the deltas topic"
             );
             // every key of the partition: off the async threads
-            let copy = store.clone();
-            tokio::task::spawn_blocking(move || copy.discard(partition))
-                .await
-                .unwrap_or_else(|e| Err(StoreError::Task(e.to_string())))?;
+            let (copy, writer) = (store.clone(), store.writer().await);
+            tokio::task::spawn_blocking(move || {
+                let _writer = writer;
+                copy.discard(partition)
+            })
+            .await
+            .unwrap_or_else(|e| Err(StoreError::Task(e.to_string())))?;
             discarded = true;
             continue;
         }
         if let Some(resume) = &recovered.resume {
             resume_after(config, hlc, store, resume).await?;
+            let _writer = store.writer().await;
             // the final windows the rounds merged produced go out no second time
             if let Some(&through) = resume.outputs_through.get(&partition) {
                 store.raise_outputs_through(partition, through)?;
@@ -212,9 +219,16 @@ pub async fn catch_up_remote(
         if !batch.records.is_empty() {
             let (store, config, hlc) = (store.clone(), config.clone(), hlc.clone());
             let origin = remote.region.clone();
-            let batch_merged =
-                merge_and_commit(store, config, hlc, batch.records, origin, Some(id.clone()))
-                    .await?;
+            let batch_merged = merge_and_commit(
+                store,
+                config,
+                hlc,
+                batch.records,
+                origin,
+                Some(id.clone()),
+                None,
+            )
+            .await?;
             merged += batch_merged.merged;
             if !batch_merged.held.is_empty() {
                 return Ok(merged);
@@ -321,8 +335,16 @@ async fn merge_own_topic(
         }
         let region = config.region.clone();
         let (store, config, hlc) = (store.clone(), config.clone(), hlc.clone());
-        let merged =
-            merge_and_commit(store, config, hlc, batch.records, region.clone(), None).await?;
+        let merged = merge_and_commit(
+            store,
+            config,
+            hlc,
+            batch.records,
+            region.clone(),
+            None,
+            None,
+        )
+        .await?;
         let held = merged.held.into_iter().map(|(p, (o, why))| (p, o, why));
         let refused = merged.refused.into_iter().chain(held).collect();
         let (superseded, fatal) = sort_refusals(refused, &topic, region.as_str());
@@ -376,6 +398,8 @@ async fn resume_after(
         });
     }
     hlc.advance_past(resume.hlc_high_water);
+    // the stored positions read and raised by one writer
+    let writer = store.writer().await;
     let current = store.source_offsets(&config.kafka.updates_topic)?;
     let later = later_partitions(&resume.updates_offsets, &current);
     if later.len() < resume.updates_offsets.len() {
@@ -391,6 +415,7 @@ async fn resume_after(
         hlc.clone(),
     );
     tokio::task::spawn_blocking(move || {
+        let _writer = writer;
         // the records after the resume point are judged by the fence and the watermark as
         // of it
         let stored = store.fences()?;

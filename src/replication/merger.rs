@@ -33,7 +33,7 @@ use crate::clock::{ClockError, Hlc, HlcTimestamp};
 use crate::config::{Config, IngestConfig, Namespaces, Ownership, RemoteConfig};
 use crate::crdt::{CrdtError, CrdtValue, DecodeError, Delta, RESUME_KEY, RegionId, ResumePoint};
 use crate::ingest::batch::StateSource;
-use crate::ingest::ingestor::{Change, IngestShared};
+use crate::ingest::ingestor::{Change, IngestShared, Terms};
 use crate::log::{self, Batching, Reader, Record};
 use crate::metrics as m;
 use crate::shutdown::stopped;
@@ -353,18 +353,29 @@ fn check(
 }
 
 /// Merges `records` (deltas of `origin`) into `store` and commits the merged states in
-/// one `WriteBatch` with no outbox entry (a merge never ships), off the async threads.
+/// one `WriteBatch` with no outbox entry (a merge never ships), off the async threads,
+/// holding the store's writer from the first read to the commit (the blocking task holds
+/// it: dropping this future does not free it while the merge runs on).
 /// With `positions`, the consumed offsets and the newest origin time merged are committed
-/// with them, under that offsets id.
+/// with them, under that offsets id. With `owned` (the merger's: its partitions' terms
+/// when it started reading them), the records of a partition let go or taken again since
+/// are left out: a catch-up of the copy may have rebuilt it meanwhile.
 pub async fn merge_and_commit(
     store: Arc<Store>,
     config: Arc<Config>,
     hlc: Arc<Hlc>,
-    records: Vec<Record>,
+    mut records: Vec<Record>,
     origin: RegionId,
     positions: Option<String>,
+    owned: Option<(Arc<IngestShared>, Terms)>,
 ) -> Result<Merged, StoreError> {
+    let writer = store.writer().await;
     tokio::task::spawn_blocking(move || {
+        let _writer = writer;
+        // a catch-up that follows a cut or a take waits for this writer
+        if let Some((shared, terms)) = &owned {
+            records.retain(|r| shared.same_terms(terms, [r.partition]));
+        }
         let merged = merge_batch(
             &records,
             store.as_ref(),
@@ -444,30 +455,39 @@ impl Merger {
     }
 
     /// Merges the remote's deltas of the partitions this node owns, following them as they
-    /// change (a new reader after each change, from the stored offsets).
-    pub async fn run(self, stop: watch::Receiver<bool>) -> Result<(), MergeError> {
+    /// change (a new reader after each change, from the stored offsets; a batch being
+    /// merged is merged and committed first).
+    pub async fn run(self, mut stop: watch::Receiver<bool>) -> Result<(), MergeError> {
         let mut owned = self.shared.owned.subscribe();
         loop {
+            // before reading `owned`: a change after this is seen at the commit
+            let terms = self.shared.terms();
             let partitions: Vec<i32> = owned.borrow_and_update().iter().copied().collect();
-            let merging = async {
-                let Some(reader) = self.subscribe(&partitions, &mut stop.clone()).await? else {
-                    return Ok(());
-                };
-                self.merge_from(reader, &mut stop.clone()).await
+            let reader = tokio::select! {
+                reader = self.subscribe(&partitions, &mut stop) => reader?,
+                _ = owned.changed() => continue,
             };
-            tokio::select! {
-                merged = merging => return merged,
-                _ = owned.changed() => {}
+            let Some(reader) = reader else {
+                return Ok(());
+            };
+            if !self
+                .merge_from(reader, &terms, &mut stop, &mut owned)
+                .await?
+            {
+                return Ok(());
             }
         }
     }
 
-    /// Merges what `reader` reads until asked to stop.
+    /// Merges what `reader` reads (its partitions in `terms`) until asked to stop (false)
+    /// or until the partitions this node owns change (true), between batches.
     async fn merge_from(
         &self,
         mut reader: Reader,
+        terms: &Terms,
         stop: &mut watch::Receiver<bool>,
-    ) -> Result<(), MergeError> {
+        owned: &mut watch::Receiver<BTreeSet<i32>>,
+    ) -> Result<bool, MergeError> {
         let partitions = reader.partitions().len();
         let batching = Batching {
             max: MAX_BATCH,
@@ -477,15 +497,19 @@ impl Merger {
         let mut at_end = BTreeSet::new();
         self.note_caught_up(&at_end, partitions);
         loop {
-            let Some(batch) = reader.next_batch(batching, stop).await else {
-                return Ok(());
+            let batch = tokio::select! {
+                batch = reader.next_batch(batching, stop) => batch,
+                _ = owned.changed() => return Ok(true),
+            };
+            let Some(batch) = batch else {
+                return Ok(false);
             };
             for (partition, next) in batch.at_end {
                 self.at_end_of(partition, next);
                 at_end.insert(partition);
             }
             if !batch.records.is_empty()
-                && let Some((held, wait)) = self.merge(batch.records).await?
+                && let Some((held, wait)) = self.merge(batch.records, terms).await?
             {
                 // not at their end until the held deltas are merged; what the client
                 // fetched after them is read again with them
@@ -493,7 +517,8 @@ impl Merger {
                     at_end.remove(&p);
                 }
                 tokio::select! {
-                    () = stopped(stop) => return Ok(()),
+                    () = stopped(stop) => return Ok(false),
+                    _ = owned.changed() => return Ok(true),
                     () = tokio::time::sleep(wait.clamp(HOLD_MIN, HOLD_MAX)) => {}
                 }
                 if let Err(e) = reader.reposition(&self.merged()?).await {
@@ -591,9 +616,8 @@ impl Merger {
     async fn merge(
         &self,
         records: Vec<Record>,
+        terms: &Terms,
     ) -> Result<Option<(Vec<i32>, Duration)>, StoreError> {
-        // read-modify-write of state: no local batch or other merge may interleave
-        let writer = self.shared.state_writer.lock().await;
         let merged = merge_and_commit(
             self.store.clone(),
             self.config.clone(),
@@ -601,10 +625,9 @@ impl Merger {
             records,
             self.remote().region.clone(),
             Some(Merger::offsets_id(self.remote())),
+            Some((self.shared.clone(), terms.clone())),
         )
         .await?;
-        drop(writer);
-
         self.progress.offsets.send_modify(|offsets| {
             for (&p, &o) in &merged.offsets {
                 offsets.insert(p, o);
@@ -671,6 +694,7 @@ mod tests {
     use super::*;
     use crate::clock::ManualClock;
     use crate::crdt::{Actor, GCounter};
+    use futures_util::FutureExt;
 
     /// `d` as the record at offset `at` of partition 0.
     fn record(d: &Delta, at: u64) -> Record {
@@ -718,6 +742,97 @@ mod tests {
     }
 
     const SEC: u64 = 1_000_000_000;
+
+    /// `Merger::run` drops its merge future whenever the node's owned partitions change.
+    /// The merge goes on in the blocking pool: until it has committed, no other writer may
+    /// read-modify-write state, or the merge's commit rolls that writer's update back (an
+    /// acknowledged increment lost in every region).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_cancelled_merge_keeps_other_writers_out_until_it_committed() {
+        let config = Arc::new(Config::load(&crate::repo_file("regions/us-east-1.toml")).unwrap());
+        let remote = config.replication.remotes[0].clone();
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(Store::open(dir.path(), 1).unwrap());
+        let shared = Arc::new(IngestShared::default());
+        let clock = Arc::new(ManualClock::new(100 * SEC));
+        let hlc = Arc::new(Hlc::new(clock, Duration::from_millis(500)));
+        let merger = Merger {
+            partitions: 1,
+            config: config.clone(),
+            hlc,
+            store: store.clone(),
+            shared: shared.clone(),
+            freshness: Arc::new(Freshness::default()),
+            progress: Arc::new(RemoteProgress::new(remote.clone(), BTreeMap::new())),
+        };
+        // long enough to be cancelled inside its blocking part; trips/k1 is read first
+        let origin = remote.region.as_str();
+        let records: Vec<Record> = (1..=20_000u64)
+            .map(|i| delta(origin, &format!("trips/k{}", i % 1000), i, i))
+            .collect();
+        let offsets_id = Merger::offsets_id(&remote);
+        let committed = || store.source_offsets(&offsets_id).unwrap().get(&0) == Some(&20_000);
+
+        let terms = shared.terms();
+        let mut merging = Box::pin(merger.merge(records, &terms));
+        assert!(
+            merging.as_mut().now_or_never().is_none(),
+            "the merge runs on"
+        );
+        drop(merging); // what Merger::run's select! does when `owned` changes
+        if let Some(free) = store.writer().now_or_never() {
+            assert!(
+                committed(),
+                "the state lock is free while the cancelled merge has not committed"
+            );
+            drop(free);
+        }
+
+        // an ingest-style read-modify-write under the lock: one local increment
+        let local = Actor::new(config.region.clone(), 7);
+        let writer = store.writer().await;
+        // were the merge still running, it read trips/k1 (its first key) by now
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let mut counter = match store.get("trips/k1").unwrap() {
+            Some(CrdtValue::GCounter(c)) => c,
+            None => GCounter::new(),
+            other => panic!("{other:?}"),
+        };
+        counter.increment(&local, 1).unwrap();
+        let states = BTreeMap::from([("trips/k1".to_string(), CrdtValue::GCounter(counter))]);
+        store
+            .commit(&Commit {
+                topic: "",
+                states: &states,
+                offsets: &BTreeMap::new(),
+                outbox: &[],
+                recent_ids: &BTreeMap::new(),
+                hlc_high_water: HlcTimestamp::new(0, 0),
+                remote_applied: None,
+                fences: &BTreeMap::new(),
+                watermarks: &BTreeMap::new(),
+                late: &[],
+            })
+            .unwrap();
+        drop(writer);
+
+        let waited = std::time::Instant::now();
+        while !committed() {
+            assert!(
+                waited.elapsed() < Duration::from_secs(60),
+                "the merge never committed"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let Some(CrdtValue::GCounter(k1)) = store.get("trips/k1").unwrap() else {
+            panic!("trips/k1 is a counter");
+        };
+        assert_eq!(
+            (k1.get(&local), k1.value()),
+            (1, 19_002),
+            "the local increment survives the merge (remote 19,001 + local 1)"
+        );
+    }
 
     #[test]
     fn duplicates_and_reordering_merge_to_the_same_state() {

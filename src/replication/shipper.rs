@@ -63,6 +63,8 @@ pub enum ShipError {
         "shipping deltas stopped for good: {0} (did another node of this region start with the same transactional id?)"
     )]
     Fatal(String),
+    #[error("the shipper panicked")]
+    Panicked,
 }
 
 pub struct Shipper {
@@ -88,6 +90,10 @@ pub struct Shipper {
     /// Turns true when the node gives the partition up: one last round ships what the
     /// outbox holds, then the shipper ends.
     pub hand_off: watch::Receiver<bool>,
+    /// The partitions this node owns: a shipper whose partition was let go starts a new
+    /// client only for the hand-off (another node owning it, the new client's
+    /// `init_transactions` would fence that node).
+    pub owned: watch::Receiver<BTreeSet<i32>>,
     /// The namespaces whose final windows this shipper produces to the outputs topic, if
     /// any ([`super::outputs`]).
     pub outputs: Option<Arc<Outputs>>,
@@ -201,8 +207,9 @@ impl Shipper {
                             .and_then(|r| r.updates_offsets.get(&partition).copied());
                         let outputs =
                             resume.and_then(|r| r.outputs_through.get(&partition).copied());
-                        let store = self.store.clone();
+                        let (store, writer) = (self.store.clone(), self.store.writer().await);
                         tokio::task::spawn_blocking(move || {
+                            let _writer = writer;
                             if let Some(through) = through {
                                 store.drop_records_through(partition, through)?;
                             }
@@ -231,6 +238,18 @@ impl Shipper {
                         return Err(ShipError::Fatal(fatal));
                     }
                     tokio::time::sleep(RETRY_PAUSE).await;
+                    // let go (not owned) and not handed off (yet): the keeper hands it off
+                    // (no next owner yet: a new client fences nobody), or aborts this
+                    // shipper because another node owns it (a new client would fence it)
+                    if !self.owned.borrow().contains(&partition) {
+                        let mut hand_off = self.hand_off.clone();
+                        tokio::select! {
+                            () = stopped(&mut stop) => return Ok(()),
+                            handed = hand_off.wait_for(|&h| h) => if handed.is_err() {
+                                return Ok(());
+                            },
+                        }
+                    }
                     self.producer.restart(&e).await;
                     continue;
                 }
@@ -244,7 +263,10 @@ impl Shipper {
             last_shipped = Some(Instant::now());
             let (store, deltas) = (self.store.clone(), self.kafka.deltas_topic.clone());
             let outputs_through = round_outputs.through;
+            // an aborted shipper's last writes finish before a later catch-up of the copy
+            let writer = self.store.writer().await;
             tokio::task::spawn_blocking(move || {
+                let _writer = writer;
                 store.clear_outbox(&snapshot.entries)?;
                 if let Some(outputs) = outputs_through {
                     store.raise_outputs_through(partition, outputs)?;

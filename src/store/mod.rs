@@ -35,6 +35,7 @@ mod retention;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use crate::clock::HlcTimestamp;
 use crate::crdt::{CrdtValue, DecodeError, Delta, RegionId};
@@ -149,7 +150,13 @@ pub struct OutboxSnapshot {
 /// The region's state: one [`PartitionStore`] per partition, `parts[p]` in `<dir>/p<p>`.
 pub struct Store {
     parts: Vec<PartitionStore>,
+    writer: Arc<tokio::sync::Mutex<()>>,
 }
+
+/// The right to read-modify-write state ([`Store::writer`]). It is owned: work that needs
+/// it takes it into the blocking task that does the work, so that a future dropped while
+/// it awaits that task (by a `select!` or a timeout) cannot free it while the task runs on.
+pub type StateWriter = tokio::sync::OwnedMutexGuard<()>;
 
 /// The directory of partition `p`'s instance inside a data dir.
 pub fn partition_dir(dir: &Path, partition: usize) -> PathBuf {
@@ -243,7 +250,10 @@ impl Store {
         if written.is_none() {
             write_count(dir, partitions)?;
         }
-        Ok(Self { parts })
+        Ok(Self {
+            parts,
+            writer: Arc::default(),
+        })
     }
 
     /// Opens the partitions `dir` holds (a restored copy, which knows its count).
@@ -261,11 +271,23 @@ impl Store {
             .into_iter()
             .map(|p| PartitionStore::open_read_only(&partition_dir(dir, p)))
             .collect::<Result<_, _>>()?;
-        Ok(Self { parts })
+        Ok(Self {
+            parts,
+            writer: Arc::default(),
+        })
     }
 
     pub fn partitions(&self) -> usize {
         self.parts.len()
+    }
+
+    /// Waits for the right to read-modify-write state, held by one writer at a time (a
+    /// local batch, a merge of remote deltas, a catch-up): two writers reading the same key
+    /// and each writing back their result would lose one's update. [`Store::commit`] itself
+    /// takes no lock; every writer that reads state first holds this while it reads and
+    /// until its commit returned.
+    pub async fn writer(&self) -> StateWriter {
+        self.writer.clone().lock_owned().await
     }
 
     fn of(&self, key: &str) -> &PartitionStore {
