@@ -672,7 +672,7 @@ fn check_config(config: ConfigArgs, role: Role) -> anyhow::Result<()> {
 }
 
 async fn remove_region(region: String, config: ConfigArgs, role: Role) -> anyhow::Result<()> {
-    use geostate::lease::network::{Channels, GroupChange, change_group};
+    use geostate::lease::network::{Channels, GroupChange, change_group_within};
     let ConfigArgs { config: path, set } = config;
     let (lease, tls) = match role {
         Role::Witness => {
@@ -697,7 +697,7 @@ async fn remove_region(region: String, config: ConfigArgs, role: Role) -> anyhow
         region: region.clone(),
     };
     let wait = std::time::Duration::from_secs(30);
-    let index = change_group(&Channels::new(tls), &members, &change, wait)
+    let index = change_group_within(&Channels::new(tls), &members, &change, wait)
         .await
         .map_err(|e| anyhow::anyhow!("removing {region} from the lease group: {e}"))?;
     println!("{region} is no region of the lease group (log index {index})");

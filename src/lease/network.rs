@@ -404,7 +404,7 @@ impl Service {
                 return self.remove_region(membership, &region).await;
             }
         };
-        changed.map(|_| ()).map_err(|e| e.to_string())
+        changed.map(|_| ()).map_err(refusal)
     }
 
     /// Adds region member `id` as a learner, waits until it holds the log, then makes it
@@ -428,10 +428,6 @@ impl Service {
                 other.member
             ));
         }
-        let error = |e: openraft::error::RaftError<
-            NodeId,
-            openraft::error::ClientWriteError<NodeId, GroupNode>,
-        >| e.to_string();
         if membership.voter_ids().any(|v| v == id) {
             if membership.get_node(&id) != Some(&node) {
                 // restarted with other addresses: the group lists the new ones
@@ -439,7 +435,7 @@ impl Service {
                 self.raft
                     .change_membership(nodes, true)
                     .await
-                    .map_err(error)?;
+                    .map_err(refusal)?;
             }
             return Ok(());
         }
@@ -448,13 +444,13 @@ impl Service {
             self.raft
                 .add_learner(id, node.clone(), true)
                 .await
-                .map_err(error)?;
+                .map_err(refusal)?;
         }
         let voter = ChangeMembers::AddVoterIds(BTreeSet::from([id]));
         self.raft
             .change_membership(voter, false)
             .await
-            .map_err(error)?;
+            .map_err(refusal)?;
         tracing::info!(member = id, %region, "a region joined the lease group");
         Ok(())
     }
@@ -472,15 +468,11 @@ impl Service {
         if regions.len() <= 1 {
             return Err(format!("{region} is the group's last region"));
         }
-        let error = |e: openraft::error::RaftError<
-            NodeId,
-            openraft::error::ClientWriteError<NodeId, GroupNode>,
-        >| e.to_string();
         let voters = ChangeMembers::RemoveVoters(BTreeSet::from([member]));
         self.raft
             .change_membership(voters, false)
             .await
-            .map_err(error)?;
+            .map_err(refusal)?;
         let metrics = self.raft.metrics().borrow().membership_config.clone();
         let learners: BTreeSet<NodeId> = (metrics.membership().learner_ids())
             .filter(|&id| id == member || id >> 32 == member)
@@ -490,10 +482,45 @@ impl Service {
             self.raft
                 .change_membership(gone, false)
                 .await
-                .map_err(error)?;
+                .map_err(refusal)?;
         }
         tracing::info!(member, %region, "a region left the lease group");
         Ok(())
+    }
+}
+
+/// What a member answers to a group change while it knows no leader (an election is
+/// under way): asking again shortly may succeed.
+const NO_LEADER: &str = "no leader known now (an election is under way)";
+
+/// A membership change's refusal, as a member answers it.
+fn refusal(e: RaftError<NodeId, ClientWriteError<NodeId, GroupNode>>) -> String {
+    match e {
+        RaftError::APIError(ClientWriteError::ForwardToLeader(to)) if to.leader_id.is_none() => {
+            NO_LEADER.to_owned()
+        }
+        e => e.to_string(),
+    }
+}
+
+/// [`change_group`], asked again while the members know no leader (an election, after
+/// members restarted), until `within` has passed.
+pub async fn change_group_within(
+    channels: &Channels,
+    members: &[String],
+    change: &GroupChange,
+    within: Duration,
+) -> Result<u64, String> {
+    let until = tokio::time::Instant::now() + within;
+    loop {
+        let left = until.saturating_duration_since(tokio::time::Instant::now());
+        match change_group(channels, members, change, left.max(Duration::from_secs(1))).await {
+            Err(e) if e.ends_with(NO_LEADER) && tokio::time::Instant::now() < until => {
+                tracing::info!(error = %e, "asking the lease group again");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            answered => return answered,
+        }
     }
 }
 
