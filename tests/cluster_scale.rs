@@ -3,18 +3,23 @@
 //! at every node, before and after one added node is killed in the middle of ingest, and
 //! after it is started again; and owned keys are written at whichever node of the holder
 //! region owns their partition, an added node (a learner of the lease group) keeping the
-//! region's leases when the first node (its member) is killed. Each test leaves the
+//! region's leases when the first node (its member) is killed; and counters both regions
+//! write stay exact while a second node of eu-west-1 joins and leaves 30 times, moving
+//! partitions the counters are not on. Each test leaves the
 //! cluster as it found it (the added nodes removed, the first nodes owning every
 //! partition again) for the tests after it.
 
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use common::failover::{epoch_of, register, replica};
 use common::{cluster, cluster_script, counter, produce_all, producer, unique};
+use geostate::log::partition_of;
 use geostate::pb;
 use geostate::pb::admin_client::AdminClient;
 use geostate::pb::state_client::StateClient;
@@ -107,9 +112,14 @@ async fn owners_settled(spread: bool, within: Duration) -> anyhow::Result<()> {
     }
 }
 
-/// Waits until every node of every region reads `want(i)` for every key.
+/// `trips/<base>-<i>` for the first `KEYS` i.
+fn keys_of(base: &str) -> Vec<String> {
+    (0..KEYS).map(|i| format!("trips/{base}-{i}")).collect()
+}
+
+/// Waits until every node of every region reads `want(i)` for every `keys[i]`.
 async fn everywhere(
-    base: &str,
+    keys: &[String],
     want: impl Fn(usize) -> i64,
     within: Duration,
 ) -> anyhow::Result<()> {
@@ -122,9 +132,8 @@ async fn everywhere(
                     wrong.push(format!("{region} {addr}: unreachable"));
                     continue;
                 };
-                for i in 0..KEYS {
-                    let key = format!("trips/{base}-{i}");
-                    match state.get(replica(&key)).await {
+                for (i, key) in keys.iter().enumerate() {
+                    match state.get(replica(key)).await {
                         Ok(v) if counter(v.get_ref()) == want(i) => {}
                         Ok(v) => wrong.push(format!(
                             "{region} {addr} {key}: {} (want {})",
@@ -176,7 +185,7 @@ async fn two_nodes_per_region_count_every_write_across_regions_through_a_kill() 
             }
         }
     }
-    everywhere(&base, |i| 4 * (i as i64 + 1), wait).await?;
+    everywhere(&keys_of(&base), |i| 4 * (i as i64 + 1), wait).await?;
 
     // 50 rounds more straight to us-east-1's updates topic; its added node dies meanwhile
     let cluster = cluster()?;
@@ -193,15 +202,119 @@ async fn two_nodes_per_region_count_every_write_across_regions_through_a_kill() 
     }
     produce_all(&producer(&kafka)?, "geostate.updates", &records).await?;
     cluster_script(&["node", "kill", "us-east-1/1"])?;
-    everywhere(&base, |i| 4 * (i as i64 + 1) + 50, wait).await?;
+    everywhere(&keys_of(&base), |i| 4 * (i as i64 + 1) + 50, wait).await?;
 
     cluster_script(&["up", "--no-build"])?;
     owners_settled(true, wait).await?;
-    everywhere(&base, |i| 4 * (i as i64 + 1) + 50, wait).await?;
+    everywhere(&keys_of(&base), |i| 4 * (i as i64 + 1) + 50, wait).await?;
 
     drop(added);
     owners_settled(false, wait).await?;
     Ok(())
+}
+
+/// Both regions write the same counters while a second node of eu-west-1 joins and leaves
+/// again and again (`GEOSTATE_MOVES` times, 30 by default), taking partitions the counters
+/// are not on: at every step eu-west-1's first node's owned set changes while it keeps the
+/// counters' partitions and merges us-east-1's deltas of them. Every write is retried with
+/// its id until acknowledged, so each counter reads exactly what was written, at every
+/// node. (A merge cancelled by such a change once rolled an acknowledged increment back in
+/// every region.)
+#[tokio::test]
+async fn counters_stay_exact_while_other_partitions_move_back_and_forth() -> anyhow::Result<()> {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let moves: usize = std::env::var("GEOSTATE_MOVES")
+        .ok()
+        .and_then(|m| m.parse().ok())
+        .unwrap_or(30);
+    let wait = Duration::from_secs(90);
+    let added = Added(vec!["eu-west-1/1".into()]);
+    cluster_script(&["node", "add", "eu-west-1"])?;
+    owners_settled(true, wait).await?;
+    let taken = owned(&region_nodes("eu-west-1")?[1]).await?;
+    let base = unique("kept-counters");
+    let keys: Vec<String> = (0..)
+        .map(|i| format!("trips/{base}-{i}"))
+        .filter(|k| !taken.contains(&partition_of(k.as_bytes(), PARTITIONS as i32)))
+        .take(KEYS / 2)
+        .collect();
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let writers: Vec<_> = ["us-east-1", "eu-west-1"]
+        .into_iter()
+        .map(|region| {
+            let first = region_nodes(region).map(|n| n[0].clone());
+            tokio::spawn(write_until(region, first, keys.clone(), stop.clone()))
+        })
+        .collect();
+    let mut also_taken = BTreeSet::new();
+    for step in 1..=moves {
+        cluster_script(&["node", "remove", "eu-west-1/1"])?;
+        owners_settled(false, wait).await?;
+        cluster_script(&["node", "add", "eu-west-1"])?;
+        owners_settled(true, wait).await?;
+        let now = owned(&region_nodes("eu-west-1")?[1]).await?;
+        also_taken.extend(now.into_iter().filter(|p| !taken.contains(p)));
+        eprintln!("move {step} of {moves} done");
+    }
+    stop.store(true, Ordering::Relaxed);
+    let mut want = vec![0i64; keys.len()];
+    for writer in writers {
+        for (i, n) in writer.await??.into_iter().enumerate() {
+            want[i] += n;
+        }
+    }
+    eprintln!(
+        "{} writes acknowledged over {moves} moves; the added node took {taken:?}, and later also {also_taken:?}",
+        want.iter().sum::<i64>()
+    );
+    everywhere(&keys, |i| want[i], wait).await?;
+    drop(added);
+    owners_settled(false, wait).await?;
+    Ok(())
+}
+
+/// The gRPC addresses of `region`'s running nodes, the first node first.
+fn region_nodes(region: &str) -> anyhow::Result<Vec<String>> {
+    nodes()?
+        .into_iter()
+        .find(|(r, _)| r == region)
+        .map(|(_, addrs)| addrs)
+        .with_context(|| format!("no region {region}"))
+}
+
+/// Adds 1 to each of `keys` in turn at the node at `addr` until `stop`, each write retried
+/// with its id until acknowledged (60 s at most); answers how many were written per key.
+async fn write_until(
+    region: &'static str,
+    addr: anyhow::Result<String>,
+    keys: Vec<String>,
+    stop: Arc<AtomicBool>,
+) -> anyhow::Result<Vec<i64>> {
+    let mut state = StateClient::connect(format!("http://{}", addr?)).await?;
+    let mut written = vec![0i64; keys.len()];
+    for n in 0u64.. {
+        if stop.load(Ordering::Relaxed) {
+            break;
+        }
+        let i = n as usize % keys.len();
+        let add = pb::UpdateRequest {
+            key: keys[i].clone(),
+            op: Some(pb::update_request::Op::Add(1)),
+            id: format!("{region}-{n}"),
+            event_time_ms: 0,
+        };
+        let until = Instant::now() + Duration::from_secs(60);
+        while let Err(e) = state.update(add.clone()).await {
+            if Instant::now() > until {
+                bail!("{region} {}: not acknowledged within 60 s: {e}", add.key);
+            }
+            eprintln!("{region} {}: {} (retried)", add.key, e.message());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        written[i] += 1;
+    }
+    Ok(written)
 }
 
 /// A region's added node is a learner of the lease group: owned keys of the partitions it
