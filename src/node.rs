@@ -270,10 +270,20 @@ async fn bootstrap_own_past(
         took_ms = started.elapsed().as_millis() as u64,
         "no incarnation (empty or restored data dir): merged this region's own deltas topic"
     );
+    // a node that bootstraps after this one must take a greater incarnation: two nodes
+    // of one actor defeat the discard rule (`bootstrap::catch_up`), and the wall clock
+    // gives the same second to both (capped, for a clock far behind `last`)
+    let waited = std::time::Instant::now();
+    while new_incarnation(clock.as_ref()) <= incarnation && waited.elapsed() < INCARNATION_WAIT {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     // last: a crash before this line bootstraps again (merging is idempotent)
     store.set_incarnation(incarnation)?;
     Ok(incarnation)
 }
+
+/// Longest a bootstrapping node waits for the wall clock to pass its incarnation's second.
+const INCARNATION_WAIT: Duration = Duration::from_secs(2);
 
 /// A node whose tasks run: what it serves, and what stopping it takes.
 struct Running {

@@ -762,6 +762,13 @@ async fn a_copy_with_unshipped_increments_is_discarded_when_another_node_shipped
     a.start().await?;
     owns_all(&a, wait).await?;
     exact(&a, &base, 1, wait).await?;
+    // another actor: with b's, a's rounds would look like b's own and nothing be discarded
+    let incarnation = |n: &common::Node| n.log_values("node starting", "incarnation=", 0).0;
+    assert_ne!(
+        incarnation(&a),
+        incarnation(&b),
+        "a bootstrapped under b's incarnation"
+    );
 
     b.start().await?;
     shared_out(&[&a, &b], wait).await?;
