@@ -8,7 +8,6 @@
 //!     └─ late ──► late outbox entries      watermark per partition ──► stored with them
 //! ```
 
-use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
@@ -402,13 +401,16 @@ fn working<'w, S: StateSource>(
     source: &S,
     key: &str,
 ) -> Result<&'w mut Working, S::Error> {
-    Ok(match work.entry(key.to_string()) {
-        Entry::Occupied(entry) => entry.into_mut(),
-        Entry::Vacant(entry) => entry.insert(Working {
-            state: source.state(key)?,
+    // a key of its own only for a key not touched yet (no allocation per record)
+    if !work.contains_key(key) {
+        let state = source.state(key)?;
+        let entry = Working {
+            state,
             ..Working::default()
-        }),
-    })
+        };
+        work.insert(key.to_owned(), entry);
+    }
+    Ok(work.get_mut(key).expect("inserted above if absent"))
 }
 
 /// Applies `records` on top of what `source` holds; reads each touched key once. Per

@@ -924,6 +924,14 @@ mod tests {
         }
     }
 
+    /// Partition 0 owned (applied through `applied`, to be replayed to `end`) and read.
+    fn owned_and_read(applied: i64, end: i64) -> IngestShared {
+        let shared = IngestShared::default();
+        shared.own(0, Some(applied), end);
+        shared.reading.send_replace(BTreeSet::from([0]));
+        shared
+    }
+
     /// A waiter trusts `applied` only while its partition was not taken again since its
     /// record was appended: a take sets the offsets the partition's other owner reached,
     /// and that owner may have refused the record (a failed compare-and-set, a fence). A
@@ -931,9 +939,7 @@ mod tests {
     #[test]
     fn a_write_is_not_answered_applied_from_another_owners_offsets() {
         // taken back while ingest was stuck in a batch
-        let shared = IngestShared::default();
-        shared.own(0, Some(3), 10);
-        shared.reading.send_replace(BTreeSet::from([0]));
+        let shared = owned_and_read(3, 10);
         let terms = shared.terms();
         let mut wait = std::pin::pin!(shared.passed(0, 5, &terms));
         assert_eq!(wait.as_mut().now_or_never(), None);
@@ -952,9 +958,7 @@ mod tests {
         assert_eq!(wait.now_or_never(), Some(Outcome::Moved));
 
         // let go after the last batch applied it
-        let shared = IngestShared::default();
-        shared.own(0, Some(3), 10);
-        shared.reading.send_replace(BTreeSet::from([0]));
+        let shared = owned_and_read(3, 10);
         let terms = shared.terms();
         let mut wait = std::pin::pin!(shared.passed(0, 5, &terms));
         assert_eq!(wait.as_mut().now_or_never(), None);
