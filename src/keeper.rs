@@ -101,6 +101,15 @@ impl Copies {
     }
 }
 
+/// The region's group: its nodes share the updates topic's partitions. Named after the
+/// topic too, so deployments sharing a Kafka cluster never share (and rebalance) a group.
+pub fn group_id(config: &Config) -> String {
+    format!(
+        "geostate-ingest-{}-{}",
+        config.region, config.kafka.updates_topic
+    )
+}
+
 /// The partitions the node at `me` keeps warm standby copies of: for each partition
 /// another node owns, the `replicas` nodes other than its owner (among the owners and
 /// `me`) that rank first by a hash of the partition and the node's address (rendezvous
@@ -139,7 +148,7 @@ impl Standby {
     /// Runs until `stop`; ends early only on a storage failure.
     pub async fn run(self, mut stop: watch::Receiver<bool>) -> Result<(), KeeperError> {
         let (config, replicas) = (&self.config, self.config.replication.standby_replicas);
-        let group = crate::node::group_id(config);
+        let group = group_id(config);
         let mut owners = BTreeMap::new();
         loop {
             tokio::select! {

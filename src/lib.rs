@@ -16,6 +16,7 @@
 //!      for owned writes (api), for ingest's epoch check and the merge's fences
 //!  checkpoint: store files ─► S3 (incremental, manifests); restore on an empty disk
 //!
+//!  cli          the `geostate` command line: clap types, one module per subcommand family
 //!  node         wiring: open, spawn every task into one set, serve, stop in order
 //!  keeper       takes and gives up partitions as the region's Kafka group assigns them
 //!  api          tonic services, pb conversions, the one error → Status map
@@ -43,6 +44,7 @@
 
 pub mod api;
 pub mod checkpoint;
+pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod crdt;

@@ -92,7 +92,7 @@ pub const DELTAS_HELD: &str = "geostate_deltas_held_total";
 pub const REMOTE_SILENCE_SECONDS: &str = "geostate_remote_silence_seconds";
 /// From a remote region's apply to ours, label `region` (histogram).
 pub const REPLICATION_LAG_SECONDS: &str = "geostate_replication_lag_seconds";
-/// Seconds to apply and commit one batch (histogram).
+/// Seconds to apply and commit one batch of one partition (histogram).
 pub const BATCH_APPLY_SECONDS: &str = "geostate_batch_apply_seconds";
 /// Where an `Update`'s time goes, label `stage` (histogram, seconds), in order:
 /// `produce` (the API's record queued until the broker acknowledged it), `fetch` (from the
@@ -102,7 +102,7 @@ pub const BATCH_APPLY_SECONDS: &str = "geostate_batch_apply_seconds";
 /// and the RocksDB write), and `applied` (the API's wait from the broker's ack until
 /// ingest said its record was applied: `fetch` to `commit` as this request saw them).
 pub const WRITE_STAGE_SECONDS: &str = "geostate_write_stage_seconds";
-/// Events per applied batch (histogram).
+/// Events per applied batch of one partition (histogram).
 pub const BATCH_EVENTS: &str = "geostate_batch_events";
 /// Records appended to an input partition but not applied yet, label `partition` (gauge).
 pub const CONSUMER_LAG: &str = "geostate_consumer_lag";
@@ -191,8 +191,9 @@ pub const STAGE_BUCKETS: [f64; 18] = [
     0.05, 0.075, 0.1, 0.25, 1.0,
 ];
 
-/// Installs the process-wide recorder (once; later calls get `None`).
-pub fn install() -> Option<PrometheusHandle> {
+/// Installs the process-wide recorder (once; later calls get `None`), with the dead-letter
+/// counter registered at 0 for each of `dead_letter_reasons`.
+pub fn install(dead_letter_reasons: &[&'static str]) -> Option<PrometheusHandle> {
     let buckets = [
         0.000_1, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
     ];
@@ -208,7 +209,7 @@ pub fn install() -> Option<PrometheusHandle> {
         .ok()?
         .install_recorder()
         .ok()?;
-    zero_counters();
+    zero_counters(dead_letter_reasons);
     let upkeep = handle.clone();
     tokio::spawn(async move {
         loop {
@@ -221,8 +222,8 @@ pub fn install() -> Option<PrometheusHandle> {
 
 /// Registers at 0 the counters the alerting rules watch (`deploy/prometheus/rules.yml`):
 /// `increase()` sees a series' first increment only if the series existed before it.
-fn zero_counters() {
-    for reason in crate::ingest::event::Rejection::DEAD_LETTER_CODES {
+fn zero_counters(dead_letter_reasons: &[&'static str]) {
+    for &reason in dead_letter_reasons {
         metrics::counter!(EVENTS_DEAD_LETTERED, "reason" => reason).absolute(0);
     }
     for path in ["ingest", "merge"] {
@@ -239,11 +240,12 @@ fn zero_counters() {
 /// Serves the metrics as Prometheus text over HTTP/1.1 (hyper) on the connections of a
 /// listener (TLS when the node has it): `GET /metrics` the metrics, `GET /health` `ok`,
 /// any other path 404 and any other method 405.
-pub async fn serve(
-    mut connections: impl tokio_stream::Stream<Item = std::io::Result<crate::security::tls::Conn>>
-    + Unpin,
+pub async fn serve<C>(
+    mut connections: impl tokio_stream::Stream<Item = std::io::Result<C>> + Unpin,
     handle: Option<PrometheusHandle>,
-) {
+) where
+    C: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     use tokio_stream::StreamExt;
     while let Some(accepted) = connections.next().await {
         let Ok(socket) = accepted else {

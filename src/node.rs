@@ -30,7 +30,7 @@ use crate::config::Config;
 use crate::crdt::Actor;
 use crate::ingest::idle::IdleWatermarks;
 use crate::ingest::ingestor::{IngestShared, Ingestor};
-use crate::keeper::{Copies, Keeper, Standby};
+use crate::keeper::{Copies, Keeper, Standby, group_id};
 use crate::lease::leases::Leases;
 use crate::lease::member::{Member, MemberError};
 use crate::lease::network::Channels;
@@ -139,7 +139,7 @@ pub async fn run(
 ) -> Result<(), NodeError> {
     // first: a metric recorded before the recorder exists is lost (a gauge set once on a
     // change, such as the clock check's, would never show)
-    let recorder = m::install();
+    let recorder = m::install(&crate::ingest::event::Rejection::DEAD_LETTER_CODES);
     let address = match &config.api.advertise {
         Some(a) => a.clone(),
         None => listeners
@@ -309,25 +309,7 @@ impl Opened {
             partitions,
             ..
         } = &self;
-        let deltas = &config.kafka.deltas_topic;
-        let shipped_to = log::partitions(&config.kafka, deltas).await?.len();
-        if shipped_to != partitions.len() {
-            return Err(NodeError::PartitionCounts {
-                topic: deltas.clone(),
-                found: shipped_to,
-                expected: partitions.len(),
-            });
-        }
-        // refused events go to these (dead letters before their batch commits, late events
-        // in the shipping rounds): a missing one is a setup error to name now, not at the
-        // first refused event, when a late one would stop its partition's shipping
-        for topic in [&config.kafka.dlq_topic, &config.kafka.late_topic] {
-            log::partitions(&config.kafka, topic).await?;
-        }
-        // final windows go out in the shipping rounds too
-        if config.namespaces.iter().any(|ns| ns.outputs_final_windows) {
-            log::partitions(&config.kafka, &config.kafka.outputs_topic).await?;
-        }
+        self.check_topics().await?;
         let shared = Arc::new(IngestShared::default());
         tracing::info!(region = %config.region, incarnation = self.incarnation, partitions = partitions.len(), "node starting");
         let (stop, stop_rx) = watch::channel(false);
@@ -335,21 +317,7 @@ impl Opened {
         // The lease group member and this region's leases run from here on, bootstrap or
         // not.
         let (member, leases) = self.start_leases(&mut tasks, &stop_rx).await?;
-        // a learner takes partitions once its table is current, so that it renews the
-        // region's leases, and writes the partitions' owned keys, from its first rounds
-        if let (Some(member), Some(lease)) = (&member, &config.lease)
-            && lease.learner > 0
-        {
-            let waiting = Instant::now();
-            if member.caught_up(LEARNER_CATCH_UP).await {
-                tracing::info!(
-                    took_ms = waiting.elapsed().as_millis() as u64,
-                    "this learner's lease table is current"
-                );
-            } else {
-                tracing::warn!(within = ?LEARNER_CATCH_UP, "this learner's lease table is not current yet; it joins the region's group anyway, and refuses owned keys until it holds their leases");
-            }
-        }
+        self.learner_catches_up(member.as_ref()).await;
         crate::keeper::warm_copies(config, &self.hlc, store, partitions).await?;
         let freshness = Arc::new(Freshness::default());
         let group = self
@@ -360,21 +328,9 @@ impl Opened {
         self.spawn_ingest(&mut tasks, &shared, &remotes, &leases, &stop_rx)?;
         let (checkpoints, checkpoint_status) =
             self.spawn_checkpointer(&mut tasks, &shared, &stop_rx)?;
-        if let Some(tls) = &self.tls {
-            let reload = tls.clone().watch(stop_rx.clone());
-            tasks.spawn("the TLS reloader", OnStop::Abort, returns(reload));
-        }
         // the API's and the metrics' (other regions' APIs are served alike)
         let tls = self.tls.clone().filter(|_| !config.api.plaintext);
-        let metrics = incoming(metrics, tls.clone(), Listener::Metrics);
-        tasks.spawn(
-            "the metrics server",
-            OnStop::Abort,
-            returns(m::serve(metrics, recorder)),
-        );
-        let members = config.lease.iter().flat_map(|l| l.members.values());
-        let members = members.map(|m| m.name().to_owned()).collect();
-        let policy = ApiPolicy::new(config.api.auth.clone(), members).map_err(NodeError::Auth)?;
+        self.spawn_reporting(&mut tasks, metrics, recorder, &tls, &stop_rx);
         let gauges = report_gauges(
             config.clone(),
             self.store.clone(),
@@ -384,18 +340,10 @@ impl Opened {
             stop_rx.clone(),
         );
         tasks.spawn("the gauge reporter", OnStop::Abort, returns(gauges));
-        let functions = match config.pricing.as_ref().and_then(|p| p.function.as_ref()) {
-            Some(f) => {
-                let sidecar =
-                    crate::function::Sidecar::new(crate::pricer::SURGE, &f.addr, f.timeout)
-                        .map_err(|e| NodeError::Function(e.to_string()))?;
-                let health = crate::function::Health::new(sidecar);
-                let checks = health.clone().run();
-                tasks.spawn("the function health check", OnStop::Abort, returns(checks));
-                vec![health]
-            }
-            None => Vec::new(),
-        };
+        let members = config.lease.iter().flat_map(|l| l.members.values());
+        let members = members.map(|m| m.name().to_owned()).collect();
+        let policy = ApiPolicy::new(config.api.auth.clone(), members).map_err(NodeError::Auth)?;
+        let functions = self.spawn_function_checks(&mut tasks)?;
         let bootstrapping = self.bootstrapping;
         let api = Api {
             functions,
@@ -430,6 +378,94 @@ impl Opened {
             group,
             bootstrapping,
         })
+    }
+
+    /// Checks the topics the node writes to exist, now rather than at the first record
+    /// that needs one; the deltas topic must have the updates topic's partition count.
+    async fn check_topics(&self) -> Result<(), NodeError> {
+        let (kafka, partitions) = (&self.config.kafka, self.partitions.len());
+        let deltas = &kafka.deltas_topic;
+        let shipped_to = log::partitions(kafka, deltas).await?.len();
+        if shipped_to != partitions {
+            return Err(NodeError::PartitionCounts {
+                topic: deltas.clone(),
+                found: shipped_to,
+                expected: partitions,
+            });
+        }
+        // refused events go to these (dead letters before their batch commits, late events
+        // in the shipping rounds): a missing one is a setup error to name now, not at the
+        // first refused event, when a late one would stop its partition's shipping
+        for topic in [&kafka.dlq_topic, &kafka.late_topic] {
+            log::partitions(kafka, topic).await?;
+        }
+        // final windows go out in the shipping rounds too
+        if self
+            .config
+            .namespaces
+            .iter()
+            .any(|ns| ns.outputs_final_windows)
+        {
+            log::partitions(kafka, &kafka.outputs_topic).await?;
+        }
+        Ok(())
+    }
+
+    /// A learner takes partitions once its table is current, so that it renews the region's
+    /// leases, and writes the partitions' owned keys, from its first rounds.
+    async fn learner_catches_up(&self, member: Option<&Member>) {
+        let (Some(member), Some(lease)) = (member, &self.config.lease) else {
+            return;
+        };
+        if lease.learner == 0 {
+            return;
+        }
+        let waiting = Instant::now();
+        if member.caught_up(LEARNER_CATCH_UP).await {
+            tracing::info!(
+                took_ms = waiting.elapsed().as_millis() as u64,
+                "this learner's lease table is current"
+            );
+        } else {
+            tracing::warn!(within = ?LEARNER_CATCH_UP, "this learner's lease table is not current yet; it joins the region's group anyway, and refuses owned keys until it holds their leases");
+        }
+    }
+
+    /// The TLS reloader and the metrics server.
+    fn spawn_reporting(
+        &self,
+        tasks: &mut Tasks,
+        metrics: TcpListener,
+        recorder: Option<PrometheusHandle>,
+        tls: &Option<Tls>,
+        stop: &watch::Receiver<bool>,
+    ) {
+        if let Some(reloading) = &self.tls {
+            let reload = reloading.clone().watch(stop.clone());
+            tasks.spawn("the TLS reloader", OnStop::Abort, returns(reload));
+        }
+        let metrics = incoming(metrics, tls.clone(), Listener::Metrics);
+        tasks.spawn(
+            "the metrics server",
+            OnStop::Abort,
+            returns(m::serve(metrics, recorder)),
+        );
+    }
+
+    /// The health check of the pricing function's sidecar, if one is configured.
+    fn spawn_function_checks(
+        &self,
+        tasks: &mut Tasks,
+    ) -> Result<Vec<crate::function::Health>, NodeError> {
+        let Some(f) = (self.config.pricing.as_ref()).and_then(|p| p.function.as_ref()) else {
+            return Ok(Vec::new());
+        };
+        let sidecar = crate::function::Sidecar::new(crate::pricer::SURGE, &f.addr, f.timeout)
+            .map_err(|e| NodeError::Function(e.to_string()))?;
+        let health = crate::function::Health::new(sidecar);
+        let checks = health.clone().run();
+        tasks.spawn("the function health check", OnStop::Abort, returns(checks));
+        Ok(vec![health])
     }
 
     /// Joins the region's group and starts the partition keeper; returns once it took
@@ -783,15 +819,6 @@ async fn leave_group(group: Option<Membership>) {
     } else {
         tracing::info!("left the region's group");
     }
-}
-
-/// The region's group: its nodes share the updates topic's partitions. Named after the
-/// topic too, so deployments sharing a Kafka cluster never share (and rebalance) a group.
-pub fn group_id(config: &Config) -> String {
-    format!(
-        "geostate-ingest-{}-{}",
-        config.region, config.kafka.updates_topic
-    )
 }
 
 /// Completes once every remote's merger has read its topic to the end (owns what it

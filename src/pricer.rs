@@ -31,6 +31,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use futures_util::StreamExt;
+use geostate_proto::outputs::WindowResult;
 use tokio::sync::{mpsc, watch};
 use tonic::Code;
 use tonic::transport::Channel;
@@ -42,7 +43,6 @@ use crate::pb;
 use crate::pb::admin_client::AdminClient;
 use crate::pb::state_client::StateClient;
 use crate::pb::window_selector::Which;
-use crate::replication::outputs::WindowResult;
 use crate::shutdown::stopped;
 use crate::window::Window;
 

@@ -91,7 +91,9 @@ async fn python_and_go_sidecars_answer_the_conformance_suite_as_the_builtin_form
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_garbled_failing_or_killed_sidecar_fails_the_call_and_it_is_counted()
 -> anyhow::Result<()> {
-    let recorder = geostate::metrics::install().context("the metrics recorder")?;
+    let recorder =
+        geostate::metrics::install(&geostate::ingest::event::Rejection::DEAD_LETTER_CODES)
+            .context("the metrics recorder")?;
     let dir = tempfile::tempdir()?;
     let python = python()?;
     let Case {

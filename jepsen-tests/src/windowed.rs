@@ -64,15 +64,9 @@ pub fn check(
     problems
 }
 
-/// One record of a region's outputs topic (`geostate.outputs`): a final window.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
-pub struct Output {
-    pub key: String,
-    pub start_ms: u64,
-    pub end_ms: u64,
-    pub value: i64,
-    pub region: String,
-}
+/// One record of a region's outputs topic (`geostate.outputs`): a final window, as the
+/// server writes it (its count an int64), or a row of the table the sinks wrote it into.
+pub type Output = geostate_proto::outputs::FinalWindow;
 
 /// Checks every region's outputs (`region` → the records its outputs topic holds for the
 /// run's keys, `read_committed`) against the windows final in every region at the end,

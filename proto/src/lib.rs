@@ -1,9 +1,10 @@
 //! What geostate's server and its tools share without the server's storage, Kafka and
-//! Raft: the code generated from `geostate/v1/*.proto` ([`pb`]), the deterministic
-//! load generators ([`workload`]) and what a client needs to fail over
-//! ([`never_sent`]). The Jepsen harness and the chaos drills depend on this crate only,
-//! so they build without RocksDB, librdkafka or the AWS SDK.
+//! Raft: the code generated from `geostate/v1/*.proto` ([`pb`]), the outputs topic's
+//! JSON record ([`outputs`]), the deterministic load generators ([`workload`]) and what
+//! a client needs to fail over ([`never_sent`]). The Jepsen harness and the chaos drills
+//! depend on this crate only, so they build without RocksDB, librdkafka or the AWS SDK.
 
+pub mod outputs;
 pub mod pb;
 pub mod workload;
 

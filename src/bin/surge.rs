@@ -22,6 +22,8 @@ use clap::Parser;
 use geostate::pb;
 use geostate::pb::admin_client::AdminClient;
 use geostate::pb::state_client::StateClient;
+use geostate::sink::reconcile::Source;
+use geostate::window::WindowSpec;
 use geostate::workload::{Rng, Zipf, geohash};
 use serde::Deserialize;
 use tonic::transport::Channel;
@@ -150,6 +152,30 @@ async fn in_postgres(
     started_ms: u64,
     load_ended_ms: u64,
 ) -> anyhow::Result<()> {
+    let (sources, spec) = outputs(cluster)?;
+    let Some(spec) = spec else {
+        println!(
+            "(requests/ outputs no final windows in these region files: nothing in PostgreSQL)"
+        );
+        return Ok(());
+    };
+    let db = geostate::sink::postgres::connect(url, "surge-demo").await?;
+    let holding = |ms: u64| i64::try_from(ms / spec.slide_ms * spec.slide_ms).unwrap_or(i64::MAX);
+    let (first, last) = (holding(started_ms), holding(load_ended_ms));
+    wait_until_priced(&db, clients, spec, last).await?;
+    windows_table(&db, first, last).await?;
+    busiest_geohashes(&db, last).await?;
+    latencies(&db, first, last).await?;
+    println!(
+        "(a window closes {} s after its end, plus the watermark's out-of-orderness bound; then it is priced)",
+        spec.allowed_lateness_ms / 1000
+    );
+    reconciled(url, &sources).await
+}
+
+/// Every region's outputs topic (its region file's Kafka settings), and the windows of
+/// `requests/` when some region file outputs its final windows.
+fn outputs(cluster: &Cluster) -> anyhow::Result<(Vec<Source>, Option<WindowSpec>)> {
     let mut sources = Vec::new();
     let mut spec = None;
     for (region, r) in &cluster.regions {
@@ -166,20 +192,23 @@ async fn in_postgres(
                 .find(|ns| ns.prefix == "requests/" && ns.outputs_final_windows)
                 .and_then(|ns| ns.window)
         });
-        sources.push(geostate::sink::reconcile::Source {
+        sources.push(Source {
             region: region.clone(),
             kafka: config.kafka,
         });
     }
-    let Some(spec) = spec else {
-        println!(
-            "(requests/ outputs no final windows in these region files: nothing in PostgreSQL)"
-        );
-        return Ok(());
-    };
-    let db = geostate::sink::postgres::connect(url, "surge-demo").await?;
-    let holding = |ms: u64| i64::try_from(ms / spec.slide_ms * spec.slide_ms).unwrap_or(i64::MAX);
-    let (first, last) = (holding(started_ms), holding(load_ended_ms));
+    Ok((sources, spec))
+}
+
+/// Keeps a trickle of requests and pings going in every region (event time now, so the
+/// watermarks move) until the window starting at `last` is in the table with a price for
+/// each of its geohashes; an error if it is not within the window's size + 120 s.
+async fn wait_until_priced(
+    db: &tokio_postgres::Client,
+    clients: &Clients,
+    spec: WindowSpec,
+    last: i64,
+) -> anyhow::Result<()> {
     println!();
     println!(
         "waiting for the window the load ended in to be final (its end + {} s allowed lateness + the watermark's bound) and in PostgreSQL; a trickle of requests and pings keeps event time moving",
@@ -221,6 +250,12 @@ async fn in_postgres(
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+    Ok(())
+}
+
+/// The run's windows in PostgreSQL, a row each: geohashes, requests, driver pings, how
+/// many were priced and surging, the highest multiplier, and which regions priced them.
+async fn windows_table(db: &tokio_postgres::Client, first: i64, last: i64) -> anyhow::Result<()> {
     println!();
     println!(
         "| window (UTC) | geohashes (rows) | requests | driver pings | priced | surging (> 1) | highest multiplier | prices written by |"
@@ -260,6 +295,11 @@ async fn in_postgres(
             w.get::<_, String>(7)
         );
     }
+    Ok(())
+}
+
+/// The last window's three busiest geohashes: requests, pings, and the multiplier priced.
+async fn busiest_geohashes(db: &tokio_postgres::Client, last: i64) -> anyhow::Result<()> {
     let busiest = db
         .query(
             "SELECT r.key, r.value::int8, coalesce(s.value, 0)::int8, p.value::text, p.epoch
@@ -290,6 +330,12 @@ async fn in_postgres(
     for b in busiest {
         println!("  {b}");
     }
+    Ok(())
+}
+
+/// How long windows and multipliers took to become rows: from the window's end (its last
+/// event) and from the output record, p50 and p99.
+async fn latencies(db: &tokio_postgres::Client, first: i64, last: i64) -> anyhow::Result<()> {
     for (what, prefix) in [("window", "requests/"), ("multiplier", "prices/")] {
         let latency = db
             .query_one(
@@ -316,12 +362,13 @@ async fn in_postgres(
             ms(4)
         );
     }
-    println!(
-        "(a window closes {} s after its end, plus the watermark's out-of-orderness bound; then it is priced)",
-        spec.allowed_lateness_ms / 1000
-    );
-    let found =
-        geostate::sink::reconcile::reconcile(url, &sources, Duration::from_secs(30)).await?;
+    Ok(())
+}
+
+/// The table reconciled with every region's outputs topic: each difference, a summary,
+/// and an error if there is any.
+async fn reconciled(url: &str, sources: &[Source]) -> anyhow::Result<()> {
+    let found = geostate::sink::reconcile::reconcile(url, sources, Duration::from_secs(30)).await?;
     for difference in &found.differences {
         println!("DIFFERENCE {difference}");
     }

@@ -11,21 +11,36 @@ impl Config {
     /// The node this configuration runs, one line per part.
     pub fn describe(&self) -> String {
         let mut out = String::new();
-        let line = &mut out;
         let tls = if self.tls.is_some() {
             "TLS"
         } else {
             "plaintext"
         };
+        self.describe_node(&mut out);
+        self.describe_kafka(&mut out);
+        match &self.lease {
+            Some(lease) => describe_lease(&mut out, lease, tls),
+            None => {
+                let _ = writeln!(out, "no lease group: owned writes are refused");
+            }
+        }
+        self.describe_checkpoints(&mut out);
+        self.describe_namespaces(&mut out);
+        self.describe_pricing(&mut out);
+        out
+    }
+
+    /// The region, the data dir, the clock bound and the API's listeners.
+    fn describe_node(&self, out: &mut String) {
         let api_tls = if self.tls.is_some() && !self.api.plaintext {
             "TLS"
         } else {
             "plaintext"
         };
-        let _ = writeln!(line, "region {}", self.region);
-        let _ = writeln!(line, "data dir {}", self.data_dir.display());
+        let _ = writeln!(out, "region {}", self.region);
+        let _ = writeln!(out, "data dir {}", self.data_dir.display());
         let _ = writeln!(
-            line,
+            out,
             "clock bound {} (a remote stamp further ahead waits)",
             human(self.max_clock_offset)
         );
@@ -35,10 +50,14 @@ impl Config {
             .as_deref()
             .unwrap_or("its listen address");
         let _ = writeln!(
-            line,
+            out,
             "api gRPC {} ({api_tls}, advertised as {advertise}), metrics {} ({api_tls})",
             self.api.grpc_listen, self.api.metrics_listen
         );
+    }
+
+    /// This region's Kafka and topics, and the regions whose deltas it merges.
+    fn describe_kafka(&self, out: &mut String) {
         let k = &self.kafka;
         let security = k.security.as_ref().map_or("plaintext".to_owned(), |s| {
             let sasl = s
@@ -47,9 +66,9 @@ impl Config {
                 .map_or(String::new(), |(m, u, _)| format!(" {m} as {u}"));
             format!("{}{sasl}", s.protocol)
         });
-        let _ = writeln!(line, "kafka {} ({security})", k.bootstrap);
+        let _ = writeln!(out, "kafka {} ({security})", k.bootstrap);
         let _ = writeln!(
-            line,
+            out,
             "  reads {} ({}); ships deltas to {}; dead letters to {}; late events to {}; outputs to {}",
             k.updates_topic,
             format!("{:?}", k.format).to_lowercase(),
@@ -64,17 +83,15 @@ impl Config {
             } else {
                 r.bootstrap.clone()
             };
-            let _ = writeln!(line, "merges {} from {} on {from}", r.region, r.topic);
+            let _ = writeln!(out, "merges {} from {} on {from}", r.region, r.topic);
         }
         if self.replication.remotes.is_empty() {
-            let _ = writeln!(line, "merges no other region");
+            let _ = writeln!(out, "merges no other region");
         }
-        match &self.lease {
-            Some(lease) => describe_lease(line, lease, tls),
-            None => {
-                let _ = writeln!(line, "no lease group: owned writes are refused");
-            }
-        }
+    }
+
+    /// How often checkpoints are taken, where they go and how many are kept.
+    fn describe_checkpoints(&self, out: &mut String) {
         let c = &self.checkpoint;
         let to = match &c.target {
             CheckpointTarget::Local(dir) => format!("{}", dir.display()),
@@ -96,10 +113,14 @@ impl Config {
             ""
         };
         let _ = writeln!(
-            line,
+            out,
             "checkpoints {every} to {to}, newest {} kept{restore}",
             c.keep
         );
+    }
+
+    /// Each namespace: its prefix, type, ownership and windows.
+    fn describe_namespaces(&self, out: &mut String) {
         for ns in self.namespaces.iter() {
             let ownership = match ns.ownership {
                 Ownership::Shared => "shared",
@@ -112,11 +133,16 @@ impl Config {
                 )
             });
             let _ = writeln!(
-                line,
+                out,
                 "namespace {} {} {ownership}{window}",
                 ns.prefix, ns.crdt
             );
         }
+    }
+
+    /// What the pricer computes from which namespaces, and by what (nothing without
+    /// `[pricing]`).
+    fn describe_pricing(&self, out: &mut String) {
         if let Some(p) = &self.pricing {
             let by = p
                 .function
@@ -125,12 +151,11 @@ impl Config {
                     format!("the function at {}", f.addr)
                 });
             let _ = writeln!(
-                line,
+                out,
                 "pricing {} / {} into {} by {by}",
                 p.demand, p.supply, p.prices
             );
         }
-        out
     }
 }
 

@@ -73,7 +73,7 @@ impl LeaseConfig {
     pub fn raft_id(&self) -> u64 {
         match self.learner {
             0 => self.member_id,
-            n => crate::lease::raft_store::learner_id(self.member_id, n),
+            n => crate::lease::table::learner_id(self.member_id, n),
         }
     }
 
@@ -233,55 +233,47 @@ fn default_take_back() -> bool {
 impl RawLease {
     /// Validates the section; `region` is this process's region (`None` for the witness).
     pub(crate) fn validate(
-        self,
+        mut self,
         region: Option<&RegionId>,
         max_clock_offset: Duration,
     ) -> Result<LeaseConfig, ConfigError> {
-        let mut members = BTreeMap::new();
-        for raw in self.members {
-            let region = raw
-                .region
-                .map(RegionId::new)
-                .transpose()
-                .map_err(|e| invalid("lease.member.region", e.to_string()))?;
-            if members
-                .values()
-                .any(|m: &Member| m.region.is_some() && m.region == region)
-            {
-                return Err(invalid(
-                    "lease.member.region",
-                    "a region has one member".to_string(),
-                ));
-            }
-            let api = raw.api.map_or_else(Vec::new, Addresses::into_vec);
-            if api.iter().any(|a| a.trim().is_empty()) {
-                return Err(invalid(
-                    "lease.member.api",
-                    format!("an empty address (member {})", raw.id),
-                ));
-            }
-            if self.forward_writes && region.is_some() && api.is_empty() {
-                return Err(invalid(
-                    "lease.member.api",
-                    format!(
-                        "forward-writes needs every region member's api address (member {})",
-                        raw.id
-                    ),
-                ));
-            }
-            let member = Member {
-                id: raw.id,
-                addr: raw.addr,
-                region,
-                api,
-            };
-            if members.insert(raw.id, member).is_some() {
-                return Err(invalid(
-                    "lease.member.id",
-                    format!("{} is listed twice", raw.id),
-                ));
-            }
+        let members = validate_members(std::mem::take(&mut self.members), self.forward_writes)?;
+        let listen = self.validate_this_process(&members, region)?;
+        self.check_group(&members)?;
+        let homes = validate_homes(std::mem::take(&mut self.homes), &members)?;
+        let (duration, renew_every) = self.validate_lease_timings(max_clock_offset)?;
+        let config = LeaseConfig {
+            member_id: self.member_id,
+            learner: self.learner,
+            listen,
+            members,
+            shards: self.shards,
+            homes,
+            duration,
+            renew_every,
+            heartbeat: parse_duration("lease.heartbeat", &self.heartbeat)?,
+            election_timeout: parse_duration("lease.election-timeout", &self.election_timeout)?,
+            take_back: self.take_back,
+            forward_writes: self.forward_writes,
+            join: self.join,
+        };
+        // what the Raft library requires of its timings
+        if config.election_timeout.as_millis() <= config.heartbeat.as_millis() {
+            return Err(invalid(
+                "lease.election-timeout",
+                "must be longer than lease.heartbeat (whole milliseconds)",
+            ));
         }
+        Ok(config)
+    }
+
+    /// This process's place in the group: the member it is (of `region`), whether it
+    /// joins a running group or is a learner, and the address it listens on.
+    fn validate_this_process(
+        &self,
+        members: &BTreeMap<u64, Member>,
+        region: Option<&RegionId>,
+    ) -> Result<SocketAddr, ConfigError> {
         let me = members.get(&self.member_id).ok_or_else(|| {
             invalid(
                 "lease.member-id",
@@ -321,6 +313,12 @@ impl RawLease {
                 ),
             ));
         }
+        Ok(listen)
+    }
+
+    /// The group's shape: member ids that leave room for learner ids, enough members
+    /// that one can fail, and at least one hash shard.
+    fn check_group(&self, members: &BTreeMap<u64, Member>) -> Result<(), ConfigError> {
         if let Some(big) = members
             .keys()
             .find(|&&id| id == 0 || id > u64::from(u32::MAX))
@@ -341,18 +339,15 @@ impl RawLease {
         if self.shards == 0 {
             return Err(invalid("lease.shards", "must be at least 1"));
         }
-        let mut homes = Vec::new();
-        for raw in self.homes {
-            let home = RegionId::new(raw.region)
-                .map_err(|e| invalid("lease.home.region", e.to_string()))?;
-            if !members.values().any(|m| m.region.as_ref() == Some(&home)) {
-                return Err(invalid(
-                    "lease.home.region",
-                    format!("{home} has no member in the lease group"),
-                ));
-            }
-            homes.push((raw.prefix, home));
-        }
+        Ok(())
+    }
+
+    /// How long a grant lasts and how often it is renewed: long enough that a holder's
+    /// lease never lapses between renewals, and no longer than the lease table takes.
+    fn validate_lease_timings(
+        &self,
+        max_clock_offset: Duration,
+    ) -> Result<(Duration, Duration), ConfigError> {
         let duration = parse_duration("lease.duration", &self.duration)?;
         let renew_every = parse_duration("lease.renew-every", &self.renew_every)?;
         if duration < 2 * renew_every + 2 * max_clock_offset {
@@ -372,30 +367,82 @@ impl RawLease {
                 format!("{duration:?} is longer than the lease table takes ({longest:?})"),
             ));
         }
-        let config = LeaseConfig {
-            member_id: self.member_id,
-            learner: self.learner,
-            listen,
-            members,
-            shards: self.shards,
-            homes,
-            duration,
-            renew_every,
-            heartbeat: parse_duration("lease.heartbeat", &self.heartbeat)?,
-            election_timeout: parse_duration("lease.election-timeout", &self.election_timeout)?,
-            take_back: self.take_back,
-            forward_writes: self.forward_writes,
-            join: self.join,
-        };
-        // what the Raft library requires of its timings
-        if config.election_timeout.as_millis() <= config.heartbeat.as_millis() {
+        Ok((duration, renew_every))
+    }
+}
+
+/// The `[[lease.member]]` entries by id: each region has one member, no API address is
+/// empty, with `forward_writes` every region member has one, and no id is listed twice.
+fn validate_members(
+    raw_members: Vec<RawMember>,
+    forward_writes: bool,
+) -> Result<BTreeMap<u64, Member>, ConfigError> {
+    let mut members = BTreeMap::new();
+    for raw in raw_members {
+        let region = raw
+            .region
+            .map(RegionId::new)
+            .transpose()
+            .map_err(|e| invalid("lease.member.region", e.to_string()))?;
+        if members
+            .values()
+            .any(|m: &Member| m.region.is_some() && m.region == region)
+        {
             return Err(invalid(
-                "lease.election-timeout",
-                "must be longer than lease.heartbeat (whole milliseconds)",
+                "lease.member.region",
+                "a region has one member".to_string(),
             ));
         }
-        Ok(config)
+        let api = raw.api.map_or_else(Vec::new, Addresses::into_vec);
+        if api.iter().any(|a| a.trim().is_empty()) {
+            return Err(invalid(
+                "lease.member.api",
+                format!("an empty address (member {})", raw.id),
+            ));
+        }
+        if forward_writes && region.is_some() && api.is_empty() {
+            return Err(invalid(
+                "lease.member.api",
+                format!(
+                    "forward-writes needs every region member's api address (member {})",
+                    raw.id
+                ),
+            ));
+        }
+        let member = Member {
+            id: raw.id,
+            addr: raw.addr,
+            region,
+            api,
+        };
+        if members.insert(raw.id, member).is_some() {
+            return Err(invalid(
+                "lease.member.id",
+                format!("{} is listed twice", raw.id),
+            ));
+        }
     }
+    Ok(members)
+}
+
+/// The `[[lease.home]]` entries, in order: each prefix's home is a region with a member.
+fn validate_homes(
+    raw_homes: Vec<RawHome>,
+    members: &BTreeMap<u64, Member>,
+) -> Result<Vec<(String, RegionId)>, ConfigError> {
+    let mut homes = Vec::new();
+    for raw in raw_homes {
+        let home =
+            RegionId::new(raw.region).map_err(|e| invalid("lease.home.region", e.to_string()))?;
+        if !members.values().any(|m| m.region.as_ref() == Some(&home)) {
+            return Err(invalid(
+                "lease.home.region",
+                format!("{home} has no member in the lease group"),
+            ));
+        }
+        homes.push((raw.prefix, home));
+    }
+    Ok(homes)
 }
 
 /// The witness's configuration: a lease group member with no region, no Kafka, no state.

@@ -20,8 +20,8 @@ use crate::crdt::{
 use crate::lease::table::ShardId;
 pub use crate::log::Record;
 use crate::log::partition_of;
-use crate::replication::outputs::{RegisterChange, WindowResult};
 use crate::window::{self, WindowSpec};
+use geostate_proto::outputs::{RegisterChange, WindowResult};
 
 /// What a batch changes; written atomically by the store.
 #[derive(Debug, Default)]
@@ -415,11 +415,11 @@ fn working<'w, S: StateSource>(
 
 /// Applies `records` on top of what `source` holds; reads each touched key once. Per
 /// record, in log order: a watermark record raises its partition's watermark
-/// ([`Applied::raise`]); otherwise decode and check ([`checked`]), the lease epoch granted
-/// ([`Grants`]; an epoch to ask about stops the batch), a windowed record's slice or
-/// lateness ([`Applied::slice`]), the fence, the idempotency id, the compare-and-set, the
-/// operation ([`apply_one`]); then every changed key's state, own-part delta and ids
-/// ([`finish`]).
+/// ([`Applied::raise`]); otherwise decode and check ([`checked`]), the key's partition and
+/// the lease epoch granted ([`Applied::admit`]; an epoch to ask about stops the batch), a
+/// windowed record's slice or lateness ([`Applied::slice`]), the fence, the idempotency
+/// id, the compare-and-set, the operation ([`Applied::write`]); then every changed key's
+/// state, own-part delta and ids ([`finish`]).
 pub fn apply_batch<S: StateSource>(
     records: Vec<Record>,
     source: &S,
@@ -438,30 +438,69 @@ pub fn apply_batch<S: StateSource>(
             out.raise(source, record)?;
             continue;
         }
-        let (mut update, crdt, ownership, window, outputs_changes) = match checked(&record, ctx) {
+        let mut checked = match checked(&record, ctx) {
             Ok(ok) => ok,
             Err(why) => {
                 out.rejected.push((record, why));
                 continue;
             }
         };
-        if let Some(n) = ctx.partitions {
-            let home = partition_of(update.key.as_bytes(), n);
-            if home != record.partition {
-                out.misrouted += 1;
-                out.first_misrouted
-                    .get_or_insert_with(|| (update.key.clone(), record.partition, home));
-                let (key, partition) = (update.key, record.partition);
-                let why = Rejection::Misrouted {
-                    key,
-                    partition,
-                    home,
-                };
+        let owned = match out.admit(&record, &mut checked, ctx) {
+            Admission::Admitted(owned) => owned,
+            Admission::Refused(why) => {
                 out.rejected.push((record, why));
                 continue;
             }
+            Admission::Ask { shard, epoch } => {
+                out.ask(before, shard, epoch, std::iter::once(record).chain(records));
+                break;
+            }
+        };
+        out.write(&mut work, source, ctx, record, checked, owned)?;
+    }
+    finish(work, source, ctx, &mut out)?;
+    Ok(out)
+}
+
+/// What [`Applied::admit`] decided of a checked record, before its key is read.
+enum Admission {
+    /// On to its window, fence and id; an owned record with its shard and epoch.
+    Admitted(Option<(ShardId, u64)>),
+    Refused(Rejection),
+    /// The batch stops before the record: the lease group is to be asked about `epoch`.
+    Ask {
+        shard: ShardId,
+        epoch: u64,
+    },
+}
+
+impl Applied {
+    /// Admits a checked record on its key's partition (one off it is refused, and counted)
+    /// and, where grants are checked, an owned record at an epoch [`Grants`] knows granted.
+    /// Reads no state.
+    fn admit(
+        &mut self,
+        record: &Record,
+        checked: &mut Checked,
+        ctx: &BatchContext<'_>,
+    ) -> Admission {
+        let update = &mut checked.update;
+        if let Some(n) = ctx.partitions {
+            let home = partition_of(update.key.as_bytes(), n);
+            if home != record.partition {
+                self.misrouted += 1;
+                self.first_misrouted
+                    .get_or_insert_with(|| (update.key.clone(), record.partition, home));
+                // the update goes no further: its key moves into the refusal, uncloned
+                let (key, partition) = (std::mem::take(&mut update.key), record.partition);
+                return Admission::Refused(Rejection::Misrouted {
+                    key,
+                    partition,
+                    home,
+                });
+            }
         }
-        let owned = match (ownership, update.epoch) {
+        let owned = match (checked.ownership, update.epoch) {
             (Ownership::Owned, Some(epoch)) => Some((owned_shard(ctx.lease, &update.key), epoch)),
             _ => None,
         };
@@ -470,51 +509,55 @@ pub fn apply_batch<S: StateSource>(
                 Grant::Granted => {}
                 Grant::Never { granted } => {
                     let key = update.key.clone();
-                    let why = Rejection::EpochNotGranted {
+                    return Admission::Refused(Rejection::EpochNotGranted {
                         key,
                         shard,
                         epoch,
                         granted,
-                    };
-                    out.rejected.push((record, why));
-                    continue;
+                    });
                 }
-                Grant::Ask => {
-                    out.ask(before, shard, epoch, std::iter::once(record).chain(records));
-                    break;
-                }
+                Grant::Ask => return Admission::Ask { shard, epoch },
             }
         }
+        Admission::Admitted(owned)
+    }
+
+    /// Applies an admitted record (`owned`: its shard and epoch) to its key's working copy
+    /// in `work`, unless its window, the fence or its idempotency id decides otherwise;
+    /// an accepted write that outputs its changes joins [`Applied::outputs`].
+    fn write<S: StateSource>(
+        &mut self,
+        work: &mut BTreeMap<String, Working>,
+        source: &S,
+        ctx: &BatchContext<'_>,
+        record: Record,
+        checked: Checked,
+        owned: Option<(ShardId, u64)>,
+    ) -> Result<(), S::Error> {
+        let Checked {
+            mut update,
+            crdt,
+            window,
+            outputs_changes,
+            ..
+        } = checked;
         // a retry of a write its id says was applied is a duplicate, even where the write
         // would be refused now (its window closed since, its shard's fence moved past its
         // epoch): a refusal would tell the client it was not applied
         if let Some(spec) = &window
-            && let Err(why) = out.slice(source, &record, &mut update, spec, ctx)?
+            && let Err(why) = self.slice(source, &record, &mut update, spec, ctx)?
         {
-            match why {
-                Rejection::Late { .. } => {
-                    let key = slice_key_of(&record, &update, spec);
-                    if let (Some(id), Some(key)) = (&update.id, key)
-                        && working(&mut work, source, &key)?.applied(source, &key, id)?
-                    {
-                        out.duplicates += 1;
-                    } else {
-                        out.late.push((record, why));
-                    }
-                }
-                why => out.rejected.push((record, why)),
-            }
-            continue;
+            return self.unsliced(work, source, record, &update, spec, why);
         }
-        let entry = working(&mut work, source, &update.key)?;
+        let entry = working(work, source, &update.key)?;
         if let Some((shard, epoch)) = owned
-            && let Err(highest) = out.fences.admit(source, shard, record.partition, epoch)?
+            && let Err(highest) = self.fences.admit(source, shard, record.partition, epoch)?
         {
             if let Some(id) = &update.id
                 && entry.applied(source, &update.key, id)?
             {
-                out.duplicates += 1;
-                continue;
+                self.duplicates += 1;
+                return Ok(());
             }
             let key = update.key.clone();
             let why = Rejection::Fenced {
@@ -522,14 +565,14 @@ pub fn apply_batch<S: StateSource>(
                 epoch,
                 highest,
             };
-            out.rejected.push((record, why));
-            continue;
+            self.rejected.push((record, why));
+            return Ok(());
         }
         if let Some(id) = &update.id
             && entry.applied(source, &update.key, id)?
         {
-            out.duplicates += 1;
-            continue;
+            self.duplicates += 1;
+            return Ok(());
         }
         let output = match owned {
             Some((_, epoch)) if outputs_changes => register_change(&update, &record, ctx, epoch),
@@ -537,17 +580,43 @@ pub fn apply_batch<S: StateSource>(
         };
         match apply_one(entry, update, crdt, &record, ctx) {
             Ok(()) => {
-                out.applied += 1;
+                self.applied += 1;
                 if let Some(change) = output {
-                    out.outputs
+                    self.outputs
                         .push(((record.partition, record.offset), change));
                 }
             }
-            Err(why) => out.rejected.push((record, why)),
+            Err(why) => self.rejected.push((record, why)),
         }
+        Ok(())
     }
-    finish(work, source, ctx, &mut out)?;
-    Ok(out)
+
+    /// A windowed record [`Applied::slice`] refused: a late one goes to the late topic,
+    /// unless its id says it was applied to its slice (a duplicate); any other is rejected.
+    fn unsliced<S: StateSource>(
+        &mut self,
+        work: &mut BTreeMap<String, Working>,
+        source: &S,
+        record: Record,
+        update: &Update,
+        spec: &WindowSpec,
+        why: Rejection,
+    ) -> Result<(), S::Error> {
+        match why {
+            Rejection::Late { .. } => {
+                let key = slice_key_of(&record, update, spec);
+                if let (Some(id), Some(key)) = (&update.id, key)
+                    && working(work, source, &key)?.applied(source, &key, id)?
+                {
+                    self.duplicates += 1;
+                } else {
+                    self.late.push((record, why));
+                }
+            }
+            why => self.rejected.push((record, why)),
+        }
+        Ok(())
+    }
 }
 
 /// The output of an owned write to a `register-changes` namespace: the window result it
@@ -573,13 +642,20 @@ fn register_change(
     })
 }
 
+/// A record's update as [`checked`], with what its namespace says of it.
+struct Checked {
+    update: Update,
+    crdt: CrdtType,
+    ownership: Ownership,
+    window: Option<WindowSpec>,
+    /// Its accepted writes are outputs (`register-changes`).
+    outputs_changes: bool,
+}
+
 /// A record decoded and checked: its update, the key's type, ownership and windows, and
 /// whether its accepted writes are outputs. A register stamp further ahead of the
 /// record's own timestamp than the clock bound is refused.
-fn checked(
-    record: &Record,
-    ctx: &BatchContext<'_>,
-) -> Result<(Update, CrdtType, Ownership, Option<WindowSpec>, bool), Rejection> {
+fn checked(record: &Record, ctx: &BatchContext<'_>) -> Result<Checked, Rejection> {
     let update = match record.payload.as_deref() {
         None => return Err(Rejection::Malformed("record has no value".into())),
         Some(bytes) => Update::decode(ctx.format, bytes)?,
@@ -589,7 +665,13 @@ fn checked(
     if let Some(stamp) = update.hlc {
         stamp_within(stamp, record, ctx.max_clock_offset)?;
     }
-    Ok((update, crdt, ownership, window, ns.outputs_register_changes))
+    Ok(Checked {
+        update,
+        crdt,
+        ownership,
+        window,
+        outputs_changes: ns.outputs_register_changes,
+    })
 }
 
 /// Applies one admitted update to its key's working copy: a compare-and-set is decided

@@ -383,7 +383,7 @@ impl Update {
                     });
                 }
                 if ns.outputs_register_changes
-                    && let Err(why) = crate::replication::outputs::WindowResult::parse(v)
+                    && let Err(why) = geostate_proto::outputs::WindowResult::parse(v)
                 {
                     let key = self.key.clone();
                     return Err(Rejection::NotAWindowResult { key, why });

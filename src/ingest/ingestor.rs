@@ -528,27 +528,47 @@ impl Ingestor {
         }
     }
 
-    /// Applies `records` (read in `terms`), in parts where one names a lease epoch to ask
-    /// the lease group about.
+    /// Applies `records` (read in `terms`): each partition's part on its own, in parallel
+    /// with the other partitions' under its own writer, and again from a record that names
+    /// a lease epoch to ask the lease group about, once the group answered.
     async fn apply(
         &mut self,
-        mut records: Vec<Record>,
+        records: Vec<Record>,
         received: Instant,
         terms: &Terms,
         shutdown: &mut watch::Receiver<bool>,
     ) -> Result<Applying, IngestError> {
+        let mut parts: BTreeMap<i32, Vec<Record>> = BTreeMap::new();
+        for record in records {
+            parts.entry(record.partition).or_default().push(record);
+        }
         let applying = loop {
-            match self.apply_part(records, received, terms).await? {
-                Part::Committed(None) => break Applying::Done,
-                Part::Cut => break Applying::Cut,
-                Part::Committed(Some(pending)) => {
-                    if !self
-                        .learn_grant(pending.shard, pending.epoch, shutdown)
-                        .await
-                    {
-                        return Ok(Applying::Stopped);
-                    }
-                    records = pending.records;
+            let applied = futures_util::future::join_all(
+                (parts.into_iter())
+                    .map(|(p, records)| self.apply_part(p, records, received, terms)),
+            )
+            .await;
+            let (mut pending, mut cut) = (Vec::new(), false);
+            for part in applied {
+                match part? {
+                    Part::Committed(None) => {}
+                    Part::Committed(Some(rest)) => pending.push(rest),
+                    Part::Cut => cut = true,
+                }
+            }
+            if cut {
+                break Applying::Cut;
+            }
+            if pending.is_empty() {
+                break Applying::Done;
+            }
+            parts = BTreeMap::new();
+            for rest in pending {
+                if !self.learn_grant(rest.shard, rest.epoch, shutdown).await {
+                    return Ok(Applying::Stopped);
+                }
+                if let Some(first) = rest.records.first() {
+                    parts.insert(first.partition, rest.records);
                 }
             }
         };
@@ -623,19 +643,20 @@ impl Ingestor {
         }
     }
 
-    /// Applies and commits what it can of `records` (the first received at `received`,
-    /// read in `terms`); returns the part left for after the lease group answered. Commits
-    /// nothing if one of their partitions' term ended meanwhile ([`IngestShared::cut`]).
+    /// Applies and commits what it can of `records`, all of `partition` (the first
+    /// received at `received`, read in `terms`); returns the part left for after the lease
+    /// group answered. Commits nothing if the partition's term ended meanwhile
+    /// ([`IngestShared::cut`]).
     async fn apply_part(
         &self,
+        partition: i32,
         records: Vec<Record>,
         received: Instant,
         terms: &Terms,
     ) -> Result<Part, IngestError> {
-        let touched: BTreeSet<i32> = records.iter().map(|r| r.partition).collect();
-        // read-modify-write of state: no merge or catch-up may interleave (reading alone
-        // needs no guard; the commit's task takes it)
-        let writer = self.store.writer().await;
+        // read-modify-write of the partition's state: no merge or catch-up of it may
+        // interleave (reading alone needs no guard; the commit's task takes it)
+        let writer = self.store.writer(partition).await;
         let started = Instant::now();
         m::write_stage("batch", started.saturating_duration_since(received));
         let events = records.len();
@@ -672,7 +693,7 @@ impl Ingestor {
             let _writer = writer;
             // a cut waits for this commit, or this batch sees it
             let _gate = shared.lock_gate();
-            if !shared.same_terms(&terms, touched) {
+            if !shared.same_terms(&terms, [partition]) {
                 return Ok::<_, StoreError>(None);
             }
             let mut late: Vec<(String, Vec<u8>)> = applied.late.iter().map(late_event).collect();
@@ -707,6 +728,12 @@ impl Ingestor {
         };
         m::write_stage("commit", apply_done.elapsed());
 
+        self.report(applied, events, started);
+        Ok(Part::Committed(pending))
+    }
+
+    /// Tells the shippers, the metrics and the watchers what a committed part applied.
+    fn report(&self, applied: Applied, events: usize, started: Instant) {
         if !applied.outbox.is_empty() || !applied.late.is_empty() {
             self.shared.committed.send_modify(|n| *n += 1);
         }
@@ -734,7 +761,6 @@ impl Ingestor {
             let changes: Vec<Change> = applied.states.into_iter().collect();
             let _ = self.shared.changes.send(Arc::new(changes));
         }
-        Ok(Part::Committed(pending))
     }
 
     /// Produces every refused record to the dead-letter topic with its reason (cut to what

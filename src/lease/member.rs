@@ -29,9 +29,10 @@ use tokio::sync::{oneshot, watch};
 use super::election::Election;
 use super::network::{self, Channels, GroupChange, Handover, Network, Proposer, Service};
 use super::placement::{Placement, RoundTrips};
-use super::raft_store::{self, GroupNode, LeaseRaft, TableView};
+use super::raft_store::{self, GroupNode, LeaseRaft, LogStore, StateMachine, TableView};
 use crate::clock::Clock;
 use crate::config::LeaseConfig;
+use crate::pb::lease_raft_server::LeaseRaftServer;
 use crate::peers::refuses;
 use crate::security::{Guard, Listener, MemberPolicy, Tls};
 
@@ -102,16 +103,7 @@ impl Member {
                     addr: config.listen,
                     source,
                 })?;
-        let dir = dir.to_owned();
-        let configured = config.configured_regions();
-        let shards = config.all_shards().end;
-        std::fs::create_dir_all(&dir).map_err(|e| MemberError::Storage(e.to_string()))?;
-        let (log, machine, view) = tokio::task::spawn_blocking(move || {
-            raft_store::open(&dir, max_offset_ms, configured, shards).map_err(|e| e.to_string())
-        })
-        .await
-        .map_err(|e| MemberError::Storage(e.to_string()))?
-        .map_err(MemberError::Storage)?;
+        let (log, machine, view) = open_storage(config, dir, max_offset_ms).await?;
         let election = Election::new(config.election_timeout);
         let (handover, trips) = (Handover::default(), RoundTrips::default());
         let raft = Raft::new(
@@ -128,102 +120,28 @@ impl Member {
         .map_err(|e| MemberError::Raft(e.to_string()))?;
         let (stop, stopped) = oneshot::channel::<()>();
         let service = Service::server(raft.clone(), wall, election.clone(), trips.clone(), config);
-        // with TLS, only the members' certificates are let in
-        let members = config.members.values().map(|m| m.name().to_owned());
-        let guard = match tls {
-            Some(_) => Guard::new(MemberPolicy {
-                members: members.collect(),
-            }),
-            None => Guard::none(),
-        };
-        let incoming = crate::security::tls::incoming(listener, tls.clone(), Listener::Lease);
+        let server = serve(config, listener, service, tls.clone(), stopped);
         // each part its own connections, as without TLS
         let channels = || Channels::new(tls.clone());
-        let server = tokio::spawn(async move {
-            if let Err(e) = tonic::transport::Server::builder()
-                .layer(guard)
-                .add_service(service)
-                .serve_with_incoming_shutdown(incoming, async {
-                    let _ = stopped.await;
-                })
-                .await
-            {
-                tracing::error!(error = %e, "lease group service failed");
-            }
-        });
         let initialized = raft
             .is_initialized()
             .await
             .map_err(|e| MemberError::Raft(e.to_string()))?;
         let members: Vec<String> = config.members.values().map(|m| m.addr.clone()).collect();
-        // a region that joined votes from its own log on: it starts as a member then
-        let votes = (raft.metrics().borrow().membership_config.membership())
-            .voter_ids()
-            .any(|v| v == config.raft_id());
-        let forms = config.learner == 0 && (!config.join || votes);
+        let forms = forms_group(config, &raft);
         let (joined_tx, joined) = watch::channel(forms.then_some(0));
         let (learner, joining) = if !forms {
-            let join = match config.members.get(&config.member_id) {
-                Some(me) if config.join => GroupChange::AddRegion {
-                    id: config.member_id,
-                    node: group_node(me),
-                },
-                _ => GroupChange::Join {
-                    id: config.raft_id(),
-                    addr: config.listen.to_string(),
-                },
-            };
-            let own = config.listen.to_string();
-            let asked: Vec<String> = members.iter().filter(|a| **a != own).cloned().collect();
-            let channels = channels();
-            let joining = tokio::spawn(async move {
-                loop {
-                    match network::change_group(&channels, &asked, &join, LEARNER_ASK).await {
-                        Ok(index) => {
-                            joined_tx.send_replace(Some(index));
-                            break match join {
-                                GroupChange::AddRegion { .. } => {
-                                    tracing::info!("joined the lease group as a voter")
-                                }
-                                _ => tracing::info!("joined the lease group as a learner"),
-                            };
-                        }
-                        Err(e) => tracing::debug!(error = %e, "joining the lease group"),
-                    }
-                    tokio::time::sleep(JOIN_RETRY).await;
-                }
-            });
+            let joining = ask_to_join(config, &members, channels(), joined_tx);
             let learner = (config.learner > 0).then(|| (config.raft_id(), members));
             (learner, Some(joining))
         } else {
             (None, None)
         };
         if !initialized && forms {
-            let nodes: BTreeMap<u64, GroupNode> = (config.members.values())
-                .map(|m| (m.id, group_node(m)))
-                .collect();
-            match raft.initialize(nodes).await {
-                Ok(()) => tracing::info!(members = config.members.len(), "lease group formed"),
-                // another member formed it first: this one learns it from the leader
-                Err(e) => tracing::info!(reason = %e, "lease group already formed"),
-            }
+            form_group(&raft, config).await;
         }
         let placing = (config.learner == 0).then(|| {
-            let placement = Placement {
-                me: config.member_id,
-                voters: (config.members.values())
-                    .map(|m| (m.id, m.addr.clone()))
-                    .collect(),
-                regions: (config.members.values())
-                    .filter(|m| m.region.is_some())
-                    .map(|m| m.id)
-                    .collect(),
-                leader_lease: 2 * config.election_timeout,
-                heartbeat: config.heartbeat,
-                trips,
-                handover: handover.clone(),
-            };
-            tokio::spawn(placement.run(raft.clone(), channels()))
+            tokio::spawn(placement(config, trips, handover.clone()).run(raft.clone(), channels()))
         });
         Ok(Self {
             placing,
@@ -323,6 +241,136 @@ async fn prune_learners(raft: Raft<LeaseRaft>) {
                 }
             }
         }
+    }
+}
+
+/// Opens the Raft storage in `dir`, creating the folder if missing; RocksDB opens off the
+/// async threads.
+async fn open_storage(
+    config: &LeaseConfig,
+    dir: &Path,
+    max_offset_ms: u64,
+) -> Result<(LogStore, StateMachine, TableView), MemberError> {
+    let dir = dir.to_owned();
+    let configured = config.configured_regions();
+    let shards = config.all_shards().end;
+    std::fs::create_dir_all(&dir).map_err(|e| MemberError::Storage(e.to_string()))?;
+    tokio::task::spawn_blocking(move || {
+        raft_store::open(&dir, max_offset_ms, configured, shards).map_err(|e| e.to_string())
+    })
+    .await
+    .map_err(|e| MemberError::Storage(e.to_string()))?
+    .map_err(MemberError::Storage)
+}
+
+/// Serves the `LeaseRaft` service on `listener` until `stopped` fires.
+fn serve(
+    config: &LeaseConfig,
+    listener: TcpListener,
+    service: LeaseRaftServer<Service>,
+    tls: Option<Tls>,
+    stopped: oneshot::Receiver<()>,
+) -> tokio::task::JoinHandle<()> {
+    // with TLS, only the members' certificates are let in
+    let members = config.members.values().map(|m| m.name().to_owned());
+    let guard = match tls {
+        Some(_) => Guard::new(MemberPolicy {
+            members: members.collect(),
+        }),
+        None => Guard::none(),
+    };
+    let incoming = crate::security::tls::incoming(listener, tls, Listener::Lease);
+    tokio::spawn(async move {
+        if let Err(e) = tonic::transport::Server::builder()
+            .layer(guard)
+            .add_service(service)
+            .serve_with_incoming_shutdown(incoming, async {
+                let _ = stopped.await;
+            })
+            .await
+        {
+            tracing::error!(error = %e, "lease group service failed");
+        }
+    })
+}
+
+/// Whether this node starts as a member, forming the group if nobody did yet, rather than
+/// asking the members to add it.
+fn forms_group(config: &LeaseConfig, raft: &Raft<LeaseRaft>) -> bool {
+    // a region that joined votes from its own log on: it starts as a member then
+    let votes = (raft.metrics().borrow().membership_config.membership())
+        .voter_ids()
+        .any(|v| v == config.raft_id());
+    config.learner == 0 && (!config.join || votes)
+}
+
+/// Asks the `members` (other than this node) to add it — as a voter for a region joining
+/// a running group, as a learner otherwise — round after round until the leader does;
+/// then sends the leader's last log index at that moment on `joined_tx`.
+fn ask_to_join(
+    config: &LeaseConfig,
+    members: &[String],
+    channels: Channels,
+    joined_tx: watch::Sender<Option<u64>>,
+) -> tokio::task::JoinHandle<()> {
+    let join = match config.members.get(&config.member_id) {
+        Some(me) if config.join => GroupChange::AddRegion {
+            id: config.member_id,
+            node: group_node(me),
+        },
+        _ => GroupChange::Join {
+            id: config.raft_id(),
+            addr: config.listen.to_string(),
+        },
+    };
+    let own = config.listen.to_string();
+    let asked: Vec<String> = members.iter().filter(|a| **a != own).cloned().collect();
+    tokio::spawn(async move {
+        loop {
+            match network::change_group(&channels, &asked, &join, LEARNER_ASK).await {
+                Ok(index) => {
+                    joined_tx.send_replace(Some(index));
+                    break match join {
+                        GroupChange::AddRegion { .. } => {
+                            tracing::info!("joined the lease group as a voter")
+                        }
+                        _ => tracing::info!("joined the lease group as a learner"),
+                    };
+                }
+                Err(e) => tracing::debug!(error = %e, "joining the lease group"),
+            }
+            tokio::time::sleep(JOIN_RETRY).await;
+        }
+    })
+}
+
+/// Proposes the first membership: the configured members.
+async fn form_group(raft: &Raft<LeaseRaft>, config: &LeaseConfig) {
+    let nodes: BTreeMap<u64, GroupNode> = (config.members.values())
+        .map(|m| (m.id, group_node(m)))
+        .collect();
+    match raft.initialize(nodes).await {
+        Ok(()) => tracing::info!(members = config.members.len(), "lease group formed"),
+        // another member formed it first: this one learns it from the leader
+        Err(e) => tracing::info!(reason = %e, "lease group already formed"),
+    }
+}
+
+/// A voter's [`Placement`] from the configured members.
+fn placement(config: &LeaseConfig, trips: RoundTrips, handover: Handover) -> Placement {
+    Placement {
+        me: config.member_id,
+        voters: (config.members.values())
+            .map(|m| (m.id, m.addr.clone()))
+            .collect(),
+        regions: (config.members.values())
+            .filter(|m| m.region.is_some())
+            .map(|m| m.id)
+            .collect(),
+        leader_lease: 2 * config.election_timeout,
+        heartbeat: config.heartbeat,
+        trips,
+        handover,
     }
 }
 

@@ -54,8 +54,8 @@ openraft::declare_raft_types!(
 pub struct GroupNode {
     pub addr: String,
     /// `None` for the witness and for a region's further nodes (learners: their region is
-    /// their member's, see [`learner_id`]), and in the memberships of an earlier version
-    /// (their regions are the configured members').
+    /// their member's, see [`learner_id`](super::table::learner_id)), and in the
+    /// memberships of an earlier version (their regions are the configured members').
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub region: Option<RegionId>,
     /// The region's gRPC API entry addresses (where other regions forward owned writes).
@@ -382,12 +382,6 @@ pub struct StateMachine {
     shards: ShardId,
 }
 
-/// The id of learner `n` (1, 2, …) of the region whose member is `member`: the member's id
-/// in the high half, so the table knows a learner's region.
-pub fn learner_id(member: NodeId, n: u32) -> NodeId {
-    (member << 32) | NodeId::from(n)
-}
-
 /// Applies `command` to `table`, for a region with several nodes (learners under its member
 /// in `membership`) as follows, since each of its nodes renews and writes on its own:
 /// - a release or transfer is refused (`SeveralNodes`): the region's other nodes may
@@ -601,6 +595,7 @@ mod tests {
     use openraft::testing::{StoreBuilder, Suite};
 
     use super::*;
+    use crate::lease::table::learner_id;
 
     struct Builder;
 

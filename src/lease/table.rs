@@ -40,6 +40,12 @@ pub fn shard_of(key: &str, shards: u32) -> ShardId {
     (hash % u64::from(shards.max(1))) as ShardId
 }
 
+/// The id of learner `n` (1, 2, …) of the region whose member is `member`: the member's id
+/// in the high half, so the table knows a learner's region.
+pub fn learner_id(member: u64, n: u32) -> u64 {
+    (member << 32) | u64::from(n)
+}
+
 /// One shard's row.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Lease {
@@ -233,115 +239,158 @@ impl LeaseTable {
     pub fn apply(&mut self, command: &Command) -> Outcome {
         let shard = command.shard();
         let current = self.shards.get(&shard).cloned();
-        let refuse = |reason| Outcome::Refused {
-            reason,
-            current: current.clone(),
-        };
-        let next = match command {
+        let decided = match command {
             Command::Read { .. } => return Outcome::Current(current),
             Command::Acquire {
                 region,
                 now_ms,
                 duration_ms,
                 ..
-            } => match &current {
-                Some(l) if &l.holder == region && *now_ms < l.last_ms => {
-                    return refuse(Refusal::Superseded);
-                }
-                // a renewal of a lease still in force keeps its epoch
-                Some(l) if &l.holder == region && *now_ms < l.expires_at_ms => Lease {
-                    expires_at_ms: l.expires_at_ms.max(now_ms.saturating_add(*duration_ms)),
-                    last_ms: *now_ms,
-                    ..l.clone()
-                },
-                Some(l) if &l.holder != region && *now_ms < l.expires_at_ms => {
-                    // remembered (deterministically) so the holder can hand it over
-                    let mut wanted = l.clone();
-                    wanted.wanted_by = Some(region.clone());
-                    wanted.wanted_at_ms = *now_ms;
-                    self.shards.insert(shard, wanted);
-                    return refuse(Refusal::HeldElsewhere);
-                }
-                _ => Lease {
-                    holder: region.clone(),
-                    epoch: match next_epoch(current.as_ref()) {
-                        Some(epoch) => epoch,
-                        None => return refuse(Refusal::EpochsExhausted),
-                    },
-                    expires_at_ms: now_ms.saturating_add(*duration_ms),
-                    last_ms: *now_ms,
-                    wanted_by: None,
-                    wanted_at_ms: 0,
-                },
-            },
+            } => self.acquire(shard, current.as_ref(), region, *now_ms, *duration_ms),
             Command::Renew {
                 region,
                 epoch,
                 now_ms,
                 duration_ms,
                 ..
-            } => match &current {
-                Some(l) if &l.holder == region && l.epoch == *epoch && *now_ms < l.last_ms => {
-                    return refuse(Refusal::Superseded);
-                }
-                Some(l) if &l.holder == region && l.epoch == *epoch => Lease {
-                    expires_at_ms: l.expires_at_ms.max(now_ms.saturating_add(*duration_ms)),
-                    last_ms: *now_ms,
-                    ..l.clone()
-                },
-                Some(l) if &l.holder == region => return refuse(Refusal::StaleEpoch),
-                _ => return refuse(Refusal::NotHolder),
-            },
+            } => renew(current.as_ref(), region, *epoch, *now_ms, *duration_ms),
             Command::Release {
                 region,
                 epoch,
                 now_ms,
                 ..
-            } => match &current {
-                Some(l) if &l.holder == region && l.epoch == *epoch && *now_ms < l.last_ms => {
-                    return refuse(Refusal::Superseded);
-                }
-                Some(l) if &l.holder == region && l.epoch == *epoch => Lease {
-                    expires_at_ms: l
-                        .expires_at_ms
-                        .min(now_ms.saturating_add(self.max_offset_ms)),
-                    last_ms: *now_ms,
-                    ..l.clone()
-                },
-                Some(l) if &l.holder == region => return refuse(Refusal::StaleEpoch),
-                _ => return refuse(Refusal::NotHolder),
-            },
+            } => self.release(current.as_ref(), region, *epoch, *now_ms),
             Command::Transfer {
                 from,
                 to,
                 epoch,
                 now_ms,
                 ..
-            } => match &current {
-                Some(l) if &l.holder == from && l.epoch == *epoch && *now_ms < l.last_ms => {
-                    return refuse(Refusal::Superseded);
-                }
-                Some(l) if &l.holder == from && l.epoch == *epoch => Lease {
-                    holder: to.clone(),
-                    epoch: match next_epoch(Some(l)) {
-                        Some(epoch) => epoch,
-                        None => return refuse(Refusal::EpochsExhausted),
-                    },
-                    // the new holder's renewals extend this; nobody else takes it before
-                    expires_at_ms: l
-                        .expires_at_ms
-                        .max(now_ms.saturating_add(self.max_offset_ms)),
-                    // the new holder's clock starts counting from its first renewal
-                    last_ms: 0,
-                    wanted_by: None,
-                    wanted_at_ms: 0,
-                },
-                Some(l) if &l.holder == from => return refuse(Refusal::StaleEpoch),
-                _ => return refuse(Refusal::NotHolder),
-            },
+            } => self.transfer(current.as_ref(), from, to, *epoch, *now_ms),
         };
-        self.shards.insert(shard, next.clone());
-        Outcome::Granted(next)
+        match decided {
+            Ok(next) => {
+                self.shards.insert(shard, next.clone());
+                Outcome::Granted(next)
+            }
+            Err(reason) => Outcome::Refused { reason, current },
+        }
+    }
+
+    /// The lease a [`Command::Acquire`] by `region` leaves on `shard`, whose row is
+    /// `current`, or why it is refused. A refusal because another region holds the shard
+    /// still records `region` as wanting it.
+    fn acquire(
+        &mut self,
+        shard: ShardId,
+        current: Option<&Lease>,
+        region: &RegionId,
+        now_ms: u64,
+        duration_ms: u64,
+    ) -> Result<Lease, Refusal> {
+        match current {
+            Some(l) if &l.holder == region && now_ms < l.last_ms => Err(Refusal::Superseded),
+            // a renewal of a lease still in force keeps its epoch
+            Some(l) if &l.holder == region && now_ms < l.expires_at_ms => Ok(Lease {
+                expires_at_ms: l.expires_at_ms.max(now_ms.saturating_add(duration_ms)),
+                last_ms: now_ms,
+                ..l.clone()
+            }),
+            Some(l) if &l.holder != region && now_ms < l.expires_at_ms => {
+                // remembered (deterministically) so the holder can hand it over
+                let mut wanted = l.clone();
+                wanted.wanted_by = Some(region.clone());
+                wanted.wanted_at_ms = now_ms;
+                self.shards.insert(shard, wanted);
+                Err(Refusal::HeldElsewhere)
+            }
+            _ => Ok(Lease {
+                holder: region.clone(),
+                epoch: next_epoch(current).ok_or(Refusal::EpochsExhausted)?,
+                expires_at_ms: now_ms.saturating_add(duration_ms),
+                last_ms: now_ms,
+                wanted_by: None,
+                wanted_at_ms: 0,
+            }),
+        }
+    }
+
+    /// The lease a [`Command::Release`] leaves, or why it is refused: it ends a clock
+    /// offset after the proposal, if not before.
+    fn release(
+        &self,
+        current: Option<&Lease>,
+        region: &RegionId,
+        epoch: u64,
+        now_ms: u64,
+    ) -> Result<Lease, Refusal> {
+        match current {
+            Some(l) if &l.holder == region && l.epoch == epoch && now_ms < l.last_ms => {
+                Err(Refusal::Superseded)
+            }
+            Some(l) if &l.holder == region && l.epoch == epoch => Ok(Lease {
+                expires_at_ms: l
+                    .expires_at_ms
+                    .min(now_ms.saturating_add(self.max_offset_ms)),
+                last_ms: now_ms,
+                ..l.clone()
+            }),
+            Some(l) if &l.holder == region => Err(Refusal::StaleEpoch),
+            _ => Err(Refusal::NotHolder),
+        }
+    }
+
+    /// The lease a [`Command::Transfer`] leaves (held by `to` at the next epoch), or why
+    /// it is refused.
+    fn transfer(
+        &self,
+        current: Option<&Lease>,
+        from: &RegionId,
+        to: &RegionId,
+        epoch: u64,
+        now_ms: u64,
+    ) -> Result<Lease, Refusal> {
+        match current {
+            Some(l) if &l.holder == from && l.epoch == epoch && now_ms < l.last_ms => {
+                Err(Refusal::Superseded)
+            }
+            Some(l) if &l.holder == from && l.epoch == epoch => Ok(Lease {
+                holder: to.clone(),
+                epoch: next_epoch(Some(l)).ok_or(Refusal::EpochsExhausted)?,
+                // the new holder's renewals extend this; nobody else takes it before
+                expires_at_ms: l
+                    .expires_at_ms
+                    .max(now_ms.saturating_add(self.max_offset_ms)),
+                // the new holder's clock starts counting from its first renewal
+                last_ms: 0,
+                wanted_by: None,
+                wanted_at_ms: 0,
+            }),
+            Some(l) if &l.holder == from => Err(Refusal::StaleEpoch),
+            _ => Err(Refusal::NotHolder),
+        }
+    }
+}
+
+/// The lease a [`Command::Renew`] by `region` at `epoch` leaves, or why it is refused.
+fn renew(
+    current: Option<&Lease>,
+    region: &RegionId,
+    epoch: u64,
+    now_ms: u64,
+    duration_ms: u64,
+) -> Result<Lease, Refusal> {
+    match current {
+        Some(l) if &l.holder == region && l.epoch == epoch && now_ms < l.last_ms => {
+            Err(Refusal::Superseded)
+        }
+        Some(l) if &l.holder == region && l.epoch == epoch => Ok(Lease {
+            expires_at_ms: l.expires_at_ms.max(now_ms.saturating_add(duration_ms)),
+            last_ms: now_ms,
+            ..l.clone()
+        }),
+        Some(l) if &l.holder == region => Err(Refusal::StaleEpoch),
+        _ => Err(Refusal::NotHolder),
     }
 }
 

@@ -28,7 +28,7 @@ pub const LATE_EVENT_TIME_HEADER: &str = "geostate.event-time";
 pub const LATE_WATERMARK_HEADER: &str = "geostate.watermark";
 
 pub mod membership;
-mod partitioner;
+pub mod partitioner;
 mod reader;
 mod transactional;
 

@@ -132,7 +132,7 @@ pub async fn catch_up(
 ) -> Result<CaughtUp, BootstrapError> {
     // a writer of the copy that started before (an aborted shipper's last store writes)
     // finishes before anything of it is read
-    drop(store.writer().await);
+    drop(store.writer(partition).await);
     let mut discarded = false;
     loop {
         let recovered = merge_own_topic(config, hlc, store, vec![partition]).await?;
@@ -145,7 +145,7 @@ pub async fn catch_up(
                 "this node's copy of the partition holds increments it never shipped, and another node shipped the partition since: discarding the copy and rebuilding it from the deltas topic"
             );
             // every key of the partition: off the async threads
-            let (copy, writer) = (store.clone(), store.writer().await);
+            let (copy, writer) = (store.clone(), store.writer(partition).await);
             tokio::task::spawn_blocking(move || {
                 let _writer = writer;
                 copy.discard(partition)
@@ -157,7 +157,7 @@ pub async fn catch_up(
         }
         if let Some(resume) = &recovered.resume {
             resume_after(config, hlc, store, resume).await?;
-            let _writer = store.writer().await;
+            let _writer = store.writer(partition).await;
             // the final windows the rounds merged produced go out no second time
             if let Some(&through) = resume.outputs_through.get(&partition) {
                 store.raise_outputs_through(partition, through)?;
@@ -398,8 +398,8 @@ async fn resume_after(
         });
     }
     hlc.advance_past(resume.hlc_high_water);
-    // the stored positions read and raised by one writer
-    let writer = store.writer().await;
+    // the stored positions read and raised by their partitions' writers
+    let writer = store.writers(resume.updates_offsets.keys().copied().collect()).await;
     let current = store.source_offsets(&config.kafka.updates_topic)?;
     let later = later_partitions(&resume.updates_offsets, &current);
     if later.len() < resume.updates_offsets.len() {

@@ -369,7 +369,14 @@ pub async fn merge_and_commit(
     positions: Option<String>,
     owned: Option<(Arc<IngestShared>, Terms)>,
 ) -> Result<Merged, StoreError> {
-    let writer = store.writer().await;
+    // the partitions the records are on, and those of their keys (a delta off its key's
+    // partition is refused, but only after its key's state was read)
+    let touched = (records.iter()).flat_map(|r| {
+        let key = r.key.as_deref().and_then(|k| std::str::from_utf8(k).ok());
+        [Some(r.partition), key.map(|k| store.partition_of_key(k))]
+    });
+    let touched = touched.flatten().collect();
+    let writer = store.writers(touched).await;
     tokio::task::spawn_blocking(move || {
         let _writer = writer;
         // a catch-up that follows a cut or a take waits for this writer

@@ -16,10 +16,15 @@
 //! new owner of the partition goes on from the `outputs_through` of the newest resume
 //! point (`bootstrap::catch_up`), so a window produced in a committed round is never
 //! produced again, and one whose round was aborted is produced by the next.
+//!
+//! The record itself (its JSON and its key) is `geostate_proto::outputs`'s, shared with
+//! the sink, the tests and the Jepsen checkers that read it.
 
 use std::collections::BTreeSet;
 
-use serde::Serialize;
+/// The records a shipping round produces (its final windows, and the owned outputs the
+/// ingest path put in the outbox), defined once with the topic's readers.
+pub use geostate_proto::outputs::{FinalWindow, RegisterChange};
 
 use crate::config::Config;
 use crate::crdt::RegionId;
@@ -38,82 +43,6 @@ pub struct Outputs {
     remotes: Vec<RegionId>,
     region: RegionId,
     pub topic: String,
-}
-
-/// One final window, as its record on the outputs topic carries it (JSON).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct FinalWindow {
-    pub key: String,
-    pub start_ms: u64,
-    pub end_ms: u64,
-    /// The sum of every region's counts in the window (saturated to int64).
-    pub value: i64,
-    /// The region that produced this record (each region produces its own, equal).
-    pub region: String,
-}
-
-impl FinalWindow {
-    /// The record key: the state key and the window's start, so a compacted outputs topic
-    /// keeps one record per window.
-    pub fn record_key(&self) -> Vec<u8> {
-        format!("{}@{}", self.key, self.start_ms).into_bytes()
-    }
-
-    pub fn payload(&self) -> Vec<u8> {
-        serde_json::to_vec(self).unwrap_or_default()
-    }
-}
-
-/// What a register of a `register-changes` namespace holds: one window's result.
-#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct WindowResult {
-    pub start_ms: u64,
-    pub end_ms: u64,
-    pub value: serde_json::Number,
-}
-
-impl WindowResult {
-    /// The result a register value holds, or why it is none.
-    pub fn parse(value: &[u8]) -> Result<Self, String> {
-        let result: WindowResult = serde_json::from_slice(value).map_err(|e| e.to_string())?;
-        if result.end_ms <= result.start_ms {
-            return Err(format!(
-                "the window ends ({}) before it starts ({})",
-                result.end_ms, result.start_ms
-            ));
-        }
-        if i64::try_from(result.end_ms).is_err() {
-            return Err("a window time beyond int64".into());
-        }
-        Ok(result)
-    }
-}
-
-/// One accepted write of an owned register of a `register-changes` namespace, as its
-/// record on the outputs topic carries it (JSON): the window result it wrote, the lease
-/// epoch it was written under and its stamp (`version`: the HLC as one number), so a
-/// reader keeps, per key and window, the result of the highest (epoch, version).
-#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
-pub struct RegisterChange {
-    pub key: String,
-    pub start_ms: u64,
-    pub end_ms: u64,
-    pub value: serde_json::Number,
-    pub region: String,
-    pub epoch: u64,
-    pub version: u64,
-}
-
-impl RegisterChange {
-    /// The record key: the state key and the window's start, as for a final window.
-    pub fn record_key(&self) -> Vec<u8> {
-        format!("{}@{}", self.key, self.start_ms).into_bytes()
-    }
-
-    pub fn payload(&self) -> Vec<u8> {
-        serde_json::to_vec(self).unwrap_or_default()
-    }
 }
 
 impl Outputs {

@@ -136,28 +136,7 @@ impl Shipper {
             let replayed = self.replayed.borrow().contains(&partition);
             let beat = (replayed && !handing_off).then(|| self.clock.now_nanos());
             self.wake.borrow_and_update();
-            let (store, topic, partition) = (
-                self.store.clone(),
-                self.kafka.updates_topic.clone(),
-                self.partition,
-            );
-            let outputs = self.outputs.clone();
-            let (snapshot, round_outputs) = tokio::task::spawn_blocking(move || {
-                let snapshot = store.outbox_snapshot(partition, &topic)?;
-                let outputs = match outputs {
-                    Some(outputs) => {
-                        let own = snapshot.watermarks.get(&partition).copied();
-                        final_since(&store, &outputs, partition, own)?
-                    }
-                    None => RoundOutputs {
-                        windows: Vec::new(),
-                        through: None,
-                    },
-                };
-                Ok::<_, StoreError>((snapshot, outputs))
-            })
-            .await
-            .unwrap_or_else(|e| Err(StoreError::Task(e.to_string())))?;
+            let (snapshot, round_outputs) = self.read_round().await?;
             // nothing to ship and no heartbeat due (or none allowed yet): wait for a batch,
             // the next heartbeat or the end of the replay
             let due = match (beat, last_beat) {
@@ -193,39 +172,10 @@ impl Shipper {
                         .iter()
                         .any(|e| window::record_position(&e.key).is_some()))
             {
-                let committed = bootstrap::committed_resume(
-                    &self.kafka,
-                    &self.actor.region,
-                    &self.store,
-                    partition,
-                )
-                .await;
-                match committed {
-                    Ok(resume) => {
-                        let through = resume
-                            .as_ref()
-                            .and_then(|r| r.updates_offsets.get(&partition).copied());
-                        let outputs =
-                            resume.and_then(|r| r.outputs_through.get(&partition).copied());
-                        let (store, writer) = (self.store.clone(), self.store.writer().await);
-                        tokio::task::spawn_blocking(move || {
-                            let _writer = writer;
-                            if let Some(through) = through {
-                                store.drop_records_through(partition, through)?;
-                            }
-                            if let Some(outputs) = outputs {
-                                store.raise_outputs_through(partition, outputs)?;
-                            }
-                            Ok::<_, StoreError>(())
-                        })
-                        .await
-                        .unwrap_or_else(|e| Err(StoreError::Task(e.to_string())))?;
-                        uncertain = false;
-                    }
-                    Err(e) => {
-                        tracing::warn!(partition, error = %e, "reading which rounds committed failed; retrying");
-                        tokio::time::sleep(RETRY_PAUSE).await;
-                    }
+                if self.settle_uncertain().await? {
+                    uncertain = false;
+                } else {
+                    tokio::time::sleep(RETRY_PAUSE).await;
                 }
                 continue;
             }
@@ -234,23 +184,9 @@ impl Shipper {
                 Ok(through) => through,
                 Err(e) => {
                     uncertain = true;
-                    if let Some(fatal) = self.producer.fatal_error() {
-                        return Err(ShipError::Fatal(fatal));
+                    if !self.recover(&e, &mut stop).await? {
+                        return Ok(());
                     }
-                    tokio::time::sleep(RETRY_PAUSE).await;
-                    // let go (not owned) and not handed off (yet): the keeper hands it off
-                    // (no next owner yet: a new client fences nobody), or aborts this
-                    // shipper because another node owns it (a new client would fence it)
-                    if !self.owned.borrow().contains(&partition) {
-                        let mut hand_off = self.hand_off.clone();
-                        tokio::select! {
-                            () = stopped(&mut stop) => return Ok(()),
-                            handed = hand_off.wait_for(|&h| h) => if handed.is_err() {
-                                return Ok(());
-                            },
-                        }
-                    }
-                    self.producer.restart(&e).await;
                     continue;
                 }
             };
@@ -261,26 +197,129 @@ impl Shipper {
                 continue;
             };
             last_shipped = Some(Instant::now());
-            let (store, deltas) = (self.store.clone(), self.kafka.deltas_topic.clone());
-            let outputs_through = round_outputs.through;
-            // an aborted shipper's last writes finish before a later catch-up of the copy
-            let writer = self.store.writer().await;
-            tokio::task::spawn_blocking(move || {
-                let _writer = writer;
-                store.clear_outbox(&snapshot.entries)?;
-                if let Some(outputs) = outputs_through {
-                    store.raise_outputs_through(partition, outputs)?;
-                }
-                // this copy holds every delta of its partition up to its own last round
-                store.own_deltas_through(&deltas, partition, through)
-            })
-            .await
-            .unwrap_or_else(|e| Err(StoreError::Task(e.to_string())))?;
-            metrics::gauge!(m::COPY_THROUGH, "partition" => partition.to_string())
-                .set(through as f64);
-            metrics::gauge!(m::OUTBOX_KEYS).set(self.store.outbox_len() as f64);
-            self.shipped.notify_waiters();
+            self.shipped_round(snapshot, round_outputs.through, through)
+                .await?;
         }
+    }
+
+    /// After a failed round, a new client, unless the failure was fatal; false: asked to
+    /// stop, or the partition handed on, meanwhile.
+    async fn recover(
+        &mut self,
+        e: &LogError,
+        stop: &mut watch::Receiver<bool>,
+    ) -> Result<bool, ShipError> {
+        if let Some(fatal) = self.producer.fatal_error() {
+            return Err(ShipError::Fatal(fatal));
+        }
+        tokio::time::sleep(RETRY_PAUSE).await;
+        // let go (not owned) and not handed off (yet): the keeper hands it off (no next
+        // owner yet: a new client fences nobody), or aborts this shipper because another
+        // node owns it (a new client would fence it)
+        if !self.owned.borrow().contains(&self.partition) {
+            let mut hand_off = self.hand_off.clone();
+            tokio::select! {
+                () = stopped(stop) => return Ok(false),
+                handed = hand_off.wait_for(|&h| h) => if handed.is_err() {
+                    return Ok(false);
+                },
+            }
+        }
+        self.producer.restart(e).await;
+        Ok(true)
+    }
+
+    /// Reads the round: the partition's outbox and, if it outputs, the windows final
+    /// since its last round.
+    async fn read_round(&self) -> Result<(OutboxSnapshot, RoundOutputs), StoreError> {
+        let (store, topic, partition) = (
+            self.store.clone(),
+            self.kafka.updates_topic.clone(),
+            self.partition,
+        );
+        let outputs = self.outputs.clone();
+        tokio::task::spawn_blocking(move || {
+            let snapshot = store.outbox_snapshot(partition, &topic)?;
+            let outputs = match outputs {
+                Some(outputs) => {
+                    let own = snapshot.watermarks.get(&partition).copied();
+                    final_since(&store, &outputs, partition, own)?
+                }
+                None => RoundOutputs {
+                    windows: Vec::new(),
+                    through: None,
+                },
+            };
+            Ok::<_, StoreError>((snapshot, outputs))
+        })
+        .await
+        .unwrap_or_else(|e| Err(StoreError::Task(e.to_string())))
+    }
+
+    /// After a failed round, learns from the deltas topic whether it committed all the
+    /// same, and drops what it shipped then (late events, owned outputs) and raises the
+    /// outputs' reach to it; false: the topic could not be read (retried).
+    async fn settle_uncertain(&self) -> Result<bool, StoreError> {
+        let partition = self.partition;
+        let committed =
+            bootstrap::committed_resume(&self.kafka, &self.actor.region, &self.store, partition)
+                .await;
+        match committed {
+            Ok(resume) => {
+                let through = resume
+                    .as_ref()
+                    .and_then(|r| r.updates_offsets.get(&partition).copied());
+                let outputs = resume.and_then(|r| r.outputs_through.get(&partition).copied());
+                let (store, writer) = (self.store.clone(), self.store.writer(partition).await);
+                tokio::task::spawn_blocking(move || {
+                    let _writer = writer;
+                    if let Some(through) = through {
+                        store.drop_records_through(partition, through)?;
+                    }
+                    if let Some(outputs) = outputs {
+                        store.raise_outputs_through(partition, outputs)?;
+                    }
+                    Ok::<_, StoreError>(())
+                })
+                .await
+                .unwrap_or_else(|e| Err(StoreError::Task(e.to_string())))?;
+                Ok(true)
+            }
+            Err(e) => {
+                tracing::warn!(partition, error = %e, "reading which rounds committed failed; retrying");
+                Ok(false)
+            }
+        }
+    }
+
+    /// After a committed round: clears what it shipped from the outbox, raises the
+    /// outputs' reach, and notes that this copy holds every delta of the partition up to
+    /// the round (`through`, its resume point's offset).
+    async fn shipped_round(
+        &self,
+        snapshot: OutboxSnapshot,
+        outputs_through: Option<u64>,
+        through: i64,
+    ) -> Result<(), StoreError> {
+        let (store, deltas) = (self.store.clone(), self.kafka.deltas_topic.clone());
+        let partition = self.partition;
+        // an aborted shipper's last writes finish before a later catch-up of the copy
+        let writer = self.store.writer(partition).await;
+        tokio::task::spawn_blocking(move || {
+            let _writer = writer;
+            store.clear_outbox(&snapshot.entries)?;
+            if let Some(outputs) = outputs_through {
+                store.raise_outputs_through(partition, outputs)?;
+            }
+            // this copy holds every delta of its partition up to its own last round
+            store.own_deltas_through(&deltas, partition, through)
+        })
+        .await
+        .unwrap_or_else(|e| Err(StoreError::Task(e.to_string())))?;
+        metrics::gauge!(m::COPY_THROUGH, "partition" => partition.to_string()).set(through as f64);
+        metrics::gauge!(m::OUTBOX_KEYS).set(self.store.outbox_len() as f64);
+        self.shipped.notify_waiters();
+        Ok(())
     }
 
     /// One transaction: every delta, then the resume point (if there were entries), then a

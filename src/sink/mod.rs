@@ -20,23 +20,11 @@ pub mod reconcile;
 
 use std::collections::BTreeMap;
 
-use serde::Deserialize;
-
 /// One record of the outputs topic, as the sink reads it: a final window (epoch and
 /// version 0: every region produces the same) or an owned result (the lease epoch of its
-/// writer and the version of the write).
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-pub struct OutputRecord {
-    pub key: String,
-    pub start_ms: u64,
-    pub end_ms: u64,
-    pub value: serde_json::Number,
-    pub region: String,
-    #[serde(default)]
-    pub epoch: u64,
-    #[serde(default)]
-    pub version: u64,
-}
+/// writer and the version of the write); and a number's text as the table compares it.
+/// Both are the record's one definition, shared with its producer.
+pub use geostate_proto::outputs::{OutputRecord, normalized};
 
 /// Why a record of the outputs topic is not an output.
 pub fn parse(payload: Option<&[u8]>) -> Result<OutputRecord, String> {
@@ -56,37 +44,6 @@ pub fn parse(payload: Option<&[u8]>) -> Result<OutputRecord, String> {
         return Err("an output record with a time, epoch or version beyond int64".into());
     }
     Ok(record)
-}
-
-impl OutputRecord {
-    /// What the table is keyed by.
-    pub fn id(&self) -> (String, u64) {
-        (self.key.clone(), self.start_ms)
-    }
-
-    /// Which of two results for one (key, window) stands: the higher (epoch, version).
-    pub fn rank(&self) -> (u64, u64) {
-        (self.epoch, self.version)
-    }
-
-    /// The value as the table stores and prints it: an integer as itself, any other
-    /// number in its shortest decimal form.
-    pub fn value_text(&self) -> String {
-        normalized(&self.value.to_string())
-    }
-}
-
-/// A number's text, the same whether it came from JSON or from PostgreSQL's `numeric`:
-/// `5`, `1.5` (not `5.0`, `1.50`).
-pub fn normalized(text: &str) -> String {
-    if let Ok(n) = text.parse::<i64>() {
-        return n.to_string();
-    }
-    match text.parse::<f64>() {
-        Ok(x) if x.fract() == 0.0 && x.abs() < 9e15 => (x as i64).to_string(),
-        Ok(x) => x.to_string(),
-        Err(_) => text.to_owned(),
-    }
 }
 
 /// One row of the table, or the result a topic says it should hold.

@@ -39,7 +39,7 @@ use std::sync::Arc;
 
 use crate::clock::HlcTimestamp;
 use crate::crdt::{CrdtValue, DecodeError, Delta, RegionId};
-use crate::log::partition_of;
+use crate::log::partitioner::partition_of;
 use crate::window;
 pub use partition::COLUMN_FAMILIES;
 use partition::{Home, PartCommit, PartitionStore};
@@ -150,13 +150,19 @@ pub struct OutboxSnapshot {
 /// The region's state: one [`PartitionStore`] per partition, `parts[p]` in `<dir>/p<p>`.
 pub struct Store {
     parts: Vec<PartitionStore>,
-    writer: Arc<tokio::sync::Mutex<()>>,
+    /// `writers[p]`: the right to read-modify-write partition `p`'s state.
+    writers: Vec<Arc<tokio::sync::Mutex<()>>>,
 }
 
-/// The right to read-modify-write state ([`Store::writer`]). It is owned: work that needs
-/// it takes it into the blocking task that does the work, so that a future dropped while
-/// it awaits that task (by a `select!` or a timeout) cannot free it while the task runs on.
+/// The right to read-modify-write one partition's state ([`Store::writer`]). It is owned:
+/// work that needs it takes it into the blocking task that does the work, so that a future
+/// dropped while it awaits that task (by a `select!` or a timeout) cannot free it while the
+/// task runs on.
 pub type StateWriter = tokio::sync::OwnedMutexGuard<()>;
+
+/// The writers of several partitions ([`Store::writers`]), taken in ascending partition
+/// order, so two tasks taking overlapping sets never wait on each other in a circle.
+pub type StateWriters = Vec<StateWriter>;
 
 /// The directory of partition `p`'s instance inside a data dir.
 pub fn partition_dir(dir: &Path, partition: usize) -> PathBuf {
@@ -250,10 +256,7 @@ impl Store {
         if written.is_none() {
             write_count(dir, partitions)?;
         }
-        Ok(Self {
-            parts,
-            writer: Arc::default(),
-        })
+        Ok(Self::of_parts(parts))
     }
 
     /// Opens the partitions `dir` holds (a restored copy, which knows its count).
@@ -271,23 +274,45 @@ impl Store {
             .into_iter()
             .map(|p| PartitionStore::open_read_only(&partition_dir(dir, p)))
             .collect::<Result<_, _>>()?;
-        Ok(Self {
-            parts,
-            writer: Arc::default(),
-        })
+        Ok(Self::of_parts(parts))
+    }
+
+    fn of_parts(parts: Vec<PartitionStore>) -> Self {
+        let writers = (0..parts.len().max(1)).map(|_| Arc::default()).collect();
+        Self { parts, writers }
     }
 
     pub fn partitions(&self) -> usize {
         self.parts.len()
     }
 
-    /// Waits for the right to read-modify-write state, held by one writer at a time (a
-    /// local batch, a merge of remote deltas, a catch-up): two writers reading the same key
-    /// and each writing back their result would lose one's update. [`Store::commit`] itself
+    /// Waits for the right to read-modify-write `partition`'s state, held by one writer at
+    /// a time (the partition's ingest, a merge of remote deltas, a catch-up): two writers
+    /// reading the same key and each writing back their result would lose one's update.
+    /// Partitions have a writer each, so they apply in parallel. [`Store::commit`] itself
     /// takes no lock; every writer that reads state first holds this while it reads and
-    /// until its commit returned.
-    pub async fn writer(&self) -> StateWriter {
-        self.writer.clone().lock_owned().await
+    /// until its commit returned. A partition this store does not hold shares partition
+    /// 0's writer (its commit is refused anyway).
+    pub async fn writer(&self, partition: i32) -> StateWriter {
+        let at = (usize::try_from(partition).ok())
+            .filter(|&p| p < self.writers.len())
+            .unwrap_or(0);
+        self.writers[at].clone().lock_owned().await
+    }
+
+    /// The writers of `partitions` (each once), taken in ascending order.
+    pub async fn writers(&self, partitions: BTreeSet<i32>) -> StateWriters {
+        let mut writers = Vec::with_capacity(partitions.len());
+        for p in partitions {
+            writers.push(self.writer(p).await);
+        }
+        writers
+    }
+
+    /// The partition whose instance holds `key` (a state key, or a late event's or output's
+    /// outbox key).
+    pub fn partition_of_key(&self, key: &str) -> i32 {
+        self.index_of(key) as i32
     }
 
     fn of(&self, key: &str) -> &PartitionStore {

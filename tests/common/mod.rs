@@ -18,6 +18,7 @@ use anyhow::{Context, bail};
 use geostate::pb;
 use geostate::pb::admin_client::AdminClient;
 use geostate::pb::state_client::StateClient;
+use geostate_proto::outputs::OutputRecord;
 use rdkafka::admin::{AdminClient as KafkaAdmin, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -837,8 +838,12 @@ impl Drop for Node {
     }
 }
 
-/// One record of the outputs topic, as a reader finds it.
+/// One record of the outputs topic as the tests compare it, read as the record's one
+/// definition ([`OutputRecord`]) and then narrowed: its value a count (a price is none:
+/// read those with [`read_output_records`]), without the write's `version` (a stamp no
+/// test can know beforehand), and ordered, so a test sorts what it found.
 #[derive(Debug, serde::Deserialize, PartialEq, Eq, PartialOrd, Ord, Clone)]
+#[serde(try_from = "OutputRecord")]
 pub struct Output {
     pub key: String,
     pub start_ms: u64,
@@ -846,8 +851,26 @@ pub struct Output {
     pub value: i64,
     pub region: String,
     /// The lease epoch of an owned register's output (0 for a final window).
-    #[serde(default)]
     pub epoch: u64,
+}
+
+impl TryFrom<OutputRecord> for Output {
+    type Error = String;
+
+    fn try_from(record: OutputRecord) -> Result<Self, String> {
+        let value = record
+            .value
+            .as_i64()
+            .ok_or_else(|| format!("{}: the value {} is no count", record.key, record.value))?;
+        Ok(Output {
+            key: record.key,
+            start_ms: record.start_ms,
+            end_ms: record.end_ms,
+            value,
+            region: record.region,
+            epoch: record.epoch,
+        })
+    }
 }
 
 /// Every record of `topic` a `read_committed` reader finds, once at least `wanted` are

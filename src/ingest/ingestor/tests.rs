@@ -133,7 +133,7 @@ async fn a_batch_read_before_its_partition_was_cut_is_not_committed() {
     shared.disown(&[0]);
     shared.cut(&[0]);
     let part = ingestor
-        .apply_part(vec![add(0)], Instant::now(), &read_in)
+        .apply_part(0, vec![add(0)], Instant::now(), &read_in)
         .await
         .unwrap();
     assert!(matches!(part, Part::Cut));
@@ -144,7 +144,7 @@ async fn a_batch_read_before_its_partition_was_cut_is_not_committed() {
     shared.own(0, None, 0);
     let read_in = shared.terms();
     let part = ingestor
-        .apply_part(vec![add(0)], Instant::now(), &read_in)
+        .apply_part(0, vec![add(0)], Instant::now(), &read_in)
         .await
         .unwrap();
     assert!(matches!(part, Part::Committed(None)));

@@ -87,7 +87,10 @@ async fn a_cancelled_merge_keeps_other_writers_out_until_it_committed() {
         "the merge runs on"
     );
     drop(merging); // what Merger::run's select! does when `owned` changes
-    if let Some(free) = store.writer().now_or_never() {
+    if let Some(free) = store
+        .writer(store.partition_of_key("trips/k1"))
+        .now_or_never()
+    {
         assert!(
             committed(),
             "the state lock is free while the cancelled merge has not committed"
@@ -97,7 +100,7 @@ async fn a_cancelled_merge_keeps_other_writers_out_until_it_committed() {
 
     // an ingest-style read-modify-write under the lock: one local increment
     let local = Actor::new(config.region.clone(), 7);
-    let writer = store.writer().await;
+    let writer = store.writer(store.partition_of_key("trips/k1")).await;
     // were the merge still running, it read trips/k1 (its first key) by now
     tokio::time::sleep(Duration::from_millis(20)).await;
     let mut counter = match store.get("trips/k1").unwrap() {
