@@ -34,10 +34,10 @@ use tokio::task::JoinSet;
 use crate::clock::Hlc;
 use crate::config::Config;
 use crate::crdt::Actor;
-use crate::ingest::ingestor::IngestShared;
 use crate::log::membership::{self, Change, REVOKE_WAIT};
 use crate::log::{self, LogError};
 use crate::metrics as m;
+use crate::partition::{PartitionHandle, Partitions};
 use crate::replication::Freshness;
 use crate::replication::bootstrap::{self, BootstrapError};
 use crate::replication::outputs::Outputs;
@@ -361,17 +361,19 @@ struct Ready {
 /// A shipper task's partition and how it ended.
 type Ended = (i32, Result<(), ShipError>);
 
-/// One running shipper.
+/// One running shipper, of the partition's term `handle`.
 struct Shipping {
     hand_off: watch::Sender<bool>,
     task: tokio::task::AbortHandle,
+    handle: Arc<PartitionHandle>,
 }
 
 pub struct Keeper {
     pub config: Arc<Config>,
     pub store: Arc<Store>,
     pub hlc: Arc<Hlc>,
-    pub shared: Arc<IngestShared>,
+    /// The node's partitions: a take creates a partition's handle, a give-up cuts it.
+    pub partitions: Arc<Partitions>,
     pub actor: Actor,
     pub changes: mpsc::UnboundedReceiver<Change>,
     /// Told once the first assignment was taken (empty or not).
@@ -558,24 +560,24 @@ impl Keeper {
             read_end,
         } = ready;
         let (hand_off, handing_off) = watch::channel(false);
+        let handle = self.partitions.take(partition, applied, end);
         let shipper = Shipper {
             store: self.store.clone(),
             partition,
             producer,
             kafka: self.config.kafka.clone(),
             actor: self.actor.clone(),
-            wake: self.shared.committed.subscribe(),
-            shipped: self.shared.shipped.clone(),
+            wake: handle.commits(),
+            shipped: self.partitions.shipped.clone(),
             clock: self.hlc.physical().clone(),
-            replayed: self.shared.replayed.subscribe(),
+            replayed: handle.replay(),
             hand_off: handing_off,
-            owned: self.shared.owned.subscribe(),
+            handle: handle.clone(),
             outputs: self.outputs.clone(),
             ship_every: self.config.replication.ship_every,
         };
         let run = shipper.run(stop.clone());
         let task = running.spawn(async move { (partition, run.await) });
-        self.shared.own(partition, applied, end);
         let recovered = &caught_up.recovered;
         tracing::info!(
             partition,
@@ -592,7 +594,14 @@ impl Keeper {
             took_ms = started.elapsed().as_millis() as u64,
             "took the partition"
         );
-        (partition, Shipping { hand_off, task })
+        (
+            partition,
+            Shipping {
+                hand_off,
+                task,
+                handle,
+            },
+        )
     }
 
     /// What the keeper does when the shipper of `p` ended with `result` on its own (not
@@ -606,15 +615,17 @@ impl Keeper {
         shippers: &mut BTreeMap<i32, Shipping>,
         retakes: &mut JoinSet<i32>,
     ) -> Result<(), KeeperError> {
-        shippers.remove(&p);
+        let shipping = shippers.remove(&p);
         self.copies.keep(shippers);
         match result {
             // a shipper ends on its own only when handed off or stopped
             Ok(()) => Ok(()),
             Err(ShipError::Fatal(why)) => {
                 tracing::error!(partition = p, %why, "another node ships this partition now: this node stops writing it");
-                self.shared.disown(&[p]);
-                self.shared.cut(&[p]);
+                let handles = self.partitions.let_go(&[p]);
+                for handle in handles.iter().chain(shipping.as_ref().map(|s| &s.handle)) {
+                    handle.cut();
+                }
                 retakes.spawn(async move {
                     tokio::time::sleep(RETAKE_AFTER).await;
                     p
@@ -629,7 +640,7 @@ impl Keeper {
 
     /// Gives up `partitions`: ingest stops reading them (its batch committed), then each
     /// shipper ships what is left (unless the group already moved them: `lost`) and ends.
-    /// From the wait's end, nothing of ingest's commits to them ([`IngestShared::cut`]).
+    /// From the wait's end, nothing of ingest's commits to them ([`PartitionHandle::cut`]).
     /// Answers how the other shippers that ended meanwhile ended (for
     /// [`Keeper::shipper_ended`]).
     async fn give_up(
@@ -640,10 +651,8 @@ impl Keeper {
         running: &mut JoinSet<Ended>,
     ) -> Vec<Ended> {
         let started = std::time::Instant::now();
-        self.shared.disown(partitions);
-        let gone: BTreeSet<i32> = partitions.iter().copied().collect();
-        let mut reading = self.shared.reading.subscribe();
-        let ingest_done = reading.wait_for(|r| r.is_disjoint(&gone));
+        let handles = self.partitions.let_go(partitions);
+        let ingest_done = futures_util::future::join_all(handles.iter().map(|h| h.not_read()));
         if tokio::time::timeout(REVOKE_WAIT / 2, ingest_done)
             .await
             .is_err()
@@ -653,7 +662,9 @@ impl Keeper {
                 "ingest did not stop reading the revoked partitions in time: its batch of them is not committed"
             );
         }
-        self.shared.cut(partitions);
+        for handle in &handles {
+            handle.cut();
+        }
         let mut others = Vec::new();
         let mut handed: Vec<(i32, Shipping)> = partitions
             .iter()
@@ -735,7 +746,7 @@ mod tests {
         Keeper {
             store: Arc::new(Store::open(dir, 2).unwrap()),
             hlc: Arc::new(Hlc::new(clock, Duration::from_millis(500))),
-            shared: Arc::new(IngestShared::default()),
+            partitions: Arc::new(Partitions::default()),
             actor: Actor::new(config.region.clone(), 1),
             changes,
             first_taken: None,
@@ -752,6 +763,7 @@ mod tests {
         p: i32,
         handed: bool,
         ends: Result<(), ShipError>,
+        handle: Arc<PartitionHandle>,
     ) -> Shipping {
         let (hand_off, mut handing_off) = watch::channel(false);
         let task = running.spawn(async move {
@@ -760,7 +772,11 @@ mod tests {
             }
             (p, ends)
         });
-        Shipping { hand_off, task }
+        Shipping {
+            hand_off,
+            task,
+            handle,
+        }
     }
 
     /// Another partition's shipper that ends while a revoke hands one off is not lost:
@@ -777,10 +793,12 @@ mod tests {
         ] {
             let mut running = JoinSet::new();
             let mut shippers = BTreeMap::new();
-            shippers.insert(0, shipper(&mut running, 0, true, Ok(())));
-            shippers.insert(1, shipper(&mut running, 1, false, Err(failure)));
-            keeper.shared.own(0, None, 0);
-            keeper.shared.own(1, None, 0);
+            let (zero, one) = (
+                keeper.partitions.take(0, None, 0),
+                keeper.partitions.take(1, None, 0),
+            );
+            shippers.insert(0, shipper(&mut running, 0, true, Ok(()), zero));
+            shippers.insert(1, shipper(&mut running, 1, false, Err(failure), one));
             // the other shipper ends first
             tokio::task::yield_now().await;
             let others = keeper
@@ -795,7 +813,7 @@ mod tests {
                 .await;
             assert_eq!(ended.is_err(), stops, "{ended:?}");
             if !stops {
-                assert!(!keeper.shared.owned.borrow().contains(&1));
+                assert!(!keeper.partitions.owns(1));
                 assert_eq!(retakes.len(), 1);
             }
             assert!(shippers.is_empty());

@@ -55,6 +55,7 @@ pub mod lease;
 pub mod log;
 pub mod metrics;
 pub mod node;
+pub mod partition;
 pub mod peers;
 pub mod pricer;
 pub use geostate_proto::pb;

@@ -29,7 +29,7 @@ use crate::clock::{Clock, Hlc, ShiftedClock, SystemClock};
 use crate::config::Config;
 use crate::crdt::Actor;
 use crate::ingest::idle::IdleWatermarks;
-use crate::ingest::ingestor::{IngestShared, Ingestor};
+use crate::ingest::ingestor::Ingestor;
 use crate::keeper::{Copies, Keeper, Standby, group_id};
 use crate::lease::leases::Leases;
 use crate::lease::member::{Member, MemberError};
@@ -37,6 +37,7 @@ use crate::lease::network::Channels;
 use crate::log::membership::{Membership, MembershipSpec};
 use crate::log::{self, LogError};
 use crate::metrics as m;
+use crate::partition::Partitions;
 use crate::replication::bootstrap::{self, BootstrapError};
 use crate::replication::merger::Merger;
 use crate::replication::{Freshness, RemoteProgress};
@@ -310,7 +311,7 @@ impl Opened {
             ..
         } = &self;
         self.check_topics().await?;
-        let shared = Arc::new(IngestShared::default());
+        let owned = Arc::new(Partitions::default());
         tracing::info!(region = %config.region, incarnation = self.incarnation, partitions = partitions.len(), "node starting");
         let (stop, stop_rx) = watch::channel(false);
         let mut tasks = Tasks::default();
@@ -321,20 +322,20 @@ impl Opened {
         crate::keeper::warm_copies(config, &self.hlc, store, partitions).await?;
         let freshness = Arc::new(Freshness::default());
         let group = self
-            .join_group(&mut tasks, &shared, &freshness, &address, &stop_rx)
+            .join_group(&mut tasks, &owned, &freshness, &address, &stop_rx)
             .await?;
         let remotes =
-            self.spawn_mergers(&mut tasks, &shared, &freshness, partitions.len(), &stop_rx)?;
-        self.spawn_ingest(&mut tasks, &shared, &remotes, &leases, &stop_rx)?;
+            self.spawn_mergers(&mut tasks, &owned, &freshness, partitions.len(), &stop_rx)?;
+        self.spawn_ingest(&mut tasks, &owned, &remotes, &leases, &stop_rx)?;
         let (checkpoints, checkpoint_status) =
-            self.spawn_checkpointer(&mut tasks, &shared, &stop_rx)?;
+            self.spawn_checkpointer(&mut tasks, &owned, &stop_rx)?;
         // the API's and the metrics' (other regions' APIs are served alike)
         let tls = self.tls.clone().filter(|_| !config.api.plaintext);
         self.spawn_reporting(&mut tasks, metrics, recorder, &tls, &stop_rx);
         let gauges = report_gauges(
             config.clone(),
             self.store.clone(),
-            shared.clone(),
+            owned.clone(),
             remotes.clone(),
             self.clock.clone(),
             stop_rx.clone(),
@@ -353,7 +354,7 @@ impl Opened {
             incarnation: self.incarnation,
             hlc: self.hlc.clone(),
             store: store.clone(),
-            shared: shared.clone(),
+            owned: owned.clone(),
             partitions: partitions.clone(),
             address,
             stop: stop_rx.clone(),
@@ -473,7 +474,7 @@ impl Opened {
     async fn join_group(
         &self,
         tasks: &mut Tasks,
-        shared: &Arc<IngestShared>,
+        owned: &Arc<Partitions>,
         freshness: &Arc<Freshness>,
         address: &str,
         stop: &watch::Receiver<bool>,
@@ -498,7 +499,7 @@ impl Opened {
             config: config.clone(),
             store: self.store.clone(),
             hlc: self.hlc.clone(),
-            shared: shared.clone(),
+            partitions: owned.clone(),
             actor: Actor::new(config.region.clone(), self.incarnation),
             changes,
             first_taken: Some(first_taken),
@@ -529,7 +530,7 @@ impl Opened {
             _ = taken => {}
             Some(ended) = tasks.next_ended() => return Err(NodeError::TaskEnded(Tasks::failure(ended))),
         }
-        tracing::info!(owned = ?*shared.owned.borrow(), "joined the region's group");
+        tracing::info!(owned = ?owned.owned(), "joined the region's group");
         Ok(group)
     }
 
@@ -581,7 +582,7 @@ impl Opened {
     fn spawn_mergers(
         &self,
         tasks: &mut Tasks,
-        shared: &Arc<IngestShared>,
+        owned: &Arc<Partitions>,
         freshness: &Arc<Freshness>,
         partitions: usize,
         stop: &watch::Receiver<bool>,
@@ -598,7 +599,7 @@ impl Opened {
                 config: self.config.clone(),
                 hlc: self.hlc.clone(),
                 store: self.store.clone(),
-                shared: shared.clone(),
+                owned: owned.clone(),
                 freshness: freshness.clone(),
                 progress,
             };
@@ -611,7 +612,7 @@ impl Opened {
     fn spawn_ingest(
         &self,
         tasks: &mut Tasks,
-        shared: &Arc<IngestShared>,
+        owned: &Arc<Partitions>,
         remotes: &[Arc<RemoteProgress>],
         leases: &Option<Arc<Leases>>,
         stop: &watch::Receiver<bool>,
@@ -632,10 +633,10 @@ impl Opened {
             store: self.store.clone(),
             source,
             dlq: log::RenewingProducer::new(&config.kafka, Duration::from_secs(30))?,
-            shared: shared.clone(),
+            owned: owned.clone(),
             leases: leases.clone(),
             grants: Default::default(),
-            partitions: i32::try_from(self.partitions.len()).unwrap_or(i32::MAX),
+            partition_count: i32::try_from(self.partitions.len()).unwrap_or(i32::MAX),
         };
         // A node that rebuilt itself replays its updates topic only once it holds every
         // remote delta the lost node could have seen: a compare-and-set replayed on less
@@ -656,7 +657,7 @@ impl Opened {
             let idle = IdleWatermarks {
                 config: config.clone(),
                 store: self.store.clone(),
-                shared: shared.clone(),
+                owned: owned.clone(),
                 producer: Arc::new(log::RenewingProducer::new(
                     &config.kafka,
                     Duration::from_secs(10),
@@ -675,7 +676,7 @@ impl Opened {
     fn spawn_checkpointer(
         &self,
         tasks: &mut Tasks,
-        shared: &IngestShared,
+        owned: &Arc<Partitions>,
         stop: &watch::Receiver<bool>,
     ) -> Result<(mpsc::Sender<checkpoint::Request>, Arc<CheckpointStatus>), NodeError> {
         let status = Arc::new(CheckpointStatus {
@@ -692,7 +693,7 @@ impl Opened {
             wall: self.hlc.physical().clone(),
             status: status.clone(),
             requests,
-            owned: shared.owned.subscribe(),
+            owned: owned.clone(),
         };
         // a checkpoint cut short is harmless: its manifest is never written
         let run = returns(checkpointer.run(stop.clone()));
@@ -733,7 +734,7 @@ impl Running {
                 }
             }
         }
-        let (shared, partitions) = (api.shared.clone(), api.partitions.len());
+        let (owned, partitions) = (api.owned.clone(), api.partitions.len());
         let mut grpc_stop = stop.subscribe();
         let mut grpc_task = tokio::spawn(api::serve(grpc, Arc::new(api), async move {
             stopped(&mut grpc_stop).await;
@@ -749,7 +750,7 @@ impl Running {
         };
         let grpc = (!grpc_task.is_finished()).then_some(grpc_task);
         // other nodes own part of the region: they take this one's partitions at once
-        let shared_out = shared.owned.borrow().len() < partitions;
+        let shared_out = owned.owned().len() < partitions;
         stop_in_order(stop, tasks, member, group, grpc, failed, shared_out).await
     }
 }
@@ -844,7 +845,7 @@ async fn returns(task: impl Future<Output = ()>) -> Result<(), std::convert::Inf
 async fn report_gauges(
     config: Arc<Config>,
     store: Arc<Store>,
-    shared: Arc<IngestShared>,
+    owned: Arc<Partitions>,
     remotes: Vec<Arc<RemoteProgress>>,
     clock: Arc<dyn Clock>,
     mut stop: watch::Receiver<bool>,
@@ -865,12 +866,12 @@ async fn report_gauges(
             continue;
         }
         metrics::gauge!(m::STATE_BYTES).set(store.state_bytes() as f64);
-        let owned: Vec<i32> = shared.owned.borrow().iter().copied().collect();
+        let applied = owned.applied();
+        let owned: Vec<i32> = owned.owned().into_iter().collect();
         let Ok(ends) = log::end_offsets(&config.kafka, &config.kafka.updates_topic, owned).await
         else {
             continue;
         };
-        let applied = shared.applied.borrow().clone();
         for (p, end) in ends {
             let lag = end - applied.get(&p).copied().unwrap_or(-1) - 1;
             metrics::gauge!(m::CONSUMER_LAG, "partition" => p.to_string()).set(lag.max(0) as f64);

@@ -138,17 +138,61 @@ fn module_of(path: &str) -> String {
 /// Every module path named after `crate::` in `line`, with `crate::{a, b::c}` groups
 /// (nested too) expanded.
 fn crate_paths(line: &str) -> Vec<String> {
+    paths_after(line, "crate::", "")
+}
+
+/// Every module path `line` names after `super::` (repeated), resolved from `module`, the
+/// module path of the file the line is in.
+fn super_paths(line: &str, module: &str) -> Vec<String> {
     let mut paths = Vec::new();
     let mut rest = line;
-    while let Some(at) = rest.find("crate::") {
-        let tail = &rest[at + "crate::".len()..];
+    while let Some(at) = rest.find("super::") {
+        let starts = rest[..at]
+            .chars()
+            .next_back()
+            .is_none_or(|c| !(c.is_alphanumeric() || c == '_' || c == ':'));
+        let mut tail = &rest[at..];
+        let mut up = 0;
+        while let Some(next) = tail.strip_prefix("super::") {
+            tail = next;
+            up += 1;
+        }
+        if starts {
+            let segments: Vec<&str> = module.split("::").collect();
+            let base = segments[..segments.len().saturating_sub(up)].join("::");
+            let prefix = if base.is_empty() {
+                String::new()
+            } else {
+                format!("{base}::")
+            };
+            let end = tail.find(';').unwrap_or(tail.len());
+            paths.extend(paths_after(&format!("@{}", &tail[..end]), "@", &prefix));
+        }
+        rest = tail;
+    }
+    paths
+}
+
+/// The paths after each `marker` in `line`, each under `prefix`.
+fn paths_after(line: &str, marker: &str, prefix: &str) -> Vec<String> {
+    let mut paths = Vec::new();
+    let mut rest = line;
+    while let Some(at) = rest.find(marker) {
+        let tail = &rest[at + marker.len()..];
         if let Some(group) = tail.strip_prefix('{') {
-            expand(group, "", &mut paths);
+            expand(group, prefix, &mut paths);
         } else {
             let end = tail
                 .find(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':'))
                 .unwrap_or(tail.len());
-            paths.push(tail[..end].trim_end_matches(':').to_string());
+            let (path, after) = tail.split_at(end);
+            match after.strip_prefix('{') {
+                // `a::b::{c, d}`
+                Some(group) if path.ends_with("::") => {
+                    expand(group, &format!("{prefix}{path}"), &mut paths);
+                }
+                _ => paths.push(format!("{prefix}{path}").trim_end_matches(':').to_string()),
+            }
         }
         rest = tail;
     }
@@ -199,6 +243,12 @@ fn statements(lines: &[String]) -> Vec<String> {
             if code.ends_with(';') {
                 out.push(std::mem::take(&mut open));
             }
+        } else if (code.starts_with("use ")
+            || code.starts_with("pub use ")
+            || code.starts_with("pub(crate) use "))
+            && !code.ends_with(';')
+        {
+            open = code.to_string();
         } else if code.starts_with("use crate::{") || code.starts_with("pub use crate::{") {
             if code.ends_with(';') {
                 out.push(code.to_string());
@@ -216,11 +266,14 @@ fn statements(lines: &[String]) -> Vec<String> {
 fn edges(units: &BTreeSet<String>) -> BTreeMap<String, BTreeMap<String, String>> {
     let mut edges: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
     for source in sources() {
-        let Some(from) = unit_of(&module_of(&source.path), units).cloned() else {
+        let module = module_of(&source.path);
+        let Some(from) = unit_of(&module, units).cloned() else {
             continue; // main.rs, bin/: above every unit
         };
         for statement in statements(&source.lines) {
-            for path in crate_paths(&statement) {
+            let mut paths = crate_paths(&statement);
+            paths.extend(super_paths(&statement, &module));
+            for path in paths {
                 if let Some(to) = unit_of(&path, units)
                     && *to != from
                 {
@@ -380,6 +433,18 @@ fn the_reader_of_paths_sees_groups_and_nesting() {
         crate_paths("let x = crate::window::late_key(p, o) + crate::m::X;"),
         vec!["window::late_key", "m::X"]
     );
+    assert_eq!(
+        super_paths("use super::event::{Op, Rejection};", "ingest::batch"),
+        vec!["ingest::event::Op", "ingest::event::Rejection"]
+    );
+    assert_eq!(
+        super_paths(
+            "use super::super::store::Store;",
+            "replication::merger::tests"
+        ),
+        vec!["replication::store::Store"]
+    );
+    assert_eq!(super_paths("use super::*;", "lease::table"), vec!["lease"]);
     let units: BTreeSet<String> = ["lease", "lease::table", "store"].map(String::from).into();
     assert_eq!(
         unit_of("lease::table::ShardId", &units).unwrap(),

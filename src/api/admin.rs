@@ -15,7 +15,7 @@ impl Handler {
     /// topics' ends, how fresh the state is, the last checkpoint and the user functions.
     pub(super) async fn status(&self) -> Result<pb::StatusResponse, ApiError> {
         let api = &self.0;
-        let applied = api.shared.applied.borrow().clone();
+        let applied = api.owned.applied();
         let ends = api
             .end_offsets(
                 &api.config.kafka,
@@ -23,7 +23,7 @@ impl Handler {
                 api.partitions.clone(),
             )
             .await;
-        let owned: Vec<i32> = api.shared.owned.borrow().iter().copied().collect();
+        let owned: Vec<i32> = api.owned.owned().into_iter().collect();
         let partitions = partition_status(&owned, &applied, ends.as_ref());
         let freshness = api.freshness.newest(&owned.iter().copied().collect());
         let mut remotes = Vec::with_capacity(api.remotes.len());
@@ -51,11 +51,11 @@ impl Handler {
             updates_topic: api.config.kafka.updates_topic.clone(),
             partitions,
             events_applied: api
-                .shared
+                .owned
                 .events_applied
                 .load(std::sync::atomic::Ordering::Relaxed),
             events_dead_lettered: api
-                .shared
+                .owned
                 .events_dead_lettered
                 .load(std::sync::atomic::Ordering::Relaxed),
             remotes,

@@ -39,10 +39,10 @@ use crate::checkpoint;
 use crate::clock::Hlc;
 use crate::config::Config;
 use crate::crdt::RegionId;
-use crate::ingest::ingestor::IngestShared;
 use crate::lease::leases::Leases;
 use crate::lease::network::Channels;
 use crate::metrics as m;
+use crate::partition::Partitions;
 use crate::security::{Guard, Tls};
 use crate::store::Store;
 
@@ -59,7 +59,8 @@ pub struct Api {
     pub hlc: Arc<Hlc>,
     pub store: Arc<Store>,
     pub producer: crate::log::RenewingProducer,
-    pub shared: Arc<IngestShared>,
+    /// The node's partitions: the owned ones answer here.
+    pub owned: Arc<Partitions>,
     pub partitions: Vec<i32>,
     /// The gRPC address clients reach this node at.
     pub address: String,

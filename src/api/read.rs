@@ -169,7 +169,7 @@ impl Handler {
             self.other_owners(&req.prefix).await?
         };
         // never from a copy of a partition this node does not own
-        let owned = self.0.shared.owned.borrow().clone();
+        let owned = self.0.owned.owned();
         let (handler, request, read) = (self.clone(), req.clone(), owned.clone());
         let mut values =
             tokio::task::spawn_blocking(move || handler.scan_here(&read, &request, limit))

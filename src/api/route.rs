@@ -32,7 +32,7 @@ impl Handler {
     /// a node that no longer owns the partition answers so).
     async fn owner_of(&self, partition: i32) -> Option<String> {
         let api = &self.0;
-        if api.shared.owned.borrow().contains(&partition) {
+        if api.owned.owns(partition) {
             return None;
         }
         let mut routes = api.routes.lock().await;
@@ -61,7 +61,7 @@ impl Handler {
     /// node owning its partition (a request routed once already is never routed again).
     pub(super) async fn route(&self, key: &str, routed: bool) -> Result<Option<String>, ApiError> {
         let partition = self.partition_of(key);
-        if self.0.shared.owned.borrow().contains(&partition) {
+        if self.0.owned.owns(partition) {
             return Ok(None);
         }
         let owner = self.owner_of(partition).await;
@@ -119,7 +119,7 @@ impl Handler {
     pub(super) async fn other_owners(&self, key: &str) -> Result<BTreeSet<String>, ApiError> {
         let mut nodes = BTreeSet::new();
         for &partition in &self.0.partitions {
-            if self.0.shared.owned.borrow().contains(&partition) {
+            if self.0.owned.owns(partition) {
                 continue;
             }
             match self.owner_of(partition).await {
@@ -150,7 +150,7 @@ impl Handler {
         let api = &self.0;
         let partition = self.partition_of(&req.key);
         let node = match self.owner_of(partition).await {
-            None if api.shared.owned.borrow().contains(&partition) => api.address.clone(),
+            None if api.owned.owns(partition) => api.address.clone(),
             Some(owner) => owner,
             None => {
                 return Err(ApiError::NotOwner {

@@ -8,6 +8,7 @@
 //!                             └─ Forward ──► holder region's API (once)
 //! ```
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tonic::Request;
@@ -18,10 +19,10 @@ use super::{ApiError, FORWARDED, Handler, convert};
 use crate::config::{Ownership, RecordFormat};
 use crate::crdt::CrdtType;
 use crate::ingest::event::{Op, Update};
-use crate::ingest::ingestor::{Outcome, Terms};
 use crate::lease::leases::NotHolder;
 use crate::log::Made;
 use crate::metrics as m;
+use crate::partition::{Outcome, PartitionHandle};
 use crate::pb;
 
 /// How a write of an owned key is admitted here.
@@ -77,15 +78,16 @@ impl Handler {
         }
         let crdt = self.checked(&update)?;
         let produced = Instant::now();
-        // before the record exists: a take of its partition after this is noticed
-        let terms = api.shared.terms();
+        // before the record exists: the term of its partition here (a take after this
+        // starts another)
+        let term = api.owned.get(self.partition_of(&update.key));
         let (partition, offset) = self.append(&mut update, crdt).await?;
         Span::current()
             .record("partition", partition)
             .record("offset", offset);
         let acked = Instant::now();
         m::write_stage("produce", acked - produced);
-        self.applied(partition, offset, &terms).await?;
+        self.applied(term, partition, offset).await?;
         m::write_stage("applied", acked.elapsed());
         // acknowledged only if applied under the lease it was accepted with (what a new
         // holder waits for, see `settled`)
@@ -269,25 +271,36 @@ impl Handler {
         Ok((delivery.partition, delivery.offset))
     }
 
-    /// Waits until ingest applied the record at `partition`/`offset`, and answers how
-    /// it was decided.
-    async fn applied(&self, partition: i32, offset: i64, terms: &Terms) -> Result<(), ApiError> {
-        let shared = &self.0.shared;
-        let Ok(outcome) =
-            tokio::time::timeout(APPLY_TIMEOUT, shared.passed(partition, offset, terms)).await
-        else {
+    /// Waits until ingest applied the record at `partition`/`offset`, appended in the
+    /// partition's term `term` here, and answers how it was decided.
+    async fn applied(
+        &self,
+        term: Option<Arc<PartitionHandle>>,
+        partition: i32,
+        offset: i64,
+    ) -> Result<(), ApiError> {
+        // let go before the record was appended: the partition's next owner decides it
+        let Some(term) = term.filter(|t| t.partition == partition) else {
+            return self.decided(Outcome::Moved, partition, offset);
+        };
+        let Ok(outcome) = tokio::time::timeout(APPLY_TIMEOUT, term.passed(offset)).await else {
             let (keys, max) = (
-                self.0.store.outbox_len_in(&shared.owned.borrow()),
+                self.0.store.outbox_len_in(&self.0.owned.owned()),
                 self.0.config.replication.max_outbox_keys,
             );
             return Err(ApiError::NotApplied {
                 partition,
                 offset,
                 seconds: APPLY_TIMEOUT.as_secs(),
-                applied: shared.applied.borrow().get(&partition).copied(),
+                applied: term.applied(),
                 outbox_full: (keys >= max).then_some((keys, max)),
             });
         };
+        self.decided(outcome, partition, offset)
+    }
+
+    /// The answer to a write whose record at `partition`/`offset` was decided so.
+    fn decided(&self, outcome: Outcome, partition: i32, offset: i64) -> Result<(), ApiError> {
         match outcome {
             Outcome::Applied => Ok(()),
             Outcome::Refused(why) => Err(ApiError::Refused(why)),

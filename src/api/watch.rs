@@ -22,8 +22,8 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
 
 use super::{ApiError, Handler, convert, failed, windows};
-use crate::ingest::ingestor::Change;
 use crate::metrics as m;
+use crate::partition::Change;
 use crate::pb;
 use crate::shutdown::stopped;
 use crate::window;
@@ -61,9 +61,9 @@ impl Handler {
         routed: bool,
     ) -> Result<ReceiverStream<Sent>, Status> {
         self.admit_watcher()?;
-        let changes = self.0.shared.changes.subscribe();
+        let changes = self.0.owned.changes.subscribe();
         let stop = self.0.stop.clone();
-        let owned = self.0.shared.owned.borrow().clone();
+        let owned = self.0.owned.owned();
         let others = if routed {
             BTreeSet::new()
         } else {
@@ -91,7 +91,7 @@ impl Handler {
     fn admit_watcher(&self) -> Result<(), Status> {
         let max = self.0.config.api.max_watchers;
         // the count includes this node's own internal receivers: none today
-        if self.0.shared.changes.receiver_count() >= max {
+        if self.0.owned.changes.receiver_count() >= max {
             return Err(ApiError::TooMuch(format!(
                 "{max} Watch streams are open; api.max-watchers is {max}"
             ))
@@ -278,8 +278,7 @@ impl Watcher {
         } else {
             self.handler.other_owners(&self.prefix).await
         };
-        *self.handler.0.shared.owned.borrow() != self.owned
-            || now_others.is_ok_and(|now| now != self.others)
+        self.handler.0.owned.owned() != self.owned || now_others.is_ok_and(|now| now != self.others)
     }
 }
 

@@ -39,6 +39,7 @@ use crate::clock::{Clock, HlcTimestamp};
 use crate::config::Config;
 use crate::log;
 use crate::metrics as m;
+use crate::partition::Partitions;
 use crate::shutdown::stopped;
 use crate::store::{Store, StoreError};
 use objects::{ObjectError, Objects};
@@ -168,7 +169,7 @@ pub struct Checkpointer {
     /// The partitions this node owns: only the owner of partition 0 checkpoints, so a
     /// region's nodes never race on one prefix (each checkpoint holds the node's copy of
     /// every partition; a restore catches each one up from the deltas topic).
-    pub owned: watch::Receiver<BTreeSet<i32>>,
+    pub owned: Arc<Partitions>,
 }
 
 impl Checkpointer {
@@ -184,7 +185,7 @@ impl Checkpointer {
                 },
                 () = tokio::time::sleep_until(next), if !interval.is_zero() => None,
             };
-            let taker = self.owned.borrow().contains(&0);
+            let taker = self.owned.owns(0);
             if !taker {
                 if let Some(reply) = reply {
                     let _ = reply.send(Err(CheckpointError::NotTaker));

@@ -20,6 +20,7 @@ use crate::crdt::{
 use crate::lease::table::ShardId;
 pub use crate::log::Record;
 use crate::log::partition_of;
+use crate::store::StateSource;
 use crate::window::{self, WindowSpec};
 use geostate_proto::outputs::{RegisterChange, WindowResult};
 
@@ -229,42 +230,6 @@ pub fn register_stamp(update: &Update, record: &Record, ctx: &BatchContext<'_>) 
         epoch: update.epoch.unwrap_or(0),
         hlc,
         origin: ctx.actor.region.clone(),
-    }
-}
-
-/// Where a batch reads the current state of the keys it touches: the store, or a map in
-/// tests.
-pub trait StateSource {
-    type Error;
-    fn state(&self, key: &str) -> Result<Option<CrdtValue>, Self::Error>;
-    /// The idempotency ids most recently applied to `key`, oldest first.
-    fn recent_ids(&self, key: &str) -> Result<VecDeque<String>, Self::Error>;
-    /// The fence of an owned shard on an updates partition: the highest lease epoch its
-    /// own records there applied (0: none).
-    fn fence(&self, _shard: ShardId, _partition: i32) -> Result<u64, Self::Error> {
-        Ok(0)
-    }
-    /// The event-time watermark of an updates partition's windowed records (`None`: none
-    /// yet).
-    fn watermark(&self, _partition: i32) -> Result<Option<u64>, Self::Error> {
-        Ok(None)
-    }
-    /// Whether a stored key is a slice past its retention: a delta for it is not merged
-    /// (it would bring back part of a deleted slice).
-    fn expired(&self, _key: &str) -> bool {
-        false
-    }
-}
-
-/// An in-memory source: the stored states, no id windows (tests of pure batch logic, and
-/// the in-memory ceiling of `make bench`).
-impl StateSource for BTreeMap<String, CrdtValue> {
-    type Error = std::convert::Infallible;
-    fn state(&self, key: &str) -> Result<Option<CrdtValue>, Self::Error> {
-        Ok(self.get(key).cloned())
-    }
-    fn recent_ids(&self, _key: &str) -> Result<VecDeque<String>, Self::Error> {
-        Ok(VecDeque::new())
     }
 }
 

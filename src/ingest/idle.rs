@@ -19,9 +19,9 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use super::ingestor::IngestShared;
 use crate::config::Config;
 use crate::log::{LogError, Out, RenewingProducer};
+use crate::partition::Partitions;
 use crate::shutdown::stopped;
 use crate::store::{Store, StoreError};
 use crate::window;
@@ -48,7 +48,7 @@ pub fn idle_target(
 pub struct IdleWatermarks {
     pub config: Arc<Config>,
     pub store: Arc<Store>,
-    pub shared: Arc<IngestShared>,
+    pub owned: Arc<Partitions>,
     pub producer: Arc<RenewingProducer>,
 }
 
@@ -68,7 +68,7 @@ impl IdleWatermarks {
                 () = stopped(&mut stop) => return Ok(()),
                 () = tokio::time::sleep(every) => {}
             }
-            let owned: BTreeSet<i32> = self.shared.owned.borrow().clone();
+            let owned: BTreeSet<i32> = self.owned.owned();
             seen.retain(|p, _| owned.contains(p));
             let store = self.store.clone();
             let read = owned.clone();

@@ -22,26 +22,28 @@
 //! replay long after may find that epoch granted since and apply such a record: only a
 //! writer to the updates topic can forge one, which authenticating writers prevents.
 //!
-//! It reads the partitions this node owns ([`IngestShared::owned`]), with a new reader
+//! It feeds the partitions this node owns ([`Partitions`]): it reads them with a new reader
 //! after each change (between batches; a batch cut short is read again from the stored
-//! offsets), and says which it reads ([`IngestShared::reading`]): a partition given up is
-//! handed on only once ingest no longer reads it. Per partition it says when it has
-//! replayed what the topic held when this node took it ([`IngestShared::replayed`]): the
-//! records an earlier owner may have applied and acknowledged. The partition's shipper
-//! sends no heartbeat before that.
+//! offsets), tells each partition's handle whether it is read (a partition given up is
+//! handed on only once ingest no longer reads it), splits each batch by partition and
+//! applies the parts in parallel, each under its partition's writer and committed only in
+//! the term of the handle it was read in. Per partition it says when it has replayed what
+//! the topic held when this node took it ([`PartitionHandle::replayed`]): the records an
+//! earlier owner may have applied and acknowledged. The partition's shipper sends no
+//! heartbeat before that.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use tokio::sync::{broadcast, watch};
+use tokio::sync::watch;
 
-use super::batch::{Applied, BatchContext, Grants, Pending, Record, StateSource, apply_batch};
+use super::batch::{Applied, BatchContext, Grants, Pending, Record, apply_batch};
 use super::event::Rejection;
 use crate::clock::Hlc;
 use crate::config::Config;
-use crate::crdt::{Actor, CrdtValue};
+use crate::crdt::Actor;
 use crate::lease::leases::Leases;
 use crate::lease::table::ShardId;
 use crate::log::{
@@ -49,13 +51,12 @@ use crate::log::{
     DLQ_TRUNCATED_HEADER, LogError, Out, Reader, RenewingProducer,
 };
 use crate::metrics as m;
+use crate::partition::{Change, Owned, PartitionHandle, Partitions};
 use crate::shutdown::stopped;
 use crate::store::{Commit, Store, StoreError};
 use crate::{pb, window};
 use prost::Message;
 
-/// Rejections remembered for `Update` callers waiting on their record.
-const RECENT_REJECTIONS: usize = 4096;
 const RETRY_PAUSE: Duration = Duration::from_millis(200);
 /// How often a replaying ingest task with nothing to read checks whether it is done.
 const REPLAY_POLL: Duration = Duration::from_millis(100);
@@ -76,266 +77,6 @@ pub enum IngestError {
     Log(#[from] LogError),
 }
 
-/// A key's new state after a batch, as sent to watchers.
-pub type Change = (String, CrdtValue);
-
-/// What the ingest task shares with the API.
-pub struct IngestShared {
-    /// Per partition, the last offset applied to state.
-    pub applied: watch::Sender<BTreeMap<i32, i64>>,
-    /// Every batch's changed keys.
-    pub changes: broadcast::Sender<Arc<Vec<Change>>>,
-    rejected: Mutex<Rejections>,
-    pub events_applied: AtomicU64,
-    pub events_dead_lettered: AtomicU64,
-    /// Counts committed batches with outbox entries (wakes the shippers).
-    pub committed: watch::Sender<u64>,
-    /// Notified after every shipped round (wakes ingest waiting for outbox room).
-    pub shipped: Arc<tokio::sync::Notify>,
-    /// Per partition, its [`Term`] here.
-    terms: Mutex<Terms>,
-    /// Held by ingest from its term check to the end of its commit, and by a cut.
-    commit_gate: Mutex<()>,
-    /// The partitions this node owns (the region's group assigned them and they caught
-    /// up): ingest reads them, the API answers their keys, the mergers merge them.
-    pub owned: watch::Sender<BTreeSet<i32>>,
-    /// The partitions ingest's reader reads now (it follows `owned` between batches).
-    pub reading: watch::Sender<BTreeSet<i32>>,
-    /// Per owned partition not yet replayed, its end offset when this node took it: the
-    /// records an earlier owner may have applied and acknowledged.
-    pub replay_to: Mutex<BTreeMap<i32, i64>>,
-    /// The owned partitions whose records up to their `replay_to` are applied (their
-    /// shippers send heartbeats from then on).
-    pub replayed: watch::Sender<BTreeSet<i32>>,
-}
-
-/// A partition's term on this node: how often this node took it, and how often it let
-/// it go ([`IngestShared::cut`]). Ingest commits a batch only if each of its partitions is
-/// in the term it started reading it in; an `Update` trusts `applied` only while the
-/// partition was not taken again since it appended its record (a take sets `applied` to
-/// what the partition's previous owner reached).
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct Term {
-    taken: u64,
-    let_go: u64,
-}
-
-/// Every partition's [`Term`].
-pub type Terms = BTreeMap<i32, Term>;
-
-/// Nothing owned yet: the keeper fills `applied` as it takes each partition.
-impl Default for IngestShared {
-    fn default() -> Self {
-        Self {
-            applied: watch::Sender::new(BTreeMap::new()),
-            changes: broadcast::Sender::new(1024),
-            rejected: Mutex::default(),
-            events_applied: AtomicU64::new(0),
-            events_dead_lettered: AtomicU64::new(0),
-            committed: watch::Sender::new(0),
-            shipped: Arc::new(tokio::sync::Notify::new()),
-            terms: Mutex::default(),
-            commit_gate: Mutex::default(),
-            owned: watch::Sender::new(BTreeSet::new()),
-            reading: watch::Sender::new(BTreeSet::new()),
-            replay_to: Mutex::default(),
-            replayed: watch::Sender::new(BTreeSet::new()),
-        }
-    }
-}
-
-impl IngestShared {
-    /// Marks `partition` owned in a new term, its store applied through `applied`, to be
-    /// replayed up to `end` (the updates topic's end when this node took it) before it is
-    /// counted as replayed.
-    pub fn own(&self, partition: i32, applied: Option<i64>, end: i64) {
-        // the new term first: a waiter that sees the new offsets sees the new term
-        self.lock_terms().entry(partition).or_default().taken += 1;
-        self.applied.send_modify(|at| match applied {
-            Some(o) => {
-                at.insert(partition, o);
-            }
-            None => {
-                at.remove(&partition);
-            }
-        });
-        if applied.is_some_and(|o| o + 1 >= end) || end <= 0 {
-            self.replayed.send_modify(|r| {
-                r.insert(partition);
-            });
-        } else {
-            self.lock_replay().insert(partition, end);
-        }
-        self.owned.send_modify(|o| {
-            o.insert(partition);
-        });
-    }
-
-    /// Marks `partitions` no longer owned.
-    pub fn disown(&self, partitions: &[i32]) {
-        self.owned
-            .send_modify(|o| o.retain(|p| !partitions.contains(p)));
-        self.lock_replay().retain(|p, _| !partitions.contains(p));
-        self.replayed
-            .send_modify(|r| r.retain(|p| !partitions.contains(p)));
-    }
-
-    /// Ends ingest's term in `partitions` (given up: the keeper hands them on, or another
-    /// node fenced this one out of them): a batch of theirs not committed yet never is,
-    /// and a waiter on them no longer trusts `applied`. Once this returns, no commit of
-    /// theirs is under way or to come until they are taken again.
-    pub fn cut(&self, partitions: &[i32]) {
-        // waits for a commit that passed its term check (never for Kafka)
-        let _gate = self.lock_gate();
-        let mut terms = self.lock_terms();
-        for &p in partitions {
-            terms.entry(p).or_default().let_go += 1;
-        }
-    }
-
-    fn lock_gate(&self) -> std::sync::MutexGuard<'_, ()> {
-        self.commit_gate.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Every partition's term now.
-    pub fn terms(&self) -> Terms {
-        self.lock_terms().clone()
-    }
-
-    /// Whether each of `partitions` is still in the term `then` holds for it.
-    pub fn same_terms(&self, then: &Terms, partitions: impl IntoIterator<Item = i32>) -> bool {
-        let terms = self.lock_terms();
-        partitions
-            .into_iter()
-            .all(|p| terms.get(&p) == then.get(&p))
-    }
-
-    /// Whether `partition` was taken again since `then`.
-    fn taken_since(&self, then: &Terms, partition: i32) -> bool {
-        let taken = |terms: &Terms| terms.get(&partition).map_or(0, |t| t.taken);
-        taken(&self.lock_terms()) != taken(then)
-    }
-
-    fn lock_terms(&self) -> std::sync::MutexGuard<'_, Terms> {
-        self.terms.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn lock_replay(&self) -> std::sync::MutexGuard<'_, BTreeMap<i32, i64>> {
-        self.replay_to.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Waits until ingest passed the record at `(partition, offset)`, appended when the
-    /// partitions were in `terms`, or until its partition moved away before it did
-    /// (neither owned nor read here any more, or taken again since: the partition's other
-    /// owner applied the record, or refused it); answers what became of it.
-    pub async fn passed(&self, partition: i32, offset: i64, terms: &Terms) -> Outcome {
-        let (mut applied, mut owned, mut reading) = (
-            self.applied.subscribe(),
-            self.owned.subscribe(),
-            self.reading.subscribe(),
-        );
-        loop {
-            // gone first: ingest publishes a batch's offsets before it stops reading its
-            // partition, so once the partition is gone its last offsets are in `applied`;
-            // in a later term they may be another node's (set at a take)
-            let gone = !owned.borrow_and_update().contains(&partition)
-                && !reading.borrow_and_update().contains(&partition);
-            let reached = applied
-                .borrow_and_update()
-                .get(&partition)
-                .is_some_and(|&o| o >= offset);
-            // after reading `applied`: a take raises the term before it sets them
-            if self.taken_since(terms, partition) {
-                return Outcome::Moved;
-            }
-            if reached {
-                return self.outcome(partition, offset);
-            }
-            if gone {
-                return Outcome::Moved;
-            }
-            // the senders live in `self`: none of these ends
-            tokio::select! {
-                _ = applied.changed() => {}
-                _ = owned.changed() => {}
-                _ = reading.changed() => {}
-            }
-        }
-    }
-
-    /// What became of the record at `(partition, offset)`, once it is applied (see
-    /// [`Rejections::outcome`]).
-    pub fn outcome(&self, partition: i32, offset: i64) -> Outcome {
-        let rejected = self.rejected.lock().unwrap_or_else(|p| p.into_inner());
-        rejected.outcome(partition, offset)
-    }
-
-    /// Tells waiters what a committed batch applied: its refusals first, then its offsets.
-    fn publish(&self, applied: &Applied) {
-        let mut recent = self.rejected.lock().unwrap_or_else(|p| p.into_inner());
-        for (record, why) in applied.late.iter().chain(&applied.rejected) {
-            recent.remember(record.partition, record.offset, why.clone());
-        }
-        drop(recent);
-        self.applied.send_modify(|positions| {
-            for (&p, &o) in &applied.offsets {
-                let at = positions.entry(p).or_insert(o);
-                *at = (*at).max(o);
-            }
-        });
-    }
-}
-
-/// What became of a record the ingest task has passed.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Outcome {
-    Applied,
-    Refused(Rejection),
-    /// Refused or applied: its rejection, if any, is no longer remembered.
-    Forgotten,
-    /// Not passed here: its partition moved to another node of the region first, which
-    /// applies it.
-    Moved,
-}
-
-/// The last [`RECENT_REJECTIONS`] rejections, and per partition the highest offset whose
-/// rejection was forgotten: a record at or below it that is not remembered may have been
-/// refused, so its outcome is unknown, never "applied".
-#[derive(Debug, Default)]
-struct Rejections {
-    recent: VecDeque<((i32, i64), Rejection)>,
-    forgotten: BTreeMap<i32, i64>,
-}
-
-impl Rejections {
-    fn remember(&mut self, partition: i32, offset: i64, why: Rejection) {
-        if self.recent.len() == RECENT_REJECTIONS
-            && let Some(((p, o), _)) = self.recent.pop_front()
-        {
-            let at = self.forgotten.entry(p).or_insert(o);
-            *at = (*at).max(o);
-        }
-        self.recent.push_back(((partition, offset), why));
-    }
-
-    /// The outcome of a record the ingest task has passed: its rejection if remembered,
-    /// else applied unless a rejection at or after its offset was forgotten.
-    fn outcome(&self, partition: i32, offset: i64) -> Outcome {
-        if let Some((_, why)) = self
-            .recent
-            .iter()
-            .rev()
-            .find(|(at, _)| *at == (partition, offset))
-        {
-            return Outcome::Refused(why.clone());
-        }
-        match self.forgotten.get(&partition) {
-            Some(&through) if offset <= through => Outcome::Forgotten,
-            _ => Outcome::Applied,
-        }
-    }
-}
-
 /// How applying a batch ended.
 enum Applying {
     Done,
@@ -349,7 +90,7 @@ enum Applying {
 enum Part {
     /// Committed; the records left for after the lease group answered, if any.
     Committed(Option<Pending>),
-    /// Not committed: a partition's term ended ([`IngestShared::cut`]).
+    /// Not committed: the partition's term ended ([`PartitionHandle::cut`]).
     Cut,
 }
 
@@ -362,27 +103,28 @@ pub struct Ingestor {
     /// after its applied offset.
     pub source: ConsumerSpec,
     pub dlq: RenewingProducer,
-    pub shared: Arc<IngestShared>,
+    /// The node's partitions: ingest reads the owned ones and commits each one's parts
+    /// in its term.
+    pub owned: Arc<Partitions>,
     /// This region's leases, where a lease group grants them: owned records' epochs are
     /// checked against it.
     pub leases: Option<Arc<Leases>>,
     /// What is known of the epochs granted (kept: an epoch once granted stays granted).
     pub grants: Grants,
     /// The updates topic's partition count.
-    pub partitions: i32,
+    pub partition_count: i32,
 }
 
 impl Ingestor {
     /// Runs until `shutdown` turns true; returns early only on a storage failure.
     pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) -> Result<(), IngestError> {
-        let mut owned = self.shared.owned.subscribe();
+        let mut owned = self.owned.subscribe();
         let mut reader: Option<Reader> = None;
-        // the partitions' terms when the reader started (before it read `owned`)
-        let mut terms = BTreeMap::new();
+        // the handles of the partitions the reader reads (their terms when it started)
+        let mut read = Owned::new();
         loop {
             if reader.is_none() || owned.has_changed().unwrap_or(false) {
-                terms = self.shared.terms();
-                reader = self.follow(&mut owned).await?;
+                reader = self.follow(&mut owned, &mut read).await?;
             }
             let Some(reading) = reader.as_mut() else {
                 // owns nothing: waits for the group
@@ -391,12 +133,14 @@ impl Ingestor {
                     _ = owned.changed() => continue,
                 }
             };
-            self.note_replayed(reading);
+            note_replayed(reading, &read);
             let batching = Batching {
                 max: self.config.ingest.batch_max_events,
                 linger: self.config.ingest.batch_max_wait,
                 // the last records may be ones nobody applies (a transaction marker)
-                idle: (!self.shared.lock_replay().is_empty()).then_some(REPLAY_POLL),
+                idle: (read.values())
+                    .any(|h| h.replay_to().is_some())
+                    .then_some(REPLAY_POLL),
             };
             // a batch cut short by a change of partitions is read again: the new reader
             // starts after the applied offsets
@@ -417,7 +161,7 @@ impl Ingestor {
                 }
                 let received = batch.first_at.unwrap_or_else(Instant::now);
                 match self
-                    .apply(batch.records, received, &terms, &mut shutdown)
+                    .apply(batch.records, received, &read, &mut shutdown)
                     .await?
                 {
                     Applying::Done => {}
@@ -433,33 +177,40 @@ impl Ingestor {
                 && let Some(reading) = reader.as_mut()
             {
                 tokio::time::sleep(RETRY_PAUSE).await;
-                let applied = self.shared.applied.borrow().clone();
-                reading.restart(&e, &applied).await;
+                reading.restart(&e, &applied_in(&read)).await;
             }
         }
     }
 
     /// A reader of the partitions owned now, each after its applied offset (`None`: none
-    /// owned); says which it reads ([`IngestShared::reading`]).
+    /// owned); `read` becomes their handles, each told it is read, and a handle no
+    /// longer read is told so.
     async fn follow(
         &self,
-        owned: &mut watch::Receiver<BTreeSet<i32>>,
+        owned: &mut watch::Receiver<Owned>,
+        read: &mut Owned,
     ) -> Result<Option<Reader>, IngestError> {
-        let partitions: Vec<i32> = owned.borrow_and_update().iter().copied().collect();
+        let now: Owned = owned.borrow_and_update().clone();
+        for (p, handle) in read.iter() {
+            if now.get(p).is_none_or(|h| !Arc::ptr_eq(h, handle)) {
+                handle.set_reading(false);
+            }
+        }
+        for handle in now.values() {
+            handle.set_reading(true);
+        }
+        *read = now;
+        let partitions: Vec<i32> = read.keys().copied().collect();
         let reader = if partitions.is_empty() {
             None
         } else {
-            let applied = self.shared.applied.borrow().clone();
             let spec = ConsumerSpec {
                 partitions: partitions.clone(),
                 ..self.source.clone()
             };
-            Some(Reader::start(spec, &applied).await?)
+            Some(Reader::start(spec, &applied_in(read)).await?)
         };
         tracing::info!(?partitions, "ingest reads the partitions this node owns");
-        self.shared
-            .reading
-            .send_replace(partitions.into_iter().collect());
         Ok(reader)
     }
 
@@ -469,9 +220,9 @@ impl Ingestor {
         let max = self.config.replication.max_outbox_keys;
         let mut waited = false;
         loop {
-            let shipped = self.shared.shipped.notified();
+            let shipped = self.owned.shipped.notified();
             // a copy of a partition given up may keep entries nobody ships: not counted
-            let keys = self.store.outbox_len_in(&self.shared.owned.borrow());
+            let keys = self.store.outbox_len_in(&self.owned.owned());
             metrics::gauge!(m::OUTBOX_KEYS).set(keys as f64);
             if keys < max {
                 if waited {
@@ -495,47 +246,14 @@ impl Ingestor {
         }
     }
 
-    /// Moves each partition of [`IngestShared::replay_to`] applied, or consumed, up to its
-    /// end offset into [`IngestShared::replayed`].
-    fn note_replayed(&self, reader: &Reader) {
-        let mut replay_to = self.shared.lock_replay();
-        if replay_to.is_empty() {
-            return;
-        }
-        let applied = self.shared.applied.borrow();
-        let done: Vec<(i32, i64)> = replay_to
-            .iter()
-            .filter(|&(&p, &end)| {
-                applied.get(&p).is_some_and(|&o| o + 1 >= end)
-                    || reader.position(p).is_some_and(|o| o >= end)
-            })
-            .map(|(&p, &end)| (p, end))
-            .collect();
-        drop(applied);
-        for (p, end) in &done {
-            replay_to.remove(p);
-            tracing::info!(
-                partition = p,
-                end,
-                "replayed the partition as it was when this node took it"
-            );
-        }
-        drop(replay_to);
-        if !done.is_empty() {
-            self.shared
-                .replayed
-                .send_modify(|r| r.extend(done.iter().map(|(p, _)| *p)));
-        }
-    }
-
-    /// Applies `records` (read in `terms`): each partition's part on its own, in parallel
+    /// Applies `records` (read in the terms of `read`): each partition's part on its own, in parallel
     /// with the other partitions' under its own writer, and again from a record that names
     /// a lease epoch to ask the lease group about, once the group answered.
     async fn apply(
         &mut self,
         records: Vec<Record>,
         received: Instant,
-        terms: &Terms,
+        read: &Owned,
         shutdown: &mut watch::Receiver<bool>,
     ) -> Result<Applying, IngestError> {
         let mut parts: BTreeMap<i32, Vec<Record>> = BTreeMap::new();
@@ -543,10 +261,17 @@ impl Ingestor {
             parts.entry(record.partition).or_default().push(record);
         }
         let applying = loop {
-            let applied = futures_util::future::join_all(
-                (parts.into_iter())
-                    .map(|(p, records)| self.apply_part(p, records, received, terms)),
-            )
+            let this = &*self;
+            let applied = futures_util::future::join_all(parts.into_iter().map(|(p, records)| {
+                let handle = read.get(&p).cloned();
+                async move {
+                    match handle {
+                        Some(handle) => this.apply_part(&handle, records, received).await,
+                        // never: the reader reads only the partitions `read` holds
+                        None => Ok(Part::Cut),
+                    }
+                }
+            }))
             .await;
             let (mut pending, mut cut) = (Vec::new(), false);
             for part in applied {
@@ -643,17 +368,17 @@ impl Ingestor {
         }
     }
 
-    /// Applies and commits what it can of `records`, all of `partition` (the first
-    /// received at `received`, read in `terms`); returns the part left for after the lease
-    /// group answered. Commits nothing if the partition's term ended meanwhile
-    /// ([`IngestShared::cut`]).
+    /// Applies and commits what it can of `records`, all of `handle`'s partition (the
+    /// first received at `received`); returns the part left for after the lease group
+    /// answered. Commits nothing if the partition's term ended meanwhile
+    /// ([`PartitionHandle::cut`]).
     async fn apply_part(
         &self,
-        partition: i32,
+        handle: &Arc<PartitionHandle>,
         records: Vec<Record>,
         received: Instant,
-        terms: &Terms,
     ) -> Result<Part, IngestError> {
+        let partition = handle.partition;
         // read-modify-write of the partition's state: no merge or catch-up of it may
         // interleave (reading alone needs no guard; the commit's task takes it)
         let writer = self.store.writer(partition).await;
@@ -663,7 +388,7 @@ impl Ingestor {
         let origin_time = self.hlc.now();
         let (store, config, actor) = (self.store.clone(), self.config.clone(), self.actor.clone());
         let grants = self.leases.as_ref().map(|_| self.grants.clone());
-        let partitions = self.partitions;
+        let partitions = self.partition_count;
         let mut applied: Applied = tokio::task::spawn_blocking(move || {
             let ctx = BatchContext {
                 actor: &actor,
@@ -687,36 +412,38 @@ impl Ingestor {
 
         self.dead_letter(&applied.rejected).await;
 
-        let (store, shared, terms) = (self.store.clone(), self.shared.clone(), terms.clone());
+        let (store, term) = (self.store.clone(), handle.clone());
         let topic = self.config.kafka.updates_topic.clone();
         let committed = tokio::task::spawn_blocking(move || {
             let _writer = writer;
-            // a cut waits for this commit, or this batch sees it
-            let _gate = shared.lock_gate();
-            if !shared.same_terms(&terms, [partition]) {
-                return Ok::<_, StoreError>(None);
-            }
-            let mut late: Vec<(String, Vec<u8>)> = applied.late.iter().map(late_event).collect();
-            late.extend(
-                applied
-                    .outputs
-                    .iter()
-                    .map(|((p, o), change)| (window::output_key(*p, *o), change.payload())),
-            );
-            store.commit(&Commit {
-                topic: &topic,
-                states: &applied.states,
-                offsets: &applied.offsets,
-                outbox: &applied.outbox,
-                recent_ids: &applied.recent_ids,
-                hlc_high_water: origin_time,
-                remote_applied: None,
-                fences: &applied.fences.0,
-                watermarks: &applied.watermarks,
-                late: &late,
+            // a cut waits for this commit, or this part sees it
+            let committed = term.commit_in_term(|| {
+                let mut late: Vec<(String, Vec<u8>)> =
+                    applied.late.iter().map(late_event).collect();
+                late.extend(
+                    (applied.outputs.iter())
+                        .map(|((p, o), change)| (window::output_key(*p, *o), change.payload())),
+                );
+                store.commit(&Commit {
+                    topic: &topic,
+                    states: &applied.states,
+                    offsets: &applied.offsets,
+                    outbox: &applied.outbox,
+                    recent_ids: &applied.recent_ids,
+                    hlc_high_water: origin_time,
+                    remote_applied: None,
+                    fences: &applied.fences.0,
+                    watermarks: &applied.watermarks,
+                    late: &late,
+                })?;
+                let refused = applied.late.iter().chain(&applied.rejected);
+                term.publish(
+                    refused.map(|(record, why)| (record.offset, why)),
+                    applied.offsets.get(&partition).copied(),
+                );
+                Ok::<_, StoreError>(())
             })?;
-            shared.publish(&applied);
-            Ok(Some(applied))
+            Ok::<_, StoreError>(committed.map(|()| applied))
         })
         .await??;
         let Some(applied) = committed else {
@@ -728,14 +455,14 @@ impl Ingestor {
         };
         m::write_stage("commit", apply_done.elapsed());
 
-        self.report(applied, events, started);
+        self.report(handle, applied, events, started);
         Ok(Part::Committed(pending))
     }
 
     /// Tells the shippers, the metrics and the watchers what a committed part applied.
-    fn report(&self, applied: Applied, events: usize, started: Instant) {
+    fn report(&self, handle: &PartitionHandle, applied: Applied, events: usize, started: Instant) {
         if !applied.outbox.is_empty() || !applied.late.is_empty() {
-            self.shared.committed.send_modify(|n| *n += 1);
+            handle.note_committed();
         }
         if !applied.late.is_empty() {
             metrics::counter!(m::EVENTS_LATE).increment(applied.late.len() as u64);
@@ -754,12 +481,10 @@ impl Ingestor {
         }
         metrics::histogram!(m::BATCH_APPLY_SECONDS).record(started.elapsed().as_secs_f64());
         metrics::histogram!(m::BATCH_EVENTS).record(events as f64);
-        self.shared
-            .events_applied
-            .fetch_add(applied.applied as u64, Ordering::Relaxed);
-        if self.shared.changes.receiver_count() > 0 && !applied.states.is_empty() {
+        (self.owned.events_applied).fetch_add(applied.applied as u64, Ordering::Relaxed);
+        if self.owned.changes.receiver_count() > 0 && !applied.states.is_empty() {
             let changes: Vec<Change> = applied.states.into_iter().collect();
-            let _ = self.shared.changes.send(Arc::new(changes));
+            let _ = self.owned.changes.send(Arc::new(changes));
         }
     }
 
@@ -816,9 +541,34 @@ impl Ingestor {
             if matches!(why, Rejection::Fenced { .. }) {
                 metrics::counter!(m::FENCED, "path" => "ingest").increment(1);
             }
-            self.shared
-                .events_dead_lettered
-                .fetch_add(1, Ordering::Relaxed);
+            (self.owned.events_dead_lettered).fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// The last offset applied of each partition in `read`.
+fn applied_in(read: &Owned) -> BTreeMap<i32, i64> {
+    (read.iter())
+        .filter_map(|(&p, handle)| handle.applied().map(|o| (p, o)))
+        .collect()
+}
+
+/// Marks each partition of `read` replayed once it applied, or its reader consumed, up
+/// to the end it had when this node took it.
+fn note_replayed(reader: &Reader, read: &Owned) {
+    for (&p, handle) in read {
+        let Some(end) = handle.replay_to() else {
+            continue;
+        };
+        if handle.applied().is_some_and(|o| o + 1 >= end)
+            || reader.position(p).is_some_and(|o| o >= end)
+        {
+            handle.replayed();
+            tracing::info!(
+                partition = p,
+                end,
+                "replayed the partition as it was when this node took it"
+            );
         }
     }
 }
@@ -888,25 +638,6 @@ fn late_event((record, why): &(Record, Rejection)) -> (String, Vec<u8>) {
         window::late_key(record.partition, record.offset),
         event.encode_to_vec(),
     )
-}
-
-impl StateSource for Store {
-    type Error = StoreError;
-    fn state(&self, key: &str) -> Result<Option<CrdtValue>, StoreError> {
-        self.get(key)
-    }
-    fn recent_ids(&self, key: &str) -> Result<VecDeque<String>, StoreError> {
-        Store::recent_ids(self, key)
-    }
-    fn fence(&self, shard: u32, partition: i32) -> Result<u64, StoreError> {
-        Store::fence(self, shard, partition)
-    }
-    fn watermark(&self, partition: i32) -> Result<Option<u64>, StoreError> {
-        Store::watermark(self, partition)
-    }
-    fn expired(&self, key: &str) -> bool {
-        Store::expired(self, key)
-    }
 }
 
 #[cfg(test)]

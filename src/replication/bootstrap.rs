@@ -399,7 +399,9 @@ async fn resume_after(
     }
     hlc.advance_past(resume.hlc_high_water);
     // the stored positions read and raised by their partitions' writers
-    let writer = store.writers(resume.updates_offsets.keys().copied().collect()).await;
+    let writer = store
+        .writers(resume.updates_offsets.keys().copied().collect())
+        .await;
     let current = store.source_offsets(&config.kafka.updates_topic)?;
     let later = later_partitions(&resume.updates_offsets, &current);
     if later.len() < resume.updates_offsets.len() {

@@ -32,12 +32,11 @@ use super::{Freshness, RemoteProgress};
 use crate::clock::{ClockError, Hlc, HlcTimestamp};
 use crate::config::{Config, IngestConfig, Namespaces, Ownership, RemoteConfig};
 use crate::crdt::{CrdtError, CrdtValue, DecodeError, Delta, RESUME_KEY, RegionId, ResumePoint};
-use crate::ingest::batch::StateSource;
-use crate::ingest::ingestor::{Change, IngestShared, Terms};
 use crate::log::{self, Batching, Reader, Record};
 use crate::metrics as m;
+use crate::partition::{Change, Owned, Partitions};
 use crate::shutdown::stopped;
-use crate::store::{Commit, RemoteApplied, Store, StoreError};
+use crate::store::{Commit, RemoteApplied, StateSource, Store, StoreError};
 
 const RETRY_PAUSE: Duration = Duration::from_millis(500);
 const MAX_BATCH: usize = 1000;
@@ -357,9 +356,10 @@ fn check(
 /// holding the store's writer from the first read to the commit (the blocking task holds
 /// it: dropping this future does not free it while the merge runs on).
 /// With `positions`, the consumed offsets and the newest origin time merged are committed
-/// with them, under that offsets id. With `owned` (the merger's: its partitions' terms
+/// with them, under that offsets id. With `owned` (the merger's: the handles of its partitions
 /// when it started reading them), the records of a partition let go or taken again since
-/// are left out: a catch-up of the copy may have rebuilt it meanwhile.
+/// are left out (its handle then is cut): a catch-up of the copy may have rebuilt it
+/// meanwhile.
 pub async fn merge_and_commit(
     store: Arc<Store>,
     config: Arc<Config>,
@@ -367,7 +367,7 @@ pub async fn merge_and_commit(
     mut records: Vec<Record>,
     origin: RegionId,
     positions: Option<String>,
-    owned: Option<(Arc<IngestShared>, Terms)>,
+    owned: Option<Owned>,
 ) -> Result<Merged, StoreError> {
     // the partitions the records are on, and those of their keys (a delta off its key's
     // partition is refused, but only after its key's state was read)
@@ -380,8 +380,8 @@ pub async fn merge_and_commit(
     tokio::task::spawn_blocking(move || {
         let _writer = writer;
         // a catch-up that follows a cut or a take waits for this writer
-        if let Some((shared, terms)) = &owned {
-            records.retain(|r| shared.same_terms(terms, [r.partition]));
+        if let Some(owned) = &owned {
+            records.retain(|r| owned.get(&r.partition).is_some_and(|h| !h.is_cut()));
         }
         let merged = merge_batch(
             &records,
@@ -446,7 +446,8 @@ pub struct Merger {
     pub config: Arc<Config>,
     pub hlc: Arc<Hlc>,
     pub store: Arc<Store>,
-    pub shared: Arc<IngestShared>,
+    /// The node's partitions: the merger merges the owned ones.
+    pub owned: Arc<Partitions>,
     pub freshness: Arc<Freshness>,
     pub progress: Arc<RemoteProgress>,
 }
@@ -465,11 +466,11 @@ impl Merger {
     /// change (a new reader after each change, from the stored offsets; a batch being
     /// merged is merged and committed first).
     pub async fn run(self, mut stop: watch::Receiver<bool>) -> Result<(), MergeError> {
-        let mut owned = self.shared.owned.subscribe();
+        let mut owned = self.owned.subscribe();
         loop {
-            // before reading `owned`: a change after this is seen at the commit
-            let terms = self.shared.terms();
-            let partitions: Vec<i32> = owned.borrow_and_update().iter().copied().collect();
+            // the handles of the partitions read: one let go since is cut at the commit
+            let read: Owned = owned.borrow_and_update().clone();
+            let partitions: Vec<i32> = read.keys().copied().collect();
             let reader = tokio::select! {
                 reader = self.subscribe(&partitions, &mut stop) => reader?,
                 _ = owned.changed() => continue,
@@ -478,7 +479,7 @@ impl Merger {
                 return Ok(());
             };
             if !self
-                .merge_from(reader, &terms, &mut stop, &mut owned)
+                .merge_from(reader, &read, &mut stop, &mut owned)
                 .await?
             {
                 return Ok(());
@@ -486,14 +487,14 @@ impl Merger {
         }
     }
 
-    /// Merges what `reader` reads (its partitions in `terms`) until asked to stop (false)
+    /// Merges what `reader` reads (the partitions of `read`) until asked to stop (false)
     /// or until the partitions this node owns change (true), between batches.
     async fn merge_from(
         &self,
         mut reader: Reader,
-        terms: &Terms,
+        read: &Owned,
         stop: &mut watch::Receiver<bool>,
-        owned: &mut watch::Receiver<BTreeSet<i32>>,
+        owned: &mut watch::Receiver<Owned>,
     ) -> Result<bool, MergeError> {
         let partitions = reader.partitions().len();
         let batching = Batching {
@@ -516,7 +517,7 @@ impl Merger {
                 at_end.insert(partition);
             }
             if !batch.records.is_empty()
-                && let Some((held, wait)) = self.merge(batch.records, terms).await?
+                && let Some((held, wait)) = self.merge(batch.records, read).await?
             {
                 // not at their end until the held deltas are merged; what the client
                 // fetched after them is read again with them
@@ -623,7 +624,7 @@ impl Merger {
     async fn merge(
         &self,
         records: Vec<Record>,
-        terms: &Terms,
+        read: &Owned,
     ) -> Result<Option<(Vec<i32>, Duration)>, StoreError> {
         let merged = merge_and_commit(
             self.store.clone(),
@@ -632,7 +633,7 @@ impl Merger {
             records,
             self.remote().region.clone(),
             Some(Merger::offsets_id(self.remote())),
-            Some((self.shared.clone(), terms.clone())),
+            Some(read.clone()),
         )
         .await?;
         self.progress.offsets.send_modify(|offsets| {
@@ -688,9 +689,9 @@ impl Merger {
             metrics::histogram!(m::REPLICATION_LAG_SECONDS, "region" => region.clone())
                 .record(lag.as_secs_f64());
         }
-        if self.shared.changes.receiver_count() > 0 && !merged.states.is_empty() {
+        if self.owned.changes.receiver_count() > 0 && !merged.states.is_empty() {
             let changes: Vec<Change> = merged.states.into_iter().collect();
-            let _ = self.shared.changes.send(Arc::new(changes));
+            let _ = self.owned.changes.send(Arc::new(changes));
         }
         Ok(held)
     }

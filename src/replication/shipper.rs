@@ -26,7 +26,6 @@
 //! each round with entries it records how far its copy holds the partition's deltas
 //! (`Store::own_deltas_through`), where the next catch-up reads from.
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -43,6 +42,7 @@ use crate::log::{
     LATE_WATERMARK_HEADER, LogError, Transactional, TxRecord,
 };
 use crate::metrics as m;
+use crate::partition::PartitionHandle;
 use crate::pb;
 use crate::shutdown::stopped;
 use crate::store::{OutboxEntry, OutboxSnapshot, Store, StoreError};
@@ -78,22 +78,22 @@ pub struct Shipper {
     /// and the late topic late events go to.
     pub kafka: KafkaConfig,
     pub actor: Actor,
-    /// Changes after every committed batch.
+    /// Changes after every committed part of the partition with outbox entries.
     pub wake: watch::Receiver<u64>,
     /// Notified after every shipped round whose entries were cleared.
     pub shipped: Arc<Notify>,
     /// The physical clock heartbeats carry.
     pub clock: Arc<dyn Clock>,
-    /// The partitions ingest replayed up to where they were when this node took them; no
-    /// heartbeat before this shipper's is among them.
-    pub replayed: watch::Receiver<BTreeSet<i32>>,
+    /// Turns true once ingest replayed the partition up to where it was when this node
+    /// took it; no heartbeat before.
+    pub replayed: watch::Receiver<bool>,
     /// Turns true when the node gives the partition up: one last round ships what the
     /// outbox holds, then the shipper ends.
     pub hand_off: watch::Receiver<bool>,
-    /// The partitions this node owns: a shipper whose partition was let go starts a new
-    /// client only for the hand-off (another node owning it, the new client's
+    /// The partition's handle: a shipper whose partition was let go starts a new client
+    /// only for the hand-off (another node owning it, the new client's
     /// `init_transactions` would fence that node).
-    pub owned: watch::Receiver<BTreeSet<i32>>,
+    pub handle: Arc<PartitionHandle>,
     /// The namespaces whose final windows this shipper produces to the outputs topic, if
     /// any ([`super::outputs`]).
     pub outputs: Option<Arc<Outputs>>,
@@ -133,7 +133,7 @@ impl Shipper {
             let handing_off = *self.hand_off.borrow();
             // before the outbox is read: whatever was applied by then ships this round (and
             // only once every record an earlier node may have acknowledged is applied)
-            let replayed = self.replayed.borrow().contains(&partition);
+            let replayed = *self.replayed.borrow();
             let beat = (replayed && !handing_off).then(|| self.clock.now_nanos());
             self.wake.borrow_and_update();
             let (snapshot, round_outputs) = self.read_round().await?;
@@ -158,7 +158,7 @@ impl Shipper {
                     () = stopped(&mut stop) => return Ok(()),
                     _ = self.wake.changed() => {}
                     () = sleep_until(due) => {}
-                    _ = replayed.wait_for(|r| r.contains(&partition)), if beat.is_none() => {}
+                    _ = replayed.wait_for(|&r| r), if beat.is_none() => {}
                     _ = hand_off.wait_for(|&h| h) => {}
                 }
                 continue;
@@ -216,7 +216,7 @@ impl Shipper {
         // let go (not owned) and not handed off (yet): the keeper hands it off (no next
         // owner yet: a new client fences nobody), or aborts this shipper because another
         // node owns it (a new client would fence it)
-        if !self.owned.borrow().contains(&self.partition) {
+        if self.handle.is_let_go() {
             let mut hand_off = self.hand_off.clone();
             tokio::select! {
                 () = stopped(stop) => return Ok(false),

@@ -32,6 +32,7 @@
 
 mod partition;
 mod retention;
+mod source;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::path::{Path, PathBuf};
@@ -44,6 +45,7 @@ use crate::window;
 pub use partition::COLUMN_FAMILIES;
 use partition::{Home, PartCommit, PartitionStore};
 pub use retention::Expiry;
+pub use source::StateSource;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {

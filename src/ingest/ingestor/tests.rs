@@ -1,4 +1,5 @@
 use super::*;
+use crate::partition::Outcome;
 use futures_util::FutureExt;
 
 /// A write appended to a partition that then moves away before ingest reached it is
@@ -7,27 +8,27 @@ use futures_util::FutureExt;
 #[test]
 fn a_write_is_answered_once_its_partition_moves_away() {
     for last_batch_has_it in [false, true] {
-        let shared = IngestShared::default();
-        shared.own(0, None, 0);
-        shared.reading.send_replace(BTreeSet::from([0]));
-        shared.applied.send_replace(BTreeMap::from([(0, 3)]));
-        let terms = shared.terms();
-        let mut wait = std::pin::pin!(shared.passed(0, 5, &terms));
+        let owned = Partitions::default();
+        let handle = owned.take(0, Some(3), 0);
+        handle.set_reading(true);
+        let mut wait = std::pin::pin!(handle.passed(5));
         assert_eq!(
             wait.as_mut().now_or_never(),
             None,
             "owned and read: it waits"
         );
-        shared.disown(&[0]);
+        owned.let_go(&[0]);
         assert_eq!(
             wait.as_mut().now_or_never(),
             None,
             "ingest still reads it: its last batch may hold the record"
         );
         if last_batch_has_it {
-            shared.applied.send_replace(BTreeMap::from([(0, 6)]));
+            handle.publish([], Some(6));
         }
-        shared.reading.send_replace(BTreeSet::new());
+        // the keeper's give-up, once ingest no longer reads it
+        handle.set_reading(false);
+        handle.cut();
         let expected = if last_batch_has_it {
             Outcome::Applied
         } else {
@@ -38,53 +39,51 @@ fn a_write_is_answered_once_its_partition_moves_away() {
 }
 
 /// Partition 0 owned (applied through `applied`, to be replayed to `end`) and read.
-fn owned_and_read(applied: i64, end: i64) -> IngestShared {
-    let shared = IngestShared::default();
-    shared.own(0, Some(applied), end);
-    shared.reading.send_replace(BTreeSet::from([0]));
-    shared
+fn owned_and_read(applied: i64, end: i64) -> (Partitions, Arc<PartitionHandle>) {
+    let owned = Partitions::default();
+    let handle = owned.take(0, Some(applied), end);
+    handle.set_reading(true);
+    (owned, handle)
 }
 
-/// A waiter trusts `applied` only while its partition was not taken again since its
-/// record was appended: a take sets the offsets the partition's other owner reached,
-/// and that owner may have refused the record (a failed compare-and-set, a fence). A
-/// partition let go after ingest's last batch applied the record answers applied.
+/// A waiter trusts the offsets of the term it appended its record in only: a take
+/// starts a new term at the offsets the partition's other owner reached, and that owner
+/// may have refused the record (a failed compare-and-set, a fence). A partition let go
+/// after ingest's last batch applied the record answers applied.
 #[test]
 fn a_write_is_not_answered_applied_from_another_owners_offsets() {
     // taken back while ingest was stuck in a batch
-    let shared = owned_and_read(3, 10);
-    let terms = shared.terms();
-    let mut wait = std::pin::pin!(shared.passed(0, 5, &terms));
+    let (owned, handle) = owned_and_read(3, 10);
+    let mut wait = std::pin::pin!(handle.passed(5));
     assert_eq!(wait.as_mut().now_or_never(), None);
-    shared.disown(&[0]);
-    shared.cut(&[0]);
+    owned.let_go(&[0]);
     assert_eq!(wait.as_mut().now_or_never(), None, "ingest still reads it");
-    shared.own(0, Some(10), 12);
+    handle.cut();
+    owned.take(0, Some(10), 12);
     assert_eq!(wait.now_or_never(), Some(Outcome::Moved));
 
-    // taken after the record was appended, before its waiter looked
-    let shared = IngestShared::default();
-    let terms = shared.terms();
-    shared.own(0, Some(10), 12);
-    shared.reading.send_replace(BTreeSet::from([0]));
-    let wait = shared.passed(0, 5, &terms);
+    // taken again after the record was appended, before its waiter looked
+    let (owned, handle) = owned_and_read(3, 10);
+    owned.let_go(&[0]);
+    handle.cut();
+    owned.take(0, Some(10), 12).set_reading(true);
+    let wait = handle.passed(5);
     assert_eq!(wait.now_or_never(), Some(Outcome::Moved));
 
     // let go after the last batch applied it
-    let shared = owned_and_read(3, 10);
-    let terms = shared.terms();
-    let mut wait = std::pin::pin!(shared.passed(0, 5, &terms));
+    let (owned, handle) = owned_and_read(3, 10);
+    let mut wait = std::pin::pin!(handle.passed(5));
     assert_eq!(wait.as_mut().now_or_never(), None);
-    shared.disown(&[0]);
-    shared.applied.send_replace(BTreeMap::from([(0, 6)]));
-    shared.reading.send_replace(BTreeSet::new());
-    shared.cut(&[0]);
+    owned.let_go(&[0]);
+    handle.publish([], Some(6));
+    handle.set_reading(false);
+    handle.cut();
     assert_eq!(wait.now_or_never(), Some(Outcome::Applied));
 }
 
 /// The config, store and ingest task of a region whose Kafka is never reached (the
 /// records given make no dead letter).
-fn offline_ingestor(store: Arc<Store>, shared: Arc<IngestShared>) -> Ingestor {
+fn offline_ingestor(store: Arc<Store>, owned: Arc<Partitions>) -> Ingestor {
     let mut config = Config::load(&crate::repo_file("regions/us-east-1.toml")).unwrap();
     config.kafka.bootstrap = "127.0.0.1:1".into();
     let config = Arc::new(config);
@@ -102,10 +101,10 @@ fn offline_ingestor(store: Arc<Store>, shared: Arc<IngestShared>) -> Ingestor {
             role: "ingest",
         },
         dlq: RenewingProducer::new(&config.kafka, Duration::from_secs(1)).unwrap(),
-        shared,
+        owned,
         leases: None,
         grants: Grants::default(),
-        partitions: 1,
+        partition_count: 1,
         config,
     }
 }
@@ -118,8 +117,8 @@ fn offline_ingestor(store: Arc<Store>, shared: Arc<IngestShared>) -> Ingestor {
 async fn a_batch_read_before_its_partition_was_cut_is_not_committed() {
     let dir = tempfile::tempdir().unwrap();
     let store = Arc::new(Store::open(dir.path(), 1).unwrap());
-    let shared = Arc::new(IngestShared::default());
-    let ingestor = offline_ingestor(store.clone(), shared.clone());
+    let owned = Arc::new(Partitions::default());
+    let ingestor = offline_ingestor(store.clone(), owned.clone());
     let topic = ingestor.config.kafka.updates_topic.clone();
     let add = |offset| Record {
         partition: 0,
@@ -128,23 +127,21 @@ async fn a_batch_read_before_its_partition_was_cut_is_not_committed() {
         key: Some(b"trips/a".to_vec()),
         payload: Some(br#"{"key":"trips/a","add":1}"#.to_vec()),
     };
-    shared.own(0, None, 0);
-    let read_in = shared.terms();
-    shared.disown(&[0]);
-    shared.cut(&[0]);
+    let read_in = owned.take(0, None, 0);
+    owned.let_go(&[0]);
+    read_in.cut();
     let part = ingestor
-        .apply_part(0, vec![add(0)], Instant::now(), &read_in)
+        .apply_part(&read_in, vec![add(0)], Instant::now())
         .await
         .unwrap();
     assert!(matches!(part, Part::Cut));
     assert_eq!(store.source_offsets(&topic).unwrap(), BTreeMap::new());
     assert_eq!(store.get("trips/a").unwrap(), None);
-    assert!(shared.applied.borrow().is_empty());
+    assert_eq!(read_in.applied(), None);
 
-    shared.own(0, None, 0);
-    let read_in = shared.terms();
+    let read_in = owned.take(0, None, 0);
     let part = ingestor
-        .apply_part(0, vec![add(0)], Instant::now(), &read_in)
+        .apply_part(&read_in, vec![add(0)], Instant::now())
         .await
         .unwrap();
     assert!(matches!(part, Part::Committed(None)));
@@ -152,7 +149,7 @@ async fn a_batch_read_before_its_partition_was_cut_is_not_committed() {
         store.source_offsets(&topic).unwrap(),
         BTreeMap::from([(0, 0)])
     );
-    assert_eq!(shared.applied.borrow().get(&0), Some(&0));
+    assert_eq!(read_in.applied(), Some(0));
 }
 
 #[test]
@@ -178,28 +175,4 @@ fn a_dead_letter_carries_at_most_what_the_producer_accepts() {
     assert_eq!(letter.payload.len(), DLQ_MAX_VALUE);
     assert!(letter.reason.len() <= DLQ_MAX_REASON && letter.reason.starts_with('é'));
     assert_eq!(letter.truncated.as_deref(), Some("key=5000,value=2000000"));
-}
-
-#[test]
-fn a_refusal_pushed_out_by_later_ones_is_never_answered_as_applied() {
-    let mut rejections = Rejections::default();
-    let why = Rejection::Malformed("bad".into());
-    // partition 0: every even offset refused; partition 1: only offset 5
-    for o in 0..2 * RECENT_REJECTIONS as i64 {
-        rejections.remember(0, 2 * o, why.clone());
-    }
-    rejections.remember(1, 5, why.clone());
-    // the oldest refusals are forgotten: unknown, not applied
-    assert_eq!(rejections.outcome(0, 0), Outcome::Forgotten);
-    assert_eq!(rejections.outcome(0, 1), Outcome::Forgotten);
-    assert_eq!(
-        rejections.outcome(0, 2 * RECENT_REJECTIONS as i64 - 2),
-        Outcome::Forgotten
-    );
-    // the recent ones are known, and so is what lies after the forgotten ones
-    let last = 2 * (2 * RECENT_REJECTIONS as i64 - 1);
-    assert_eq!(rejections.outcome(0, last), Outcome::Refused(why.clone()));
-    assert_eq!(rejections.outcome(0, last - 1), Outcome::Applied);
-    assert_eq!(rejections.outcome(1, 5), Outcome::Refused(why));
-    assert_eq!(rejections.outcome(1, 4), Outcome::Applied);
 }

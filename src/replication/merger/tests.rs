@@ -60,7 +60,8 @@ async fn a_cancelled_merge_keeps_other_writers_out_until_it_committed() {
     let remote = config.replication.remotes[0].clone();
     let dir = tempfile::tempdir().unwrap();
     let store = Arc::new(Store::open(dir.path(), 1).unwrap());
-    let shared = Arc::new(IngestShared::default());
+    let owned = Arc::new(Partitions::default());
+    owned.take(0, None, 0);
     let clock = Arc::new(ManualClock::new(100 * SEC));
     let hlc = Arc::new(Hlc::new(clock, Duration::from_millis(500)));
     let merger = Merger {
@@ -68,7 +69,7 @@ async fn a_cancelled_merge_keeps_other_writers_out_until_it_committed() {
         config: config.clone(),
         hlc,
         store: store.clone(),
-        shared: shared.clone(),
+        owned: owned.clone(),
         freshness: Arc::new(Freshness::default()),
         progress: Arc::new(RemoteProgress::new(remote.clone(), BTreeMap::new())),
     };
@@ -80,8 +81,8 @@ async fn a_cancelled_merge_keeps_other_writers_out_until_it_committed() {
     let offsets_id = Merger::offsets_id(&remote);
     let committed = || store.source_offsets(&offsets_id).unwrap().get(&0) == Some(&20_000);
 
-    let terms = shared.terms();
-    let mut merging = Box::pin(merger.merge(records, &terms));
+    let read: Owned = owned.subscribe().borrow().clone();
+    let mut merging = Box::pin(merger.merge(records, &read));
     assert!(
         merging.as_mut().now_or_never().is_none(),
         "the merge runs on"

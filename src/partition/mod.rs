@@ -1,0 +1,119 @@
+//! The partitions a node owns, each behind its [`PartitionHandle`]: the unit of execution.
+//! A partition of the updates topic is one RocksDB instance (`store`), one shipping
+//! transactional id, one fence and watermark per owned shard; here it is also one thing
+//! that runs. The keeper creates a handle when the node takes the partition and ends it
+//! when the node gives it up; ingest's reader and the mergers feed the partitions they
+//! read, each part under the partition's own writer (`Store::writer`), so partitions
+//! apply in parallel and share no lock; the API, `Watch`, the shipper and the checkpointer
+//! hold handles.
+//!
+//! ```text
+//!  keeper ── take(p) ──► Partitions { p ─► PartitionHandle } ── let_go(p) ──► cut() ─► Moved
+//!                          ▲ owned()            │ applied / replayed / committed
+//!  ingest reader, mergers ─┘ (feed p's parts)   ▼
+//!                                     API `Update` waits (passed), shipper of p wakes
+//! ```
+//!
+//! A handle lives for one term of the partition here: taken again, the partition gets a
+//! new handle, so whoever holds the old one learns that it moved (its `applied` ends in
+//! `moved`) and never mistakes the next term's offsets for its own.
+
+mod handle;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+
+use tokio::sync::{Notify, broadcast, watch};
+
+use crate::crdt::CrdtValue;
+pub use handle::{Outcome, PartitionHandle};
+
+/// A key's new state after a batch, as sent to watchers.
+pub type Change = (String, CrdtValue);
+
+/// The partitions a node owns now, by number.
+pub type Owned = BTreeMap<i32, Arc<PartitionHandle>>;
+
+/// The node's partitions: the owned ones and what the node counts over all of them.
+pub struct Partitions {
+    /// The partitions this node owns (the region's group assigned them and they caught
+    /// up): ingest reads them, the API answers their keys, the mergers merge them.
+    owned: watch::Sender<Owned>,
+    /// Every committed batch's changed keys, of every partition (`Watch` fans them out).
+    pub changes: broadcast::Sender<Arc<Vec<Change>>>,
+    /// Notified after every shipped round (wakes ingest waiting for outbox room).
+    pub shipped: Arc<Notify>,
+    pub events_applied: AtomicU64,
+    pub events_dead_lettered: AtomicU64,
+}
+
+/// Nothing owned yet: the keeper takes each partition.
+impl Default for Partitions {
+    fn default() -> Self {
+        Self {
+            owned: watch::Sender::new(BTreeMap::new()),
+            changes: broadcast::Sender::new(1024),
+            shipped: Arc::new(Notify::new()),
+            events_applied: AtomicU64::new(0),
+            events_dead_lettered: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Partitions {
+    /// Owns `partition` in a new term: its store applied through `applied`, to be replayed
+    /// up to `end` (the updates topic's end when this node took it) before it is counted
+    /// as replayed.
+    pub fn take(&self, partition: i32, applied: Option<i64>, end: i64) -> Arc<PartitionHandle> {
+        let handle = Arc::new(PartitionHandle::new(partition, applied, end));
+        let owned = handle.clone();
+        self.owned.send_modify(|o| {
+            o.insert(partition, owned);
+        });
+        handle
+    }
+
+    /// Stops owning `partitions` (ingest stops reading them, the API stops answering their
+    /// keys); answers their handles, for the keeper to wait for ingest and then
+    /// [`PartitionHandle::cut`] them.
+    pub fn let_go(&self, partitions: &[i32]) -> Vec<Arc<PartitionHandle>> {
+        let mut gone = Vec::new();
+        self.owned.send_modify(|o| {
+            for p in partitions {
+                gone.extend(o.remove(p));
+            }
+        });
+        for handle in &gone {
+            handle.let_go();
+        }
+        gone
+    }
+
+    /// The handle of `partition`, if this node owns it.
+    pub fn get(&self, partition: i32) -> Option<Arc<PartitionHandle>> {
+        self.owned.borrow().get(&partition).cloned()
+    }
+
+    pub fn owns(&self, partition: i32) -> bool {
+        self.owned.borrow().contains_key(&partition)
+    }
+
+    /// The partitions owned now.
+    pub fn owned(&self) -> BTreeSet<i32> {
+        self.owned.borrow().keys().copied().collect()
+    }
+
+    /// Changes whenever a partition is taken or let go.
+    pub fn subscribe(&self) -> watch::Receiver<Owned> {
+        self.owned.subscribe()
+    }
+
+    /// Per owned partition, the last offset applied to its state (if any).
+    pub fn applied(&self) -> BTreeMap<i32, i64> {
+        let owned = self.owned.borrow();
+        (owned.iter())
+            .filter_map(|(&p, handle)| handle.applied().map(|o| (p, o)))
+            .collect()
+    }
+}
