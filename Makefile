@@ -3,7 +3,7 @@
 export CARGO_TARGET_DIR ?= $(HOME)/.cache/geostate/target
 CLUSTER := python3 regions/local/cluster.py
 
-.PHONY: demo test install build up down status top lint fmt bench jepsen drills
+.PHONY: demo test simulate install build up down status top lint fmt bench jepsen drills
 
 ## The main job: start the local regions, run the surge-pricing workload for a minute,
 ## print the table (events per region, replication lag, identical state or not).
@@ -20,6 +20,13 @@ demo: up
 ## The whole test suite, starting and stopping the infrastructure it needs
 test:
 	scripts/test.sh $(ARGS)
+
+## More schedules of the deterministic simulation (tests/simulation.rs) than make test runs:
+## SEEDS=N schedules from seed FIRST (default 1); no cluster needed
+SEEDS ?= 20000
+FIRST ?= 1
+simulate:
+	SIM_SEEDS=$(SEEDS) SIM_FIRST_SEED=$(FIRST) cargo test --locked --test simulation -- --nocapture
 
 install:
 	$(CLUSTER) install

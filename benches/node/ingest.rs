@@ -2,15 +2,26 @@
 
 use super::*;
 
-/// The geostate node over `data`'s topic, exactly-once into RocksDB.
+/// The geostate node over `data`'s topic, exactly-once into RocksDB, on the system under
+/// test's core.
 pub(crate) async fn geostate(
     kafka: &str,
     data: &Dataset,
     dir: &Path,
 ) -> anyhow::Result<(Rate, f64)> {
+    geostate_on(kafka, data, dir, SUT_CORE).await
+}
+
+/// The geostate node over `data`'s topic on `cores` (a `taskset` list).
+pub(crate) async fn geostate_on(
+    kafka: &str,
+    data: &Dataset,
+    dir: &Path,
+    cores: &str,
+) -> anyhow::Result<(Rate, f64)> {
     let mut node = Node::configure(dir, kafka, &data.topic)?;
     let pid = node.start().await?;
-    pin(pid, SUT_CORE)?;
+    pin(pid, cores)?;
     let rate = Probe::Node(&node)
         .follow(&[pid], EVENTS, Duration::from_secs(600))
         .await?;

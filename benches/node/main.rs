@@ -106,6 +106,11 @@ async fn run() -> anyhow::Result<()> {
         ceilings_section(&kafka, &datasets, &config, produce_rate).await?;
     let (ingest_json, headline) = ingest_section(&kafka, &datasets, work.path()).await?;
     let ratios_json = ratios_section(&headline, &ceilings);
+    let cores_json = if pinned {
+        cores_section(&kafka, &datasets[0], &headline[0].1, work.path()).await?
+    } else {
+        Value::Null
+    };
 
     // 3 and 4
     let load_rate = (headline[0].1.events_per_second / 4.0).max(1000.0) as u64;
@@ -117,6 +122,7 @@ async fn run() -> anyhow::Result<()> {
         "ceilings": ceilings_json,
         "ingest": ingest_json,
         "ratios": ratios_json,
+        "cores": cores_json,
         "latency": served["latency"],
         "get": served["get"],
         "tls": served["tls"],
@@ -279,6 +285,43 @@ async fn ingest_section(
     }
     println!();
     Ok((ingest_json, headline))
+}
+
+/// The node's ingest of the first dataset on one core (section 2's run) and on two.
+async fn cores_section(
+    kafka: &str,
+    data: &Dataset,
+    one: &Rate,
+    work: &Path,
+) -> anyhow::Result<Value> {
+    let dir = work.join("two-cores");
+    std::fs::create_dir_all(&dir)?;
+    let (two, _) = ingest::geostate_on(kafka, data, &dir, "0-1").await?;
+    println!("## Ingest on one core and on two ({})", data.name);
+    println!();
+    println!(
+        "The same pre-loaded topic ({PARTITIONS} partitions): the node alone on core 1 (section 2's run), then on cores 0 and 1, sharing core 0 with the Kafka brokers, MirrorMaker 2 and the idle nodes, which only serve fetches meanwhile (nothing is produced). A node applies each batch's partitions in parallel, each under its own writer. Goal: two cores at least 1.6x one."
+    );
+    println!();
+    println!("| node on | events/s | events per CPU-second | vs one core |");
+    println!("|---|---:|---:|---:|");
+    println!(
+        "| core 1 | {:.0} | {:.0} | 1.00x |",
+        one.events_per_second, one.per_cpu_second
+    );
+    println!(
+        "| cores 0-1 | {:.0} | {:.0} | {} |",
+        two.events_per_second,
+        two.per_cpu_second,
+        ratio(two.events_per_second, one.events_per_second)
+    );
+    println!();
+    Ok(json!({
+        "dataset": data.name,
+        "one_core": one.json(),
+        "two_cores": two.json(),
+        "ratio": two.events_per_second / one.events_per_second.max(1e-9),
+    }))
 }
 
 /// The ratios between the systems and the exactly-once taxes, per dataset.

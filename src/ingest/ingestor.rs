@@ -41,7 +41,7 @@ use tokio::sync::watch;
 
 use super::batch::{Applied, BatchContext, Grants, Pending, Record, apply_batch};
 use super::event::Rejection;
-use crate::clock::Hlc;
+use crate::clock::{Hlc, HlcTimestamp};
 use crate::config::Config;
 use crate::crdt::Actor;
 use crate::lease::leases::Leases;
@@ -416,33 +416,7 @@ impl Ingestor {
         let topic = self.config.kafka.updates_topic.clone();
         let committed = tokio::task::spawn_blocking(move || {
             let _writer = writer;
-            // a cut waits for this commit, or this part sees it
-            let committed = term.commit_in_term(|| {
-                let mut late: Vec<(String, Vec<u8>)> =
-                    applied.late.iter().map(late_event).collect();
-                late.extend(
-                    (applied.outputs.iter())
-                        .map(|((p, o), change)| (window::output_key(*p, *o), change.payload())),
-                );
-                store.commit(&Commit {
-                    topic: &topic,
-                    states: &applied.states,
-                    offsets: &applied.offsets,
-                    outbox: &applied.outbox,
-                    recent_ids: &applied.recent_ids,
-                    hlc_high_water: origin_time,
-                    remote_applied: None,
-                    fences: &applied.fences.0,
-                    watermarks: &applied.watermarks,
-                    late: &late,
-                })?;
-                let refused = applied.late.iter().chain(&applied.rejected);
-                term.publish(
-                    refused.map(|(record, why)| (record.offset, why)),
-                    applied.offsets.get(&partition).copied(),
-                );
-                Ok::<_, StoreError>(())
-            })?;
+            let committed = commit_part(&store, &term, &topic, &applied, origin_time)?;
             Ok::<_, StoreError>(committed.map(|()| applied))
         })
         .await??;
@@ -544,6 +518,44 @@ impl Ingestor {
             (self.owned.events_dead_lettered).fetch_add(1, Ordering::Relaxed);
         }
     }
+}
+
+/// Commits what `applied` holds of `term`'s partition (its part of a batch of `topic`,
+/// applied at `origin_time`) in one `WriteBatch`, and tells the term's waiters, unless the
+/// term was cut (`None`): a cut waits for this commit, or this commit sees it. The caller
+/// holds the partition's writer from before `apply_batch` read the state.
+pub fn commit_part(
+    store: &Store,
+    term: &PartitionHandle,
+    topic: &str,
+    applied: &Applied,
+    origin_time: HlcTimestamp,
+) -> Result<Option<()>, StoreError> {
+    term.commit_in_term(|| {
+        let mut late: Vec<(String, Vec<u8>)> = applied.late.iter().map(late_event).collect();
+        late.extend(
+            (applied.outputs.iter())
+                .map(|((p, o), change)| (window::output_key(*p, *o), change.payload())),
+        );
+        store.commit(&Commit {
+            topic,
+            states: &applied.states,
+            offsets: &applied.offsets,
+            outbox: &applied.outbox,
+            recent_ids: &applied.recent_ids,
+            hlc_high_water: origin_time,
+            remote_applied: None,
+            fences: &applied.fences.0,
+            watermarks: &applied.watermarks,
+            late: &late,
+        })?;
+        let refused = applied.late.iter().chain(&applied.rejected);
+        term.publish(
+            refused.map(|(record, why)| (record.offset, why)),
+            applied.offsets.get(&term.partition).copied(),
+        );
+        Ok(())
+    })
 }
 
 /// The last offset applied of each partition in `read`.

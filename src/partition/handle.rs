@@ -92,8 +92,10 @@ impl PartitionHandle {
     }
 
     /// Ends the term (given up: the keeper hands the partition on, or another node fenced
-    /// this one out of it): a part not committed yet never is, and a waiter learns it
-    /// moved. Once this returns, no commit of the term is under way or to come.
+    /// this one out of it): an ingest part not committed yet never is, and a waiter learns
+    /// it moved. Once this returns, no ingest commit of the term is under way or to come.
+    /// (A merge checks the cut under the partition's writer, and a catch-up of the copy
+    /// waits for that writer.)
     pub fn cut(&self) {
         // waits for a commit that passed its check (never for Kafka)
         *self.lock_cut() = true;

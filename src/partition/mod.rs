@@ -68,9 +68,14 @@ impl Partitions {
     pub fn take(&self, partition: i32, applied: Option<i64>, end: i64) -> Arc<PartitionHandle> {
         let handle = Arc::new(PartitionHandle::new(partition, applied, end));
         let owned = handle.clone();
-        self.owned.send_modify(|o| {
-            o.insert(partition, owned);
-        });
+        let mut replaced = None;
+        self.owned
+            .send_modify(|o| replaced = o.insert(partition, owned));
+        // never two terms at once (the keeper cuts a term before it takes it again)
+        if let Some(old) = replaced {
+            old.let_go();
+            old.cut();
+        }
         handle
     }
 

@@ -369,10 +369,13 @@ pub async fn merge_and_commit(
     positions: Option<String>,
     owned: Option<Owned>,
 ) -> Result<Merged, StoreError> {
-    // the partitions the records are on, and those of their keys (a delta off its key's
-    // partition is refused, but only after its key's state was read)
+    // the partitions the records are on, and those of the deltas' keys (a delta off its
+    // key's partition, which no shipper writes, is merged into its key's); heartbeats and
+    // resume points (keys starting with a NUL) write only their record's partition
     let touched = (records.iter()).flat_map(|r| {
-        let key = r.key.as_deref().and_then(|k| std::str::from_utf8(k).ok());
+        let key = (r.key.as_deref())
+            .filter(|k| !k.starts_with(b"\0"))
+            .and_then(|k| std::str::from_utf8(k).ok());
         [Some(r.partition), key.map(|k| store.partition_of_key(k))]
     });
     let touched = touched.flatten().collect();
@@ -381,7 +384,7 @@ pub async fn merge_and_commit(
         let _writer = writer;
         // a catch-up that follows a cut or a take waits for this writer
         if let Some(owned) = &owned {
-            records.retain(|r| owned.get(&r.partition).is_some_and(|h| !h.is_cut()));
+            keep_in_term(&mut records, owned);
         }
         let merged = merge_batch(
             &records,
@@ -391,37 +394,65 @@ pub async fn merge_and_commit(
             &config.ingest,
             &hlc,
         )?;
-        let no_offsets = BTreeMap::new();
-        let no_ids = BTreeMap::new();
-        store.commit(&Commit {
-            topic: positions.as_deref().unwrap_or_default(),
-            states: &merged.states,
-            offsets: if positions.is_some() {
-                &merged.offsets
-            } else {
-                &no_offsets
-            },
-            outbox: &[],
-            // the origin's windows are this region's only for a copy of its own deltas
-            recent_ids: if origin == config.region {
-                &merged.recent_ids
-            } else {
-                &no_ids
-            },
-            hlc_high_water: hlc.now(),
-            remote_applied: positions.is_some().then_some(RemoteApplied {
-                region: &origin,
-                newest: &merged.newest,
-                watermarks: &merged.watermarks,
-            }),
-            fences: &BTreeMap::new(),
-            watermarks: &BTreeMap::new(),
-            late: &[],
-        })?;
+        commit_merged(
+            &store,
+            &config,
+            &hlc,
+            &merged,
+            &origin,
+            positions.as_deref(),
+        )?;
         Ok(merged)
     })
     .await
     .unwrap_or_else(|e| Err(StoreError::Task(e.to_string())))
+}
+
+/// Leaves out of `records` those of a partition whose term in `owned` (the handles the
+/// merger read them in) was cut since.
+pub fn keep_in_term(records: &mut Vec<Record>, owned: &Owned) {
+    records.retain(|r| owned.get(&r.partition).is_some_and(|h| !h.is_cut()));
+}
+
+/// Commits what [`merge_batch`] merged of `origin`'s deltas in one `WriteBatch` with no
+/// outbox entry (a merge never ships); with `positions`, the consumed offsets and the
+/// newest origin time merged with them, under that offsets id. The caller holds the
+/// writers of the partitions merged from before `merge_batch` read the state.
+pub fn commit_merged(
+    store: &Store,
+    config: &Config,
+    hlc: &Hlc,
+    merged: &Merged,
+    origin: &RegionId,
+    positions: Option<&str>,
+) -> Result<(), StoreError> {
+    let no_offsets = BTreeMap::new();
+    let no_ids = BTreeMap::new();
+    store.commit(&Commit {
+        topic: positions.unwrap_or_default(),
+        states: &merged.states,
+        offsets: if positions.is_some() {
+            &merged.offsets
+        } else {
+            &no_offsets
+        },
+        outbox: &[],
+        // the origin's windows are this region's only for a copy of its own deltas
+        recent_ids: if *origin == config.region {
+            &merged.recent_ids
+        } else {
+            &no_ids
+        },
+        hlc_high_water: hlc.now(),
+        remote_applied: positions.is_some().then_some(RemoteApplied {
+            region: origin,
+            newest: &merged.newest,
+            watermarks: &merged.watermarks,
+        }),
+        fences: &BTreeMap::new(),
+        watermarks: &BTreeMap::new(),
+        late: &[],
+    })
 }
 
 /// Why a merger stopped.
@@ -576,6 +607,10 @@ impl Merger {
     ) -> Result<Option<Reader>, MergeError> {
         let remote = self.remote();
         let kafka = remote.kafka(&self.config.kafka);
+        // the stored offsets are read once no writer of these partitions is in flight: a
+        // merge whose future was dropped (a stop, an abort) finishes its commit first, or
+        // this reader would merge its records again and store offsets below its own
+        drop(self.store.writers(owned.iter().copied().collect()).await);
         let applied = self.store.source_offsets(&Self::offsets_id(remote))?;
         loop {
             if *stop.borrow() {

@@ -133,7 +133,8 @@ impl Shipper {
             let handing_off = *self.hand_off.borrow();
             // before the outbox is read: whatever was applied by then ships this round (and
             // only once every record an earlier node may have acknowledged is applied)
-            let replayed = *self.replayed.borrow();
+            // (and none once the partition was let go: its next owner's come)
+            let replayed = *self.replayed.borrow() && !self.handle.is_let_go();
             let beat = (replayed && !handing_off).then(|| self.clock.now_nanos());
             self.wake.borrow_and_update();
             let (snapshot, round_outputs) = self.read_round().await?;

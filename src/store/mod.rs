@@ -253,11 +253,22 @@ impl Store {
             }
         }
         let parts = (0..partitions)
-            .map(|p| PartitionStore::open(&partition_dir(dir, p)))
+            .map(|p| PartitionStore::open(&partition_dir(dir, p), None))
             .collect::<Result<_, _>>()?;
         if written.is_none() {
             write_count(dir, partitions)?;
         }
+        Ok(Self::of_parts(parts))
+    }
+
+    /// Opens (or creates) a store of `partitions` partitions held in `env`, RocksDB's
+    /// in-memory environment, under `dir` there: for deterministic simulations, which
+    /// crash a store by dropping it and open it again from what `env` kept. Nothing is
+    /// written to disk, and no partition count is checked.
+    pub fn open_in(env: &rocksdb::Env, dir: &Path, partitions: usize) -> Result<Self, StoreError> {
+        let parts = (0..partitions.max(1))
+            .map(|p| PartitionStore::open(&partition_dir(dir, p), Some(env)))
+            .collect::<Result<_, _>>()?;
         Ok(Self::of_parts(parts))
     }
 
@@ -296,19 +307,27 @@ impl Store {
     /// until its commit returned. A partition this store does not hold shares partition
     /// 0's writer (its commit is refused anyway).
     pub async fn writer(&self, partition: i32) -> StateWriter {
-        let at = (usize::try_from(partition).ok())
-            .filter(|&p| p < self.writers.len())
-            .unwrap_or(0);
-        self.writers[at].clone().lock_owned().await
+        self.writers[self.writer_of(partition)]
+            .clone()
+            .lock_owned()
+            .await
     }
 
-    /// The writers of `partitions` (each once), taken in ascending order.
+    fn writer_of(&self, partition: i32) -> usize {
+        (usize::try_from(partition).ok())
+            .filter(|&p| p < self.writers.len())
+            .unwrap_or(0)
+    }
+
+    /// The writers of `partitions`, each once (a partition this store does not hold
+    /// counts as 0), taken in ascending order.
     pub async fn writers(&self, partitions: BTreeSet<i32>) -> StateWriters {
-        let mut writers = Vec::with_capacity(partitions.len());
-        for p in partitions {
-            writers.push(self.writer(p).await);
+        let writers: BTreeSet<usize> = partitions.into_iter().map(|p| self.writer_of(p)).collect();
+        let mut held = Vec::with_capacity(writers.len());
+        for at in writers {
+            held.push(self.writers[at].clone().lock_owned().await);
         }
-        writers
+        held
     }
 
     /// The partition whose instance holds `key` (a state key, or a late event's or output's

@@ -70,9 +70,13 @@ pub struct PartitionStore {
 }
 
 impl PartitionStore {
-    /// Opens (or creates) the store in `dir`.
-    pub(super) fn open(dir: &Path) -> Result<Self, StoreError> {
+    /// Opens (or creates) the store in `dir`: on disk, or in `env` (RocksDB's in-memory
+    /// environment, for simulations).
+    pub(super) fn open(dir: &Path, env: Option<&rocksdb::Env>) -> Result<Self, StoreError> {
         let mut opts = Options::default();
+        if let Some(env) = env {
+            opts.set_env(env);
+        }
         opts.create_if_missing(true);
         opts.create_missing_column_families(true);
         opts.set_compression_type(rocksdb::DBCompressionType::Lz4);

@@ -350,7 +350,7 @@ fn a_partitions_instance_holds_its_keys_and_positions_only() {
         commit_two_keys(&store);
         store
     });
-    let one = PartitionStore::open(&partition_dir(dir.path(), 1)).unwrap();
+    let one = PartitionStore::open(&partition_dir(dir.path(), 1), None).unwrap();
     assert_eq!(one.get(&a).unwrap(), Some(counter(3)));
     assert_eq!(one.get(&b).unwrap(), None);
     assert_eq!(
@@ -359,7 +359,7 @@ fn a_partitions_instance_holds_its_keys_and_positions_only() {
     );
     assert_eq!(one.fences().unwrap(), BTreeMap::from([((5, 1), 3)]));
     assert_eq!(one.outbox_len(), 1);
-    let three = PartitionStore::open(&partition_dir(dir.path(), 3)).unwrap();
+    let three = PartitionStore::open(&partition_dir(dir.path(), 3), None).unwrap();
     assert_eq!(three.get(&b).unwrap(), Some(counter(1)));
     assert_eq!(three.get(&a).unwrap(), None);
     assert!(three.fences().unwrap().is_empty());
@@ -368,7 +368,7 @@ fn a_partitions_instance_holds_its_keys_and_positions_only() {
         Some(HlcTimestamp::new(99, 2))
     );
     // untouched partitions were not written at all
-    let zero = PartitionStore::open(&partition_dir(dir.path(), 0)).unwrap();
+    let zero = PartitionStore::open(&partition_dir(dir.path(), 0), None).unwrap();
     assert_eq!(zero.hlc_high_water().unwrap(), None);
 }
 
@@ -396,12 +396,12 @@ fn a_store_opens_only_with_the_partition_count_it_was_written_with() {
     assert!(err.contains("no instance of partitions [1]"), "{err}");
     // a store whose creation stopped before the count was written is completed
     let cut = tempfile::tempdir().unwrap();
-    drop(PartitionStore::open(&partition_dir(cut.path(), 0)).unwrap());
+    drop(PartitionStore::open(&partition_dir(cut.path(), 0), None).unwrap());
     assert_eq!(Store::open(cut.path(), PARTITIONS).unwrap().partitions(), 4);
     assert_eq!(Store::open(cut.path(), PARTITIONS).unwrap().partitions(), 4);
     // a data dir of one instance for every partition (an older geostate)
     let old = tempfile::tempdir().unwrap();
-    drop(PartitionStore::open(old.path()).unwrap());
+    drop(PartitionStore::open(old.path(), None).unwrap());
     let err = Store::open(old.path(), PARTITIONS)
         .err()
         .unwrap()
