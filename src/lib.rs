@@ -3,15 +3,17 @@
 //! mirrored by MirrorMaker 2, and hands keys that must not be merged to one owner at a
 //! time under Raft-granted leases with fencing epochs. See ARCHITECTURE.md.
 //!
-//! Dependencies point down; nothing below imports anything above it.
+//! Dependencies point down, in the order ARCHITECTURE.md states ("Dependency order",
+//! held by `tests/layering.rs`).
 //!
 //! ```text
 //!  gRPC Update ─┐
 //!  producers ───┴► Kafka geostate.updates ─► ingest ─► store (RocksDB: state + offsets
-//!                                                        │         + outbox, one batch)
+//!                  (split by partition, each part under  │         + outbox, one batch)
+//!                   its partition's writer)              │
 //!  <remote>.geostate.deltas ─► replication::merger ──────┤ (merge, same store)
 //!                              replication::shipper ◄────┘ outbox ─► geostate.deltas
-//!  api (gRPC State/Admin) reads the store and waits on ingest's applied positions
+//!  api (gRPC State/Admin) reads the store and waits on its partition's handle
 //!  lease group (openraft over gRPC, a member per region + a witness) ─► leases: epochs
 //!      for owned writes (api), for ingest's epoch check and the merge's fences
 //!  checkpoint: store files ─► S3 (incremental, manifests); restore on an empty disk
@@ -22,15 +24,20 @@
 //!  api          tonic services, pb conversions, the one error → Status map
 //!  replication  inbound merge of remote deltas, transactional outbound shipping with
 //!               resume points, bootstrap of an empty disk, freshness
+//!  partition    the node's partitions: a handle per partition and term
 //!  ingest       decode and check update records, apply batches (pure), the ingest task
 //!  lease        the lease group (openraft storage, gRPC network, member, witness), the
 //!               region's lease manager and clock check; PURE table, holdings, invariants
 //!  checkpoint   incremental checkpoints to S3 or a folder, restore, savepoints
 //!  replay       `geostate dlq replay`: late or dead-lettered records back into the log
 //!  security     TLS on every listener and client (reloaded), API roles, member identity
-//!  store        RocksDB column families and the one-WriteBatch commit
+//!  store        RocksDB column families, a writer per partition, the one-WriteBatch
+//!               commit
 //!  log          Kafka clients, positioning, consumed records, dead-letter headers
 //!  config       TOML → validated Config
+//!  sink, pricer, function
+//!               outputs into PostgreSQL; surge prices; user-function sidecars
+//!  peers        evicts a node of the region whose port refuses connections
 //!  metrics      every metric name; the Prometheus endpoint
 //!  shutdown     the stop signal tasks watch
 //!  supervise    the background tasks a node stops without

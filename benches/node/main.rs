@@ -102,6 +102,18 @@ async fn run() -> anyhow::Result<()> {
     }
 
     let (datasets, produce_rate) = produce_datasets(&kafka).await?;
+    if std::env::var("GEOSTATE_BENCH_ONLY").as_deref() == Ok("cores") {
+        // the node alone on one core and on two over every dataset, then section 3;
+        // writes no JSON
+        for data in &datasets {
+            let dir = work.path().join(data.name.replace([' ', ',', '.'], "-"));
+            std::fs::create_dir_all(&dir)?;
+            let (one, _) = geostate(&kafka, data, &dir).await?;
+            cores_section(&kafka, data, &one, work.path()).await?;
+        }
+        latency_and_gets(&kafka, work.path(), 20_000).await?;
+        return Ok(());
+    }
     let (ceilings_json, ceilings) =
         ceilings_section(&kafka, &datasets, &config, produce_rate).await?;
     let (ingest_json, headline) = ingest_section(&kafka, &datasets, work.path()).await?;
@@ -294,7 +306,10 @@ async fn cores_section(
     one: &Rate,
     work: &Path,
 ) -> anyhow::Result<Value> {
-    let dir = work.join("two-cores");
+    let dir = work.join(format!(
+        "two-cores-{}",
+        data.name.replace([' ', ',', '.'], "-")
+    ));
     std::fs::create_dir_all(&dir)?;
     let (two, _) = ingest::geostate_on(kafka, data, &dir, "0-1").await?;
     println!("## Ingest on one core and on two ({})", data.name);
