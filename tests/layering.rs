@@ -249,12 +249,6 @@ fn statements(lines: &[String]) -> Vec<String> {
             && !code.ends_with(';')
         {
             open = code.to_string();
-        } else if code.starts_with("use crate::{") || code.starts_with("pub use crate::{") {
-            if code.ends_with(';') {
-                out.push(code.to_string());
-            } else {
-                open = code.to_string();
-            }
         } else {
             out.push(code.to_string());
         }

@@ -138,6 +138,20 @@ struct Batch {
     cancelled: bool,
 }
 
+impl Batch {
+    /// Read, waiting for its partition's writer.
+    fn new(partition: i32, kind: Kind, records: Vec<Record>) -> Self {
+        Self {
+            partition,
+            kind,
+            records,
+            writer: None,
+            step: Step::Waiting,
+            cancelled: false,
+        }
+    }
+}
+
 /// A batch's kind, and the partition's term it was read in.
 enum Kind {
     Ingest(Arc<PartitionHandle>),
@@ -420,14 +434,8 @@ impl Sim {
             "ingest reads p{p} {at}..{}",
             self.ingest_at[p as usize]
         ));
-        self.batches.push(Batch {
-            partition: p,
-            kind: Kind::Ingest(term),
-            records,
-            writer: None,
-            step: Step::Waiting,
-            cancelled: false,
-        });
+        self.batches
+            .push(Batch::new(p, Kind::Ingest(term), records));
     }
 
     fn start_merge(&mut self) {
@@ -459,14 +467,7 @@ impl Sim {
             "merger reads p{p} {at}..{}",
             self.merge_at[p as usize]
         ));
-        self.batches.push(Batch {
-            partition: p,
-            kind: Kind::Merge(term),
-            records,
-            writer: None,
-            step: Step::Waiting,
-            cancelled: false,
-        });
+        self.batches.push(Batch::new(p, Kind::Merge(term), records));
     }
 
     /// Moves one batch in flight one step on: take the writer, read, commit.

@@ -51,7 +51,7 @@ use crate::log::{
     DLQ_TRUNCATED_HEADER, LogError, Out, Reader, RenewingProducer,
 };
 use crate::metrics as m;
-use crate::partition::{Change, Owned, PartitionHandle, Partitions};
+use crate::partition::{Change, Owned, PartitionHandle, Partitions, applied_in};
 use crate::shutdown::stopped;
 use crate::store::{Commit, Store, StoreError};
 use crate::{pb, window};
@@ -556,13 +556,6 @@ pub fn commit_part(
         );
         Ok(())
     })
-}
-
-/// The last offset applied of each partition in `read`.
-fn applied_in(read: &Owned) -> BTreeMap<i32, i64> {
-    (read.iter())
-        .filter_map(|(&p, handle)| handle.applied().map(|o| (p, o)))
-        .collect()
 }
 
 /// Marks each partition of `read` replayed once it applied, or its reader consumed, up

@@ -50,9 +50,7 @@ pub struct PartitionHandle {
     /// The updates topic's end when this node took the partition, until ingest applied
     /// or passed everything before it: the records an earlier owner may have applied
     /// and acknowledged.
-    replay_to: Mutex<Option<i64>>,
-    /// Turns true once replayed (the shipper sends heartbeats from then on).
-    replayed: watch::Sender<bool>,
+    replay_to: watch::Sender<Option<i64>>,
     /// Counts committed parts with outbox entries (wakes the partition's shipper).
     committed: watch::Sender<u64>,
 }
@@ -71,8 +69,7 @@ impl PartitionHandle {
             cut: Mutex::new(false),
             let_go: AtomicBool::new(false),
             reading: watch::Sender::new(false),
-            replay_to: Mutex::new((!replayed).then_some(end)),
-            replayed: watch::Sender::new(replayed),
+            replay_to: watch::Sender::new((!replayed).then_some(end)),
             committed: watch::Sender::new(0),
         }
     }
@@ -192,21 +189,18 @@ impl PartitionHandle {
     /// The offset ingest must reach before the partition counts as replayed (`None`:
     /// replayed).
     pub fn replay_to(&self) -> Option<i64> {
-        *self.replay_to.lock().unwrap_or_else(|p| p.into_inner())
+        *self.replay_to.borrow()
     }
 
     /// Marks the partition replayed.
     pub fn replayed(&self) {
-        self.replay_to
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
-        self.replayed.send_replace(true);
+        self.replay_to.send_replace(None);
     }
 
-    /// Turns true once the partition is replayed.
-    pub fn replay(&self) -> watch::Receiver<bool> {
-        self.replayed.subscribe()
+    /// The offset still to reach, `None` once the partition is replayed (the shipper
+    /// sends heartbeats from then on).
+    pub fn replay(&self) -> watch::Receiver<Option<i64>> {
+        self.replay_to.subscribe()
     }
 }
 

@@ -116,9 +116,31 @@ impl Partitions {
 
     /// Per owned partition, the last offset applied to its state (if any).
     pub fn applied(&self) -> BTreeMap<i32, i64> {
-        let owned = self.owned.borrow();
-        (owned.iter())
-            .filter_map(|(&p, handle)| handle.applied().map(|o| (p, o)))
-            .collect()
+        applied_in(&self.owned.borrow())
+    }
+}
+
+/// The last offset applied of each partition of `owned` (if any).
+pub fn applied_in(owned: &Owned) -> BTreeMap<i32, i64> {
+    (owned.iter())
+        .filter_map(|(&p, handle)| handle.applied().map(|o| (p, o)))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A partition taken while a term of it is still held ends that term: never two
+    /// terms at once, and the old term's waiters learn it moved.
+    #[test]
+    fn a_take_ends_a_term_still_held() {
+        use futures_util::FutureExt;
+        let partitions = Partitions::default();
+        let old = partitions.take(0, Some(3), 0);
+        let new = partitions.take(0, Some(3), 0);
+        assert!(old.is_cut() && old.is_let_go() && !new.is_cut());
+        assert_eq!(old.passed(5).now_or_never(), Some(Outcome::Moved));
+        assert!(Arc::ptr_eq(&partitions.get(0).unwrap(), &new));
     }
 }

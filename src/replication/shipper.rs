@@ -84,9 +84,9 @@ pub struct Shipper {
     pub shipped: Arc<Notify>,
     /// The physical clock heartbeats carry.
     pub clock: Arc<dyn Clock>,
-    /// Turns true once ingest replayed the partition up to where it was when this node
-    /// took it; no heartbeat before.
-    pub replayed: watch::Receiver<bool>,
+    /// `None` once ingest replayed the partition up to where it was when this node took
+    /// it; no heartbeat before.
+    pub replayed: watch::Receiver<Option<i64>>,
     /// Turns true when the node gives the partition up: one last round ships what the
     /// outbox holds, then the shipper ends.
     pub hand_off: watch::Receiver<bool>,
@@ -134,7 +134,7 @@ impl Shipper {
             // before the outbox is read: whatever was applied by then ships this round (and
             // only once every record an earlier node may have acknowledged is applied)
             // (and none once the partition was let go: its next owner's come)
-            let replayed = *self.replayed.borrow() && !self.handle.is_let_go();
+            let replayed = self.replayed.borrow().is_none() && !self.handle.is_let_go();
             let beat = (replayed && !handing_off).then(|| self.clock.now_nanos());
             self.wake.borrow_and_update();
             let (snapshot, round_outputs) = self.read_round().await?;
@@ -159,7 +159,7 @@ impl Shipper {
                     () = stopped(&mut stop) => return Ok(()),
                     _ = self.wake.changed() => {}
                     () = sleep_until(due) => {}
-                    _ = replayed.wait_for(|&r| r), if beat.is_none() => {}
+                    _ = replayed.wait_for(Option::is_none), if beat.is_none() => {}
                     _ = hand_off.wait_for(|&h| h) => {}
                 }
                 continue;

@@ -466,3 +466,17 @@ fn entries_load_into_their_partition_and_the_clock_as_the_newest() {
         "{err:?}"
     );
 }
+
+/// Several writers are taken each once, in order, a partition the store does not hold
+/// counting as 0's: a set naming 0 and an unknown partition never waits on itself.
+#[test]
+fn writers_of_a_set_with_an_unknown_partition_are_taken_once() {
+    use futures_util::FutureExt;
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), 2).unwrap();
+    let held = store.writers(BTreeSet::from([0, 9, 1])).now_or_never();
+    assert_eq!(held.as_ref().map(Vec::len), Some(2));
+    assert!(store.writer(1).now_or_never().is_none(), "1 is held");
+    drop(held);
+    assert!(store.writer(1).now_or_never().is_some());
+}
