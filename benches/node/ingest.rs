@@ -9,17 +9,31 @@ pub(crate) async fn geostate(
     data: &Dataset,
     dir: &Path,
 ) -> anyhow::Result<(Rate, f64)> {
-    geostate_on(kafka, data, dir, SUT_CORE).await
+    geostate_on(kafka, data, dir, SUT_CORE, None).await
 }
 
-/// The geostate node over `data`'s topic on `cores` (a `taskset` list).
+/// The geostate node over `data`'s topic on `cores` (a `taskset` list) from its start, so
+/// that its runtime has a worker thread per core; `binary` instead of this build's.
 pub(crate) async fn geostate_on(
     kafka: &str,
     data: &Dataset,
     dir: &Path,
     cores: &str,
+    binary: Option<&Path>,
 ) -> anyhow::Result<(Rate, f64)> {
-    let mut node = Node::configure(dir, kafka, &data.topic)?;
+    // the run's own deltas topic (and the rest): a node on an empty data dir restores from
+    // its region's deltas topic, so on the dataset's it would start where the last run ended
+    let topics = Topics {
+        updates: data.topic.updates.clone(),
+        ..Topics::create(kafka, "bench-node-run", PARTITIONS).await?
+    };
+    let mut node = Node::configure(dir, kafka, &topics)?;
+    if let Some(binary) = binary {
+        node.binary = binary.to_owned();
+    }
+    if pinning() {
+        node.cores = Some(cores.to_owned());
+    }
     let pid = node.start().await?;
     pin(pid, cores)?;
     let rate = Probe::Node(&node)

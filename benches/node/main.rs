@@ -38,7 +38,7 @@ use peers::*;
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -103,13 +103,11 @@ async fn run() -> anyhow::Result<()> {
 
     let (datasets, produce_rate) = produce_datasets(&kafka).await?;
     if std::env::var("GEOSTATE_BENCH_ONLY").as_deref() == Ok("cores") {
-        // the node alone on one core and on two over every dataset, then section 3;
-        // writes no JSON
+        // the node alone on one core and on two over every dataset, this build and a
+        // baseline's in turn, then section 3; writes no JSON
+        let baseline = std::env::var_os("GEOSTATE_BENCH_BASELINE").map(PathBuf::from);
         for data in &datasets {
-            let dir = work.path().join(data.name.replace([' ', ',', '.'], "-"));
-            std::fs::create_dir_all(&dir)?;
-            let (one, _) = geostate(&kafka, data, &dir).await?;
-            cores_section(&kafka, data, &one, work.path()).await?;
+            cores_section(&kafka, data, None, baseline.as_deref(), work.path()).await?;
         }
         latency_and_gets(&kafka, work.path(), 20_000).await?;
         return Ok(());
@@ -119,7 +117,7 @@ async fn run() -> anyhow::Result<()> {
     let (ingest_json, headline) = ingest_section(&kafka, &datasets, work.path()).await?;
     let ratios_json = ratios_section(&headline, &ceilings);
     let cores_json = if pinned {
-        cores_section(&kafka, &datasets[0], &headline[0].1, work.path()).await?
+        cores_section(&kafka, &datasets[0], Some(headline[0].1), None, work.path()).await?
     } else {
         Value::Null
     };
@@ -299,44 +297,67 @@ async fn ingest_section(
     Ok((ingest_json, headline))
 }
 
-/// The node's ingest of the first dataset on one core (section 2's run) and on two.
+/// The node's ingest of `data` on core 1 (`one`: already measured) and on cores 0 and 1,
+/// and a `baseline` build's in the same run, alternating; meanwhile the cluster's other
+/// processes are stopped, so that core 0 is shared with the one broker serving fetches.
 async fn cores_section(
     kafka: &str,
     data: &Dataset,
-    one: &Rate,
+    one: Option<Rate>,
+    baseline: Option<&Path>,
     work: &Path,
 ) -> anyhow::Result<Value> {
-    let dir = work.join(format!(
-        "two-cores-{}",
-        data.name.replace([' ', ',', '.'], "-")
-    ));
-    std::fs::create_dir_all(&dir)?;
-    let (two, _) = ingest::geostate_on(kafka, data, &dir, "0-1").await?;
+    let paused = Paused::cluster_but(&["kafka-us-east-1", "s3", "postgres"])?;
+    let mut builds = vec![("this build".to_owned(), None, one, None)];
+    if let Some(b) = baseline {
+        builds.push((format!("baseline ({})", b.display()), Some(b), None, None));
+    }
+    let slug = data.name.replace([' ', ',', '.'], "-");
+    for cores in [SUT_CORE, "0-1"] {
+        for (i, (_, binary, one, two)) in builds.iter_mut().enumerate() {
+            let rate = if cores == SUT_CORE { one } else { two };
+            if rate.is_none() {
+                let dir = work.join(format!("cores-{slug}-{i}-{cores}"));
+                std::fs::create_dir_all(&dir)?;
+                *rate = Some(
+                    ingest::geostate_on(kafka, data, &dir, cores, *binary)
+                        .await?
+                        .0,
+                );
+            }
+        }
+    }
+    drop(paused);
     println!("## Ingest on one core and on two ({})", data.name);
     println!();
     println!(
-        "The same pre-loaded topic ({PARTITIONS} partitions): the node alone on core 1 (section 2's run), then on cores 0 and 1, sharing core 0 with the Kafka brokers, MirrorMaker 2 and the idle nodes, which only serve fetches meanwhile (nothing is produced). A node applies each batch's partitions in parallel, each under its own writer. Goal: two cores at least 1.6x one."
+        "The same pre-loaded topic ({PARTITIONS} partitions): the node alone on core 1, then on cores 0 and 1 (started on them: a runtime worker per core), sharing core 0 with the Kafka broker that serves its fetches and takes its deltas; the cluster's other processes (the other region's broker, MirrorMaker 2, the idle nodes, the witness) are stopped meanwhile. Goal: two cores at least 1.6x one."
     );
     println!();
-    println!("| node on | events/s | events per CPU-second | vs one core |");
+    println!(
+        "| build | core 1: events/s (per CPU-s) | cores 0-1: events/s (per CPU-s) | 0-1 ÷ 1 |"
+    );
     println!("|---|---:|---:|---:|");
-    println!(
-        "| core 1 | {:.0} | {:.0} | 1.00x |",
-        one.events_per_second, one.per_cpu_second
-    );
-    println!(
-        "| cores 0-1 | {:.0} | {:.0} | {} |",
-        two.events_per_second,
-        two.per_cpu_second,
-        ratio(two.events_per_second, one.events_per_second)
-    );
+    let mut rows = Vec::new();
+    for (name, _, one, two) in &builds {
+        let (one, two) = (one.unwrap_or_default(), two.unwrap_or_default());
+        println!(
+            "| {name} | {:.0} ({:.0}) | {:.0} ({:.0}) | {} |",
+            one.events_per_second,
+            one.per_cpu_second,
+            two.events_per_second,
+            two.per_cpu_second,
+            ratio(two.events_per_second, one.events_per_second)
+        );
+        rows.push(json!({
+            "build": name,
+            "one_core": one.json(),
+            "two_cores": two.json(),
+            "ratio": two.events_per_second / one.events_per_second.max(1e-9),
+        }));
+    }
     println!();
-    Ok(json!({
-        "dataset": data.name,
-        "one_core": one.json(),
-        "two_cores": two.json(),
-        "ratio": two.events_per_second / one.events_per_second.max(1e-9),
-    }))
+    Ok(json!({"dataset": data.name, "builds": rows}))
 }
 
 /// The ratios between the systems and the exactly-once taxes, per dataset.

@@ -220,3 +220,46 @@ impl Probe<'_> {
         }
     }
 }
+
+/// The cluster's processes but `keep` (their names in its `pids/` folder) stopped while
+/// this lives (SIGSTOP), continued when it is dropped: a measurement's core is then
+/// shared only with what serves the system under test.
+pub(crate) struct Paused(Vec<u32>);
+
+impl Paused {
+    pub(crate) fn cluster_but(keep: &[&str]) -> anyhow::Result<Self> {
+        let mut paused = Self(Vec::new());
+        for entry in std::fs::read_dir(crate::common::run_dir()?.join("pids"))? {
+            let entry = entry?;
+            if keep.contains(&entry.file_name().to_string_lossy().as_ref()) {
+                continue;
+            }
+            let Ok(pid) = std::fs::read_to_string(entry.path())?.trim().parse::<u32>() else {
+                continue;
+            };
+            if running(pid) {
+                signal(pid, "STOP")?;
+                paused.0.push(pid);
+            }
+        }
+        Ok(paused)
+    }
+}
+
+impl Drop for Paused {
+    fn drop(&mut self) {
+        for pid in &self.0 {
+            let _ = signal(*pid, "CONT");
+        }
+    }
+}
+
+fn signal(pid: u32, signal: &str) -> anyhow::Result<()> {
+    let status = Command::new("kill")
+        .args([&format!("-{signal}"), &pid.to_string()])
+        .status()?;
+    if !status.success() {
+        bail!("kill -{signal} {pid}: {status}");
+    }
+    Ok(())
+}

@@ -545,6 +545,11 @@ pub struct Node {
     pub secure: Option<Secure>,
     /// Environment variables the node starts with, besides the test's own.
     pub env: Vec<(String, String)>,
+    /// The executable (this build's `geostate` unless set: a benchmark compares builds).
+    pub binary: PathBuf,
+    /// The cores the node runs on from its start (a `taskset` list; `None`: the caller's),
+    /// so that its runtime sizes its worker threads to them.
+    pub cores: Option<String>,
     child: Option<Child>,
 }
 
@@ -616,6 +621,8 @@ impl Node {
             log: dir.join("node.log"),
             secure: None,
             env: Vec::new(),
+            binary: PathBuf::from(env!("CARGO_BIN_EXE_geostate")),
+            cores: None,
             child: None,
         })
     }
@@ -667,7 +674,15 @@ impl Node {
             .create(true)
             .append(true)
             .open(&self.log)?;
-        let child = Command::new(env!("CARGO_BIN_EXE_geostate"))
+        let mut command = match &self.cores {
+            Some(cores) => {
+                let mut taskset = Command::new("taskset");
+                taskset.args(["-c", cores]).arg(&self.binary);
+                taskset
+            }
+            None => Command::new(&self.binary),
+        };
+        let child = command
             .arg("run")
             .arg("--config")
             .arg(&self.config)

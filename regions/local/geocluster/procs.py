@@ -78,6 +78,8 @@ def stop_pid(name: str, pid: int, grace: float = 15.0) -> None:
         return
     try:
         os.killpg(pid, signal.SIGTERM)
+        # one a drill or benchmark stopped (SIGSTOP) handles SIGTERM once continued
+        os.killpg(pid, signal.SIGCONT)
     except ProcessLookupError:
         return
     deadline = time.monotonic() + grace
