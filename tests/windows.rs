@@ -7,7 +7,7 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, bail, ensure};
 use common::{Node, Output, Topics, cluster, counter, produce_all, producer, read_outputs, unique};
@@ -334,6 +334,75 @@ async fn windows_close_alike_in_both_regions_and_late_events_are_kept_once() -> 
 
     a.terminate(Duration::from_secs(30)).await?;
     b.terminate(Duration::from_secs(30)).await?;
+    Ok(())
+}
+
+/// An event time from a clock far ahead (a year, or microseconds taken for milliseconds)
+/// is refused, through `Update` with `OUT_OF_RANGE` and from the updates topic to the
+/// dead-letter topic with its code, and counted; it never raises the watermark, so the
+/// partition's next event, a second old, still counts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_time_ahead_of_the_clock_is_refused_and_moves_no_watermark() -> anyhow::Result<()>
+{
+    let cluster = cluster()?;
+    let kafka = cluster.regions["us-east-1"].kafka.clone();
+    let topics = Topics::create(&kafka, "win-ahead", 1).await?;
+    let dir = tempfile::tempdir()?;
+    let mut node = Node::configure(dir.path(), &kafka, &topics)?;
+    node.start().await?;
+    let mut state = node.state().await?;
+    let key = format!("requests/{}", unique("9q8yy"));
+    let now = u64::try_from(SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis())?;
+
+    let refused = state
+        .update(add(&key, 1, now + 365 * 24 * 3_600_000, ""))
+        .await
+        .expect_err("a year ahead is refused");
+    ensure!(
+        refused.code() == Code::OutOfRange && refused.message().contains("max-clock-offset"),
+        "{refused:?}"
+    );
+    let micros = Update {
+        key: key.clone(),
+        op: Op::Add(2),
+        id: None,
+        event_time_ms: Some(now * 1_000),
+        hlc: None,
+        epoch: None,
+    };
+    let format = node.config()?.kafka.format;
+    produce_all(
+        &producer(&kafka)?,
+        &topics.updates,
+        &[(key.clone(), micros.encode(format))],
+    )
+    .await?;
+    // after it in the partition's log: late, had it raised the watermark
+    let recent = now - 1_000;
+    state.update(add(&key, 4, recent, "")).await?;
+    let v = window(&mut state, &key, at(recent - recent % MIN)).await?;
+    ensure!(counter(&v) == 4, "{v:?}");
+
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let letters = loop {
+        let letters = whole_topic(&kafka, &topics.dlq)?;
+        if !letters.is_empty() || Instant::now() > deadline {
+            break letters;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let codes: Vec<_> = (letters.iter())
+        .map(|(k, h)| (k.as_str(), h.get("geostate.error.code").map(String::as_str)))
+        .collect();
+    ensure!(
+        codes == [(key.as_str(), Some("event_time_ahead"))],
+        "{letters:?}"
+    );
+    let metrics = common::http_get(&node.metrics, "/metrics")?;
+    ensure!(
+        metrics.contains("geostate_events_dead_lettered_total{reason=\"event_time_ahead\"} 1"),
+        "{metrics}"
+    );
     Ok(())
 }
 

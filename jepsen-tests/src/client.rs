@@ -22,7 +22,7 @@ pub(crate) struct Run {
     pub(crate) started: Instant,
     pub(crate) history: Mutex<Vec<Event>>,
     /// Windowed workload: the event time of the run's start (the wall clock then); event
-    /// times follow the run's own clock from there, whatever the nodes' clocks say.
+    /// times follow the run's own clock from there, never ahead of the wall clock.
     pub(crate) event_base_ms: u64,
 }
 

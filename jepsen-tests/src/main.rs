@@ -61,6 +61,17 @@ enum Workload {
 
 /// The windows of `requests/` in the region files.
 pub(crate) const WINDOW_MS: u64 = 60_000;
+/// How far past a window's end an event time closes it: `requests/` allows 10 s of
+/// lateness (`regions/*.toml`), and a watermark trails event time by 5 s.
+const CLOSE_AFTER_MS: u64 = 20_000;
+
+fn wall_ms() -> anyhow::Result<u64> {
+    Ok(u64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_millis(),
+    )?)
+}
 
 impl Workload {
     fn prefix(self) -> &'static str {
@@ -190,18 +201,10 @@ async fn run(args: Args) -> anyhow::Result<bool> {
     // the ownership shard of each key, as the server maps it
     let shards = Arc::new(control::shards_of(&cluster.regions[&regions[0]], &keys).await?);
 
-    // event times on a cluster never go back: a run starts after the last one's closers
-    let event_clock = args.cluster.with_file_name("jepsen-event-time");
-    let last: Option<u64> = std::fs::read_to_string(&event_clock)
-        .ok()
-        .and_then(|s| s.trim().parse().ok());
-    let now_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)?
-        .as_millis() as u64;
     let run = Arc::new(Run {
         started: Instant::now(),
         history: Mutex::new(Vec::new()),
-        event_base_ms: last.map_or(now_ms, |l| now_ms.max(l + WINDOW_MS)),
+        event_base_ms: wall_ms()?,
     });
     let deadline = Instant::now() + Duration::from_secs(args.seconds);
     let (stop_clients, clients_stop) = tokio::sync::watch::channel(false);
@@ -245,11 +248,13 @@ async fn run(args: Args) -> anyhow::Result<bool> {
 
     // heal everything, then let the regions converge
     heal(&args.cluster).await?;
+    let end = run.event_time_now();
     if args.workload.windowed() {
-        // one add per key and region two windows ahead: every watermark passes the run's
-        // windows, which then close everywhere
-        let ahead = run.event_time_now() + 2 * WINDOW_MS;
-        std::fs::write(&event_clock, format!("{ahead}\n"))?;
+        // one add per key and region past the close of the run's last window: every
+        // watermark passes the run's windows, which then close everywhere. At that time
+        // once the wall clock is there: a node refuses an event time ahead of its clock.
+        let ahead = end - end % WINDOW_MS + WINDOW_MS + CLOSE_AFTER_MS;
+        tokio::time::sleep(Duration::from_millis(ahead.saturating_sub(wall_ms()?))).await;
         for (r, region) in regions.iter().enumerate() {
             let process = stride * 1_000 + r as u64;
             let closer = client(region, process, 0)?;
@@ -264,7 +269,7 @@ async fn run(args: Args) -> anyhow::Result<bool> {
         }
     }
     // reads went back up to three windows before the first add
-    let (from, to) = (run.event_base_ms - 4 * WINDOW_MS, run.event_time_now());
+    let (from, to) = (run.event_base_ms - 4 * WINDOW_MS, end);
     // windows settle by their completeness certificate, other keys by `converge`'s
     let (finals, unsettled) = if args.workload.windowed() {
         let finals = converge::windows(

@@ -134,9 +134,8 @@ impl ApiError {
             ApiError::Transfer(TransferError::NoShard { .. } | TransferError::NoRegion(_)) => {
                 Code::InvalidArgument
             }
-            ApiError::Refused(Rejection::Overflow(_)) | ApiError::WindowExpired { .. } => {
-                Code::OutOfRange
-            }
+            ApiError::Refused(Rejection::Overflow(_) | Rejection::EventTimeAhead { .. })
+            | ApiError::WindowExpired { .. } => Code::OutOfRange,
             ApiError::Refused(_) | ApiError::InvalidArgument(_) => Code::InvalidArgument,
             ApiError::NotFound { .. } => Code::NotFound,
             ApiError::TooMuch(_) => Code::ResourceExhausted,

@@ -18,6 +18,7 @@ use tracing::field::Empty;
 use super::{ApiError, FORWARDED, Handler, convert};
 use crate::config::{Ownership, RecordFormat};
 use crate::crdt::CrdtType;
+use crate::ingest::batch::event_time_within;
 use crate::ingest::event::{Op, Update};
 use crate::lease::leases::NotHolder;
 use crate::log::Made;
@@ -230,6 +231,13 @@ impl Handler {
         let ns = update
             .check(&config.namespaces, &config.ingest)
             .map_err(ApiError::Refused)?;
+        // the record's timestamp will be this clock's now, or later
+        if let Some(t) = update.event_time_ms.filter(|_| ns.window.is_some()) {
+            let now_ms =
+                i64::try_from(self.0.hlc.physical().now_nanos() / 1_000_000).unwrap_or(i64::MAX);
+            event_time_within(&update.key, t, now_ms, config.max_clock_offset)
+                .map_err(ApiError::Refused)?;
+        }
         let texts: &[&[u8]] = match &update.op {
             Op::Add(_) => &[],
             Op::Set(v) => &[v],

@@ -156,6 +156,30 @@ pub fn stamp_within(stamp: HlcTimestamp, record: &Record, max: Duration) -> Resu
     Ok(())
 }
 
+/// A windowed update's own event time may lead its record's Kafka timestamp by `max`
+/// (`max-clock-offset`), like a stamp, and no more: it would raise its partition's
+/// watermark, and every later event of the partition would be refused as late for as long
+/// as that time was ahead. A function of the record alone, so a replay decides the same.
+pub fn event_time_within(
+    key: &str,
+    event_time_ms: u64,
+    written_ms: i64,
+    max: Duration,
+) -> Result<(), Rejection> {
+    let bound = u64::try_from(written_ms)
+        .unwrap_or(0)
+        .saturating_add(u64::try_from(max.as_millis()).unwrap_or(u64::MAX));
+    if event_time_ms > bound {
+        return Err(Rejection::EventTimeAhead {
+            key: key.to_owned(),
+            event_time_ms,
+            written_ms,
+            max,
+        });
+    }
+    Ok(())
+}
+
 /// The ownership shard of an owned key.
 pub fn owned_shard(lease: Option<&LeaseConfig>, key: &str) -> ShardId {
     lease.map_or(0, |l| l.shard_of_key(key))
@@ -250,6 +274,11 @@ impl Applied {
             let key = update.key.clone();
             return Ok(Err(Rejection::NoEventTime { key }));
         };
+        if let (Some(own), Some(written)) = (update.event_time_ms, record.timestamp_ms)
+            && let Err(why) = event_time_within(&update.key, own, written, ctx.max_clock_offset)
+        {
+            return Ok(Err(why));
+        }
         let watermark = self.watermark(source, record.partition)?;
         let slice = spec.slice_of(t);
         if spec.is_late(t, watermark) {

@@ -106,6 +106,15 @@ pub enum Rejection {
         partition: i32,
         home: i32,
     },
+    #[error(
+        "{key:?} has event time {event_time_ms} ms, more than max-clock-offset ({max:?}) ahead of its record's Kafka timestamp ({written_ms} ms): a clock ahead, or a time in the wrong unit, would close its partition's windows early; refused, so the watermark stays"
+    )]
+    EventTimeAhead {
+        key: String,
+        event_time_ms: u64,
+        written_ms: i64,
+        max: std::time::Duration,
+    },
     #[error("counter would overflow: {0}")]
     Overflow(String),
     #[error("{key:?} is in a windowed namespace, whose keys may not contain NUL")]
@@ -148,7 +157,7 @@ pub enum Rejection {
 
 impl Rejection {
     /// Every [`Self::code`] a record can be dead-lettered with (all but `compare_failed`).
-    pub const DEAD_LETTER_CODES: [&'static str; 19] = [
+    pub const DEAD_LETTER_CODES: [&'static str; 20] = [
         "malformed",
         "no_namespace",
         "wrong_op",
@@ -168,6 +177,7 @@ impl Rejection {
         "cas_on_shared",
         "not_a_window_result",
         "stamp_ahead",
+        "event_time_ahead",
     ];
 
     pub fn code(&self) -> &'static str {
@@ -191,6 +201,7 @@ impl Rejection {
             Rejection::CasOnShared { .. } => "cas_on_shared",
             Rejection::NotAWindowResult { .. } => "not_a_window_result",
             Rejection::StampAhead { .. } => "stamp_ahead",
+            Rejection::EventTimeAhead { .. } => "event_time_ahead",
             Rejection::CompareFailed { .. } => "compare_failed",
         }
     }
@@ -259,7 +270,9 @@ impl Update {
             key: raw.key,
             op,
             id: raw.id,
-            event_time_ms: raw.event_time,
+            // 0 is no event time, as in the protobuf format and the gRPC API (where it
+            // cannot be told from unset): the record's Kafka timestamp counts instead
+            event_time_ms: raw.event_time.filter(|&t| t != 0),
             hlc: raw.hlc,
             epoch: raw.epoch,
         })

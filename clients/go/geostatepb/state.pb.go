@@ -920,7 +920,9 @@ type UpdateRequest struct {
 	// Optional idempotency id, carried in the log record.
 	Id string `protobuf:"bytes,4,opt,name=id,proto3" json:"id,omitempty"`
 	// Optional event time, milliseconds since the Unix epoch (0: none), carried in the log
-	// record; the record's Kafka timestamp stands in for it where it is absent.
+	// record; the record's Kafka timestamp stands in for it where it is absent. For a
+	// windowed key, one more than max-clock-offset ahead of the node's clock is refused
+	// (OUT_OF_RANGE), and one whose window closed is late (FAILED_PRECONDITION).
 	EventTimeMs   uint64 `protobuf:"varint,6,opt,name=event_time_ms,json=eventTimeMs,proto3" json:"event_time_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

@@ -35,7 +35,9 @@ type Update struct {
 	Op isUpdate_Op `protobuf_oneof:"op"`
 	// Optional idempotency id.
 	Id string `protobuf:"bytes,4,opt,name=id,proto3" json:"id,omitempty"`
-	// Optional event time, milliseconds since the Unix epoch.
+	// Optional event time, milliseconds since the Unix epoch (0: none, in every format).
+	// For a windowed key, at most max-clock-offset ahead of the record's Kafka timestamp
+	// (else dead-lettered, event_time_ahead).
 	EventTimeMs uint64 `protobuf:"varint,5,opt,name=event_time_ms,json=eventTimeMs,proto3" json:"event_time_ms,omitempty"`
 	// The register write's clock, fixed when the write entered the log (the gRPC node
 	// stamps it before producing). Absent for external producers: then the stamp is derived

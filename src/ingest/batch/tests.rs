@@ -234,6 +234,45 @@ fn a_stamp_far_ahead_of_its_record_is_refused() {
     assert_eq!(r.value(), b"near");
 }
 
+/// A windowed event's own time may lead its record's Kafka timestamp by max-clock-offset
+/// (500 ms here) and no more: one from a clock a year ahead, or given in microseconds, is
+/// refused and leaves its partition's watermark where it was, so the partition's next
+/// events still count. Event time 0 is none: the Kafka timestamp counts.
+#[test]
+fn an_event_time_far_ahead_of_its_record_is_refused_and_moves_no_watermark() {
+    let written: u64 = 1_700_000_000_000;
+    let add = |offset, n, t: u64| {
+        record(
+            0,
+            offset,
+            &format!(r#"{{"key":"requests/a","add":{n},"event_time":{t}}}"#),
+        )
+    };
+    let out = run(
+        vec![
+            add(1, 1, written - 20_000),
+            add(2, 2, written + 500),
+            add(3, 4, written + 365 * 24 * 3_600_000),
+            add(4, 8, written * 1_000),
+            add(5, 16, written - 10_000),
+            add(6, 32, 0),
+        ],
+        &BTreeMap::new(),
+    );
+    let codes: Vec<_> = (out.rejected.iter())
+        .map(|(r, why)| (r.offset, why.code()))
+        .collect();
+    assert_eq!(codes, [(3, "event_time_ahead"), (4, "event_time_ahead")]);
+    assert!(out.late.is_empty(), "{:?}", out.late);
+    assert_eq!(out.watermarks, BTreeMap::from([(0, written + 500 - 5_000)]));
+    // all four in the minute starting 20 s before the Kafka timestamp
+    assert_eq!(
+        counted(&out, "requests/a", written - 20_000),
+        1 + 2 + 16 + 32
+    );
+    assert_eq!(out.applied, 4);
+}
+
 fn run<S: StateSource>(records: Vec<Record>, stored: &S) -> Applied
 where
     S::Error: std::fmt::Debug,
