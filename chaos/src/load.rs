@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use geostate_jepsen::control::{ClusterFile, grpc, state_client};
+use geostate_jepsen::control::{ClusterFile, grpc, not_heard_since, state_client};
 use geostate_proto::pb;
 use geostate_proto::workload::Rng;
 use serde::Serialize;
@@ -211,12 +211,15 @@ pub(crate) fn counter(v: &pb::Value) -> i64 {
     }
 }
 
-/// Every counter in every region once they agree (or after [`SETTLE`]): key → region →
-/// value.
+/// Every counter in every region once they agree and every node has heard from every
+/// other region since `barrier`, when the writers stopped (or after [`SETTLE`]): key →
+/// region → value. Equal reads alone can be a coincidence of writes still on their way in
+/// both directions.
 pub(crate) async fn settle(
     cluster: &ClusterFile,
     regions: &[String],
     keys: &[String],
+    barrier: u64,
 ) -> anyhow::Result<BTreeMap<String, BTreeMap<String, i64>>> {
     let deadline = Instant::now() + SETTLE;
     loop {
@@ -241,7 +244,9 @@ pub(crate) async fn settle(
         let agreed = finals.len() == keys.len()
             && finals.values().all(|by| {
                 by.len() == regions.len() && by.values().all(|v| Some(v) == by.values().next())
-            });
+            })
+            // read after the values: what they heard of each other by then, at least
+            && not_heard_since(cluster, regions, barrier).await?.is_empty();
         if agreed || Instant::now() > deadline {
             return Ok(finals);
         }

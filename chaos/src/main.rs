@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::{Parser, ValueEnum};
-use geostate_jepsen::control::{grpc, read_cluster};
+use geostate_jepsen::control::{grpc, now_nanos, read_cluster};
 use serde::Serialize;
 use tokio::sync::Mutex;
 
@@ -206,7 +206,7 @@ async fn drill(args: Args) -> anyhow::Result<bool> {
         c.await??;
     }
     let end_ns = load.now_ns();
-    let finals = settle(&cluster, &regions, &counters).await?;
+    let finals = settle(&cluster, &regions, &counters, now_nanos()).await?;
     // the alerts that fired from the fault on (those with a `for` have had the heal's
     // `--after` seconds to fire)
     let alerts = match &cluster.prometheus {

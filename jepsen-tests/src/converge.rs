@@ -7,11 +7,10 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use geostate_jepsen::control::{ClusterFile, grpc, node_grpcs, read_cluster};
+use geostate_jepsen::control::{grpc, not_heard_since, now_nanos, read_cluster};
 use geostate_jepsen::history::Stamp;
 use geostate_jepsen::windowed;
 use geostate_proto::pb;
-use geostate_proto::pb::admin_client::AdminClient;
 use geostate_proto::pb::state_client::StateClient;
 
 use crate::client::{list_value, register_value, stamp};
@@ -184,56 +183,6 @@ pub(crate) async fn converge(
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-}
-
-/// Wall-clock nanoseconds since the Unix epoch: the nodes' clock (one machine).
-fn now_nanos() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64)
-}
-
-/// The nodes of `regions` that have not heard from some other region since `barrier`
-/// (`Admin/Status`: that region's heartbeats on every partition the node merges were
-/// sent at or after it), each as "NODE has not heard from REGION since the clients
-/// stopped". A node that owns no partition, or takes no connection (a stopped one), holds
-/// no key and is left out.
-async fn not_heard_since(
-    cluster: &ClusterFile,
-    regions: &[String],
-    barrier: u64,
-) -> anyhow::Result<Vec<String>> {
-    let mut behind = Vec::new();
-    for region in regions {
-        for node in node_grpcs(&cluster.regions[region])? {
-            let Ok(mut admin) = AdminClient::connect(node.clone()).await else {
-                continue;
-            };
-            let status = match admin.status(pb::StatusRequest {}).await {
-                Ok(s) => s.into_inner(),
-                Err(e) => {
-                    behind.push(format!("{node} answers no status ({})", e.message()));
-                    continue;
-                }
-            };
-            if status.owned_partitions.is_empty() {
-                continue;
-            }
-            behind.extend(
-                status
-                    .remotes
-                    .iter()
-                    .filter(|r| r.heard_from_all_since_nanos < barrier)
-                    .map(|r| {
-                        format!(
-                            "{node} ({region}) has not heard from {} since the clients stopped",
-                            r.region
-                        )
-                    }),
-            );
-        }
-    }
-    Ok(behind)
 }
 
 /// The outputs topic every region's nodes produce final windows to (the region files').
