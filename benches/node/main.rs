@@ -331,7 +331,7 @@ async fn cores_section(
     println!("## Ingest on one core and on two ({})", data.name);
     println!();
     println!(
-        "The same pre-loaded topic ({PARTITIONS} partitions): the node alone on core 1, then on cores 0 and 1 (started on them: a runtime worker per core), sharing core 0 with the Kafka broker that serves its fetches and takes its deltas; the cluster's other processes (the other region's broker, MirrorMaker 2, the idle nodes, the witness) are stopped meanwhile. Goal: two cores at least 1.6x one."
+        "The same pre-loaded topic ({PARTITIONS} partitions): the node alone on core 1 (section 2's run, with the cluster running, in a full run), then on cores 0 and 1 (started on them: a runtime worker per core), sharing core 0 with the Kafka broker that serves its fetches and takes its deltas; the cluster's other processes that take CPU (the other region's broker, MirrorMaker 2, the idle nodes, the witness) are stopped meanwhile. Goal: two cores at least 1.6x one."
     );
     println!();
     println!(

@@ -241,13 +241,23 @@ pub(crate) async fn settle(
                 }
             }
         }
-        let agreed = finals.len() == keys.len()
+        let equal = finals.len() == keys.len()
             && finals.values().all(|by| {
                 by.len() == regions.len() && by.values().all(|v| Some(v) == by.values().next())
-            })
-            // read after the values: what they heard of each other by then, at least
-            && not_heard_since(cluster, regions, barrier).await?.is_empty();
-        if agreed || Instant::now() > deadline {
+            });
+        // read after the values: what they heard of each other by then, at least
+        let behind = if equal {
+            not_heard_since(cluster, regions, barrier).await?
+        } else {
+            Vec::new()
+        };
+        if equal && behind.is_empty() {
+            return Ok(finals);
+        }
+        if Instant::now() > deadline {
+            if !behind.is_empty() {
+                println!("settled after {SETTLE:?} with {}", behind.join("; "));
+            }
             return Ok(finals);
         }
         tokio::time::sleep(Duration::from_millis(500)).await;

@@ -209,8 +209,10 @@ pub fn now_nanos() -> u64 {
 /// The nodes of `regions` that have not heard from some other region since `barrier`
 /// (`Admin/Status`: that region's heartbeats on every partition the node merges were
 /// sent at or after it), each as "NODE has not heard from REGION since the clients
-/// stopped". A node that owns no partition, or takes no connection (a stopped one), holds
-/// no key and is left out.
+/// stopped". A node that owns no partition, or takes no connection (an exited one), holds
+/// no key and is left out; one that does not answer within 5 s (a frozen one) is behind.
+const STATUS_WAIT: Duration = Duration::from_secs(5);
+
 pub async fn not_heard_since(
     cluster: &ClusterFile,
     regions: &[String],
@@ -219,13 +221,19 @@ pub async fn not_heard_since(
     let mut behind = Vec::new();
     for region in regions {
         for node in node_grpcs(&cluster.regions[region])? {
-            let Ok(mut admin) = AdminClient::connect(node.clone()).await else {
-                continue;
-            };
-            let status = match admin.status(pb::StatusRequest {}).await {
-                Ok(s) => s.into_inner(),
-                Err(e) => {
+            let asked = tokio::time::timeout(STATUS_WAIT, async {
+                let mut admin = AdminClient::connect(node.clone()).await.ok()?;
+                Some(admin.status(pb::StatusRequest {}).await)
+            });
+            let status = match asked.await {
+                Ok(None) => continue,
+                Ok(Some(Ok(s))) => s.into_inner(),
+                Ok(Some(Err(e))) => {
                     behind.push(format!("{node} answers no status ({})", e.message()));
+                    continue;
+                }
+                Err(_) => {
+                    behind.push(format!("{node} answers no status within {STATUS_WAIT:?}"));
                     continue;
                 }
             };
