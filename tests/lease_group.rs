@@ -427,9 +427,27 @@ async fn over_tls_the_group_takes_its_members_only_each_for_its_own_region() -> 
         .expect_err("a stranger's message was taken");
     assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{refused:?}");
     // (asking a member to stand for election would depose the leader)
+    let stand = |leader, term| pb::StandRequest { leader, term };
     let refused =
-        (as_mallory.stand(pb::StandRequest {}).await).expect_err("a stranger made a member stand");
+        (as_mallory.stand(stand(3, 0)).await).expect_err("a stranger made a member stand");
     assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{refused:?}");
+    // only the leader, at its term, asks a voter to stand: not a member's certificate in
+    // another member's name, nor a member that does not lead at the term it names
+    let leading = leader(&members).await?;
+    let term = members[&leading].raft.metrics().borrow().current_term;
+    let follower = (1..=3).find(|&id| id != leading).expect("a follower");
+    let mut at_follower = raft_client(ports[follower as usize - 1], pki.client(Some(&eu))?).await?;
+    let as_other = (at_follower.stand(stand(1, term)).await)
+        .expect_err("eu-west-1 made a member stand in member 1's name");
+    assert_eq!(
+        as_other.code(),
+        tonic::Code::PermissionDenied,
+        "{as_other:?}"
+    );
+    let stale = (at_follower.stand(stand(2, term + 7)).await)
+        .expect_err("eu-west-1 made a member stand at a term nobody leads");
+    assert_eq!(stale.code(), tonic::Code::FailedPrecondition, "{stale:?}");
+    assert_eq!(leader(&members).await?, leading, "the lead moved");
 
     // no certificate, another CA's, an expired one: no connection at all
     let expired = pki.expired("eu-west-1", "eu-west-1-expired")?;

@@ -628,11 +628,16 @@ impl pb::lease_raft_server::LeaseRaft for Service {
         }))
     }
 
+    /// Only the leader this member follows, at its term, may ask it to stand: an election
+    /// started at any member's word would skip pre-vote and depose a healthy leader.
     async fn stand(
         &self,
-        _request: Request<pb::StandRequest>,
+        request: Request<pb::StandRequest>,
     ) -> Result<Response<pb::StandReply>, Status> {
-        let (voter, leads) = {
+        let caller = Caller::of(&request);
+        let ask = request.into_inner();
+        Self::check_sender(&caller, &self.names, ask.leader)?;
+        let (voter, leads, followed) = {
             let metrics = self.raft.metrics();
             let metrics = metrics.borrow();
             let voter = metrics
@@ -640,8 +645,15 @@ impl pb::lease_raft_server::LeaseRaft for Service {
                 .membership()
                 .voter_ids()
                 .any(|v| v == metrics.id);
-            (voter, metrics.current_leader == Some(metrics.id))
+            let followed = (metrics.current_leader, metrics.current_term);
+            (voter, metrics.current_leader == Some(metrics.id), followed)
         };
+        if followed != (Some(ask.leader), ask.term) {
+            return Err(Status::failed_precondition(format!(
+                "member {} at term {} asked this member to stand, and it follows {:?} at term {}",
+                ask.leader, ask.term, followed.0, followed.1
+            )));
+        }
         let standing = voter && !leads && self.raft.trigger().elect().await.is_ok();
         tracing::info!(
             standing,

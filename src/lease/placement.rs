@@ -270,24 +270,25 @@ impl Placement {
         self.handover.quiet(others);
         tokio::time::sleep(self.leader_lease + self.heartbeat).await;
         self.fresh_renewal(raft).await;
-        let outcome = if self.caught_up(raft, to).await && self.ask_to_stand(channels, to).await {
-            self.handover.standing(self.voters.get(&to).cloned());
-            self.handover.renew_now();
-            let mut metrics = raft.metrics();
-            let moved = metrics.wait_for(|m| m.current_leader != Some(self.me));
-            let outcome = match tokio::time::timeout(self.leader_lease * 2, moved).await {
-                Ok(Ok(_)) => "moved",
-                _ => "failed",
+        let outcome =
+            if self.caught_up(raft, to).await && self.ask_to_stand(raft, channels, to).await {
+                self.handover.standing(self.voters.get(&to).cloned());
+                self.handover.renew_now();
+                let mut metrics = raft.metrics();
+                let moved = metrics.wait_for(|m| m.current_leader != Some(self.me));
+                let outcome = match tokio::time::timeout(self.leader_lease * 2, moved).await {
+                    Ok(Ok(_)) => "moved",
+                    _ => "failed",
+                };
+                if outcome == "moved" {
+                    // the new leader's first message takes a round trip on this member's links
+                    let known = metrics.wait_for(|m| m.current_leader.is_some());
+                    let _ = tokio::time::timeout(self.leader_lease * 4, known).await;
+                }
+                outcome
+            } else {
+                "failed"
             };
-            if outcome == "moved" {
-                // the new leader's first message takes a round trip on this member's links
-                let known = metrics.wait_for(|m| m.current_leader.is_some());
-                let _ = tokio::time::timeout(self.leader_lease * 4, known).await;
-            }
-            outcome
-        } else {
-            "failed"
-        };
         self.handover.standing(None);
         self.handover.quiet(BTreeSet::new());
         metrics::counter!(m::LEASE_HANDOVERS, "outcome" => outcome).increment(1);
@@ -320,14 +321,18 @@ impl Placement {
         matches!(done, Ok(Ok(_))) && raft.metrics().borrow().current_leader == Some(self.me)
     }
 
-    async fn ask_to_stand(&self, channels: &Channels, to: u64) -> bool {
+    async fn ask_to_stand(&self, raft: &Raft<LeaseRaft>, channels: &Channels, to: u64) -> bool {
         let Some(addr) = self.voters.get(&to) else {
             return false;
         };
         let Ok(channel) = channels.get(addr) else {
             return false;
         };
-        let mut request = Request::new(pb::StandRequest {});
+        let term = raft.metrics().borrow().current_term;
+        let mut request = Request::new(pb::StandRequest {
+            leader: self.me,
+            term,
+        });
         request.set_timeout(PROBE_TIMEOUT);
         let reply = LeaseRaftClient::new(channel).stand(request).await;
         reply.is_ok_and(|r| r.into_inner().standing)
