@@ -334,8 +334,14 @@ impl Placement {
             term,
         });
         request.set_timeout(PROBE_TIMEOUT);
-        let reply = LeaseRaftClient::new(channel).stand(request).await;
-        reply.is_ok_and(|r| r.into_inner().standing)
+        match LeaseRaftClient::new(channel).stand(request).await {
+            Ok(reply) => reply.into_inner().standing,
+            Err(refused) => {
+                let why = refused.message();
+                tracing::warn!(successor = to, term, why, "the successor did not stand");
+                false
+            }
+        }
     }
 }
 
