@@ -7,7 +7,7 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
 use common::{Node, Output, Topics, cluster, counter, produce_all, producer, read_outputs, unique};
@@ -352,7 +352,7 @@ async fn an_event_time_ahead_of_the_clock_is_refused_and_moves_no_watermark() ->
     node.start().await?;
     let mut state = node.state().await?;
     let key = format!("requests/{}", unique("9q8yy"));
-    let now = u64::try_from(SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis())?;
+    let now = common::now_ms();
 
     let refused = state
         .update(add(&key, 1, now + 365 * 24 * 3_600_000, ""))
@@ -383,20 +383,14 @@ async fn an_event_time_ahead_of_the_clock_is_refused_and_moves_no_watermark() ->
     let v = window(&mut state, &key, at(recent - recent % MIN)).await?;
     ensure!(counter(&v) == 4, "{v:?}");
 
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let letters = loop {
-        let letters = whole_topic(&kafka, &topics.dlq)?;
-        if !letters.is_empty() || Instant::now() > deadline {
-            break letters;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    let letters =
+        common::dead_letters(&kafka, &topics.dlq, 1, Duration::from_secs(30), |_| true).await?;
     let codes: Vec<_> = (letters.iter())
-        .map(|(k, h)| (k.as_str(), h.get("geostate.error.code").map(String::as_str)))
+        .map(|l| (l.key.as_deref(), l.header("geostate.error.code")))
         .collect();
     ensure!(
-        codes == [(key.as_str(), Some("event_time_ahead"))],
-        "{letters:?}"
+        codes == [(Some(key.as_str()), Some("event_time_ahead"))],
+        "{codes:?}"
     );
     let metrics = common::http_get(&node.metrics, "/metrics")?;
     ensure!(

@@ -65,12 +65,9 @@ pub(crate) const WINDOW_MS: u64 = 60_000;
 /// lateness (`regions/*.toml`), and a watermark trails event time by 5 s.
 const CLOSE_AFTER_MS: u64 = 20_000;
 
-fn wall_ms() -> anyhow::Result<u64> {
-    Ok(u64::try_from(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)?
-            .as_millis(),
-    )?)
+/// The wall clock in milliseconds (the nodes' clock: one machine).
+fn wall_ms() -> u64 {
+    geostate_jepsen::control::now_nanos() / 1_000_000
 }
 
 impl Workload {
@@ -204,7 +201,7 @@ async fn run(args: Args) -> anyhow::Result<bool> {
     let run = Arc::new(Run {
         started: Instant::now(),
         history: Mutex::new(Vec::new()),
-        event_base_ms: wall_ms()?,
+        event_base_ms: wall_ms(),
     });
     let deadline = Instant::now() + Duration::from_secs(args.seconds);
     let (stop_clients, clients_stop) = tokio::sync::watch::channel(false);
@@ -254,7 +251,7 @@ async fn run(args: Args) -> anyhow::Result<bool> {
         // watermark passes the run's windows, which then close everywhere. At that time
         // once the wall clock is there: a node refuses an event time ahead of its clock.
         let ahead = end - end % WINDOW_MS + WINDOW_MS + CLOSE_AFTER_MS;
-        tokio::time::sleep(Duration::from_millis(ahead.saturating_sub(wall_ms()?))).await;
+        tokio::time::sleep(Duration::from_millis(ahead.saturating_sub(wall_ms()))).await;
         for (r, region) in regions.iter().enumerate() {
             let process = stride * 1_000 + r as u64;
             let closer = client(region, process, 0)?;
