@@ -635,7 +635,7 @@ impl Opened {
             dlq: log::RenewingProducer::new(&config.kafka, Duration::from_secs(30))?,
             owned: owned.clone(),
             leases: leases.clone(),
-            grants: Default::default(),
+            granted: Default::default(),
             partition_count: i32::try_from(self.partitions.len()).unwrap_or(i32::MAX),
         };
         // A node that rebuilt itself replays its updates topic only once it holds every

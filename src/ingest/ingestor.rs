@@ -23,21 +23,26 @@
 //! writer to the updates topic can forge one, which authenticating writers prevents.
 //!
 //! It feeds the partitions this node owns ([`Partitions`]): it reads them with a new reader
-//! after each change (between batches; a batch cut short is read again from the stored
-//! offsets), tells each partition's handle whether it is read (a partition given up is
-//! handed on only once ingest no longer reads it), splits each batch by partition and
-//! applies the parts in parallel, each under its partition's writer and committed only in
-//! the term of the handle it was read in. Per partition it says when it has replayed what
-//! the topic held when this node took it ([`PartitionHandle::replayed`]): the records an
-//! earlier owner may have applied and acknowledged. The partition's shipper sends no
-//! heartbeat before that.
+//! after each change (a batch cut short is read again from the stored offsets), tells each
+//! partition's handle whether it is read (a partition given up is handed on only once
+//! ingest no longer reads it), and hands each partition's records to a task of that
+//! partition ([`feeds`]), which applies them in order under the partition's writer and
+//! commits them only in the term of the handle they were read in; partitions apply in
+//! parallel with each other and with the reading. Per partition it says when it has
+//! replayed what the topic held when this node took it ([`PartitionHandle::replayed`]):
+//! the records an earlier owner may have applied and acknowledged. The partition's shipper
+//! sends no heartbeat before that.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
+
+mod feeds;
+
+use feeds::{Ended, Feeds};
 
 use super::batch::{Applied, BatchContext, Grants, Pending, Record, apply_batch};
 use super::event::Rejection;
@@ -109,22 +114,46 @@ pub struct Ingestor {
     /// This region's leases, where a lease group grants them: owned records' epochs are
     /// checked against it.
     pub leases: Option<Arc<Leases>>,
-    /// What is known of the epochs granted (kept: an epoch once granted stays granted).
-    pub grants: Grants,
+    /// Per shard, an epoch known granted, as any partition's task learned it (kept: an
+    /// epoch once granted stays granted).
+    pub granted: Mutex<BTreeMap<ShardId, u64>>,
     /// The updates topic's partition count.
     pub partition_count: i32,
 }
 
 impl Ingestor {
     /// Runs until `shutdown` turns true; returns early only on a storage failure.
-    pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) -> Result<(), IngestError> {
+    ///
+    /// The reader hands each partition's records to that partition's task ([`Feeds`]) and
+    /// reads on: partitions apply in parallel with each other and with the reading. Before
+    /// the reader is positioned again (a change of partitions, a failed read), every task
+    /// finishes the part it applies and drops what it was handed beyond it, so the new
+    /// reader starts after what is applied. On return, every task has finished.
+    pub async fn run(self, shutdown: watch::Receiver<bool>) -> Result<(), IngestError> {
+        let mut feeds = Feeds::default();
+        let read = Arc::new(self).read(&mut feeds, shutdown).await;
+        let drained = feeds.drain().await;
+        read.and(drained.map(|_| ()))
+    }
+
+    /// Reads the owned partitions and hands what it reads to `feeds` until `shutdown`
+    /// turns true.
+    async fn read(
+        self: Arc<Self>,
+        feeds: &mut Feeds,
+        mut shutdown: watch::Receiver<bool>,
+    ) -> Result<(), IngestError> {
         let mut owned = self.owned.subscribe();
         let mut reader: Option<Reader> = None;
         // the handles of the partitions the reader reads (their terms when it started)
         let mut read = Owned::new();
         loop {
             if reader.is_none() || owned.has_changed().unwrap_or(false) {
+                if !feeds.drain().await? {
+                    return Ok(());
+                }
                 reader = self.follow(&mut owned, &mut read).await?;
+                *feeds = Feeds::start(&self, &read, &shutdown);
             }
             let Some(reading) = reader.as_mut() else {
                 // owns nothing: waits for the group
@@ -133,7 +162,7 @@ impl Ingestor {
                     _ = owned.changed() => continue,
                 }
             };
-            note_replayed(reading, &read);
+            feeds.note_replayed(reading, &read).await;
             let batching = Batching {
                 max: self.config.ingest.batch_max_events,
                 linger: self.config.ingest.batch_max_wait,
@@ -150,34 +179,37 @@ impl Ingestor {
                     reader = None;
                     continue;
                 }
+                Some(ended) = feeds.next_ended() => match ended? {
+                    Ended::Stopped => return Ok(()),
+                    // read again, from the applied offsets, without those given up
+                    Ended::Cut | Ended::Drained => {
+                        reader = None;
+                        continue;
+                    }
+                },
             };
             let Some(batch) = batch else {
                 return Ok(());
             };
-            if !batch.records.is_empty() {
-                self.observe_fetch(&batch.records[0]);
-                if !self.outbox_room(&mut shutdown).await {
-                    return Ok(());
-                }
+            if let Some(first) = batch.records.first() {
+                self.observe_fetch(first);
                 let received = batch.first_at.unwrap_or_else(Instant::now);
-                match self
-                    .apply(batch.records, received, &read, &mut shutdown)
-                    .await?
-                {
-                    Applying::Done => {}
-                    Applying::Stopped => return Ok(()),
-                    Applying::Cut => {
-                        // read again, from the applied offsets, without those given up
-                        reader = None;
-                        continue;
-                    }
+                if !feeds.hand(batch.records, received).await {
+                    // a partition's task ended (cut, stopped or failed): the next round
+                    // learns why; its records are read again from the applied offsets
+                    reader = None;
+                    continue;
                 }
             }
             if let Some(e) = batch.failed
                 && let Some(reading) = reader.as_mut()
             {
+                if !feeds.drain().await? {
+                    return Ok(());
+                }
                 tokio::time::sleep(RETRY_PAUSE).await;
                 reading.restart(&e, &applied_in(&read)).await;
+                *feeds = Feeds::start(&self, &read, &shutdown);
             }
         }
     }
@@ -246,59 +278,37 @@ impl Ingestor {
         }
     }
 
-    /// Applies `records` (read in the terms of `read`): each partition's part on its own, in parallel
-    /// with the other partitions' under its own writer, and again from a record that names
-    /// a lease epoch to ask the lease group about, once the group answered.
+    /// Applies `records` of `handle`'s partition (the first received at `received`), and
+    /// again from a record that names a lease epoch to ask the lease group about, once
+    /// the group answered.
     async fn apply(
-        &mut self,
-        records: Vec<Record>,
+        &self,
+        handle: &Arc<PartitionHandle>,
+        mut records: Vec<Record>,
         received: Instant,
-        read: &Owned,
+        grants: &mut Grants,
         shutdown: &mut watch::Receiver<bool>,
     ) -> Result<Applying, IngestError> {
-        let mut parts: BTreeMap<i32, Vec<Record>> = BTreeMap::new();
-        for record in records {
-            parts.entry(record.partition).or_default().push(record);
+        if !self.outbox_room(shutdown).await {
+            return Ok(Applying::Stopped);
         }
         let applying = loop {
-            let this = &*self;
-            let applied = futures_util::future::join_all(parts.into_iter().map(|(p, records)| {
-                let handle = read.get(&p).cloned();
-                async move {
-                    match handle {
-                        Some(handle) => this.apply_part(&handle, records, received).await,
-                        // never: the reader reads only the partitions `read` holds
-                        None => Ok(Part::Cut),
+            match self.apply_part(handle, records, received, grants).await? {
+                Part::Committed(None) => break Applying::Done,
+                Part::Committed(Some(rest)) => {
+                    if !self
+                        .learn_grant(rest.shard, rest.epoch, grants, shutdown)
+                        .await
+                    {
+                        return Ok(Applying::Stopped);
                     }
+                    records = rest.records;
                 }
-            }))
-            .await;
-            let (mut pending, mut cut) = (Vec::new(), false);
-            for part in applied {
-                match part? {
-                    Part::Committed(None) => {}
-                    Part::Committed(Some(rest)) => pending.push(rest),
-                    Part::Cut => cut = true,
-                }
-            }
-            if cut {
-                break Applying::Cut;
-            }
-            if pending.is_empty() {
-                break Applying::Done;
-            }
-            parts = BTreeMap::new();
-            for rest in pending {
-                if !self.learn_grant(rest.shard, rest.epoch, shutdown).await {
-                    return Ok(Applying::Stopped);
-                }
-                if let Some(first) = rest.records.first() {
-                    parts.insert(first.partition, rest.records);
-                }
+                Part::Cut => break Applying::Cut,
             }
         };
         // an answer holds for the records read before it, and no later ones
-        self.grants.read.clear();
+        grants.read.clear();
         Ok(applying)
     }
 
@@ -307,9 +317,10 @@ impl Ingestor {
     /// the table through the group's log, retried until it answers (false: asked to stop
     /// meanwhile).
     async fn learn_grant(
-        &mut self,
+        &self,
         shard: ShardId,
         epoch: u64,
+        grants: &mut Grants,
         shutdown: &mut watch::Receiver<bool>,
     ) -> bool {
         let Some(leases) = self.leases.clone() else {
@@ -317,8 +328,9 @@ impl Ingestor {
         };
         let waited = Instant::now();
         loop {
-            let known = self.grants.known.entry(shard).or_default();
-            *known = leases.known_epoch(shard).max(*known);
+            let learned = self.granted_of(shard);
+            let known = grants.known.entry(shard).or_default();
+            *known = leases.known_epoch(shard).max(learned).max(*known);
             if *known >= epoch {
                 return true;
             }
@@ -339,10 +351,13 @@ impl Ingestor {
                         granted = read,
                         "read a shard's epoch from the lease group for an owned record above the epochs known here"
                     );
-                    self.grants.read.insert(shard, read);
-                    // granted once, granted for good
-                    let known = self.grants.known.entry(shard).or_default();
+                    grants.read.insert(shard, read);
+                    // granted once, granted for good, for every partition's task
+                    let known = grants.known.entry(shard).or_default();
                     *known = read.max(*known);
+                    let mut granted = self.granted.lock().unwrap_or_else(|e| e.into_inner());
+                    let learned = granted.entry(shard).or_default();
+                    *learned = read.max(*learned);
                     return true;
                 }
                 Err(e) => {
@@ -354,6 +369,12 @@ impl Ingestor {
                 }
             }
         }
+    }
+
+    /// The epoch of `shard` a partition's task learned granted (0: none).
+    fn granted_of(&self, shard: ShardId) -> u64 {
+        let granted = self.granted.lock().unwrap_or_else(|e| e.into_inner());
+        granted.get(&shard).copied().unwrap_or(0)
     }
 
     /// The `fetch` stage of a batch's first record: from its timestamp (taken by whoever
@@ -377,6 +398,7 @@ impl Ingestor {
         handle: &Arc<PartitionHandle>,
         records: Vec<Record>,
         received: Instant,
+        grants: &Grants,
     ) -> Result<Part, IngestError> {
         let partition = handle.partition;
         // read-modify-write of the partition's state: no merge or catch-up of it may
@@ -387,7 +409,7 @@ impl Ingestor {
         let events = records.len();
         let origin_time = self.hlc.now();
         let (store, config, actor) = (self.store.clone(), self.config.clone(), self.actor.clone());
-        let grants = self.leases.as_ref().map(|_| self.grants.clone());
+        let grants = self.leases.as_ref().map(|_| grants.clone());
         let partitions = self.partition_count;
         let mut applied: Applied = tokio::task::spawn_blocking(move || {
             let ctx = BatchContext {
@@ -556,26 +578,6 @@ pub fn commit_part(
         );
         Ok(())
     })
-}
-
-/// Marks each partition of `read` replayed once it applied, or its reader consumed, up
-/// to the end it had when this node took it.
-fn note_replayed(reader: &Reader, read: &Owned) {
-    for (&p, handle) in read {
-        let Some(end) = handle.replay_to() else {
-            continue;
-        };
-        if handle.applied().is_some_and(|o| o + 1 >= end)
-            || reader.position(p).is_some_and(|o| o >= end)
-        {
-            handle.replayed();
-            tracing::info!(
-                partition = p,
-                end,
-                "replayed the partition as it was when this node took it"
-            );
-        }
-    }
 }
 
 /// The most of a refused record a dead letter carries: its key and value are cut to these

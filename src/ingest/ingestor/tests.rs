@@ -1,6 +1,7 @@
 use super::*;
 use crate::partition::Outcome;
 use futures_util::FutureExt;
+use std::collections::BTreeMap;
 
 /// A write appended to a partition that then moves away before ingest reached it is
 /// answered at once (the next owner applies it), not after the apply timeout; one
@@ -83,7 +84,7 @@ fn a_write_is_not_answered_applied_from_another_owners_offsets() {
 
 /// The config, store and ingest task of a region whose Kafka is never reached (the
 /// records given make no dead letter).
-fn offline_ingestor(store: Arc<Store>, owned: Arc<Partitions>) -> Ingestor {
+pub(super) fn offline_ingestor(store: Arc<Store>, owned: Arc<Partitions>) -> Ingestor {
     let mut config = Config::load(&crate::repo_file("regions/us-east-1.toml")).unwrap();
     config.kafka.bootstrap = "127.0.0.1:1".into();
     let config = Arc::new(config);
@@ -103,7 +104,7 @@ fn offline_ingestor(store: Arc<Store>, owned: Arc<Partitions>) -> Ingestor {
         dlq: RenewingProducer::new(&config.kafka, Duration::from_secs(1)).unwrap(),
         owned,
         leases: None,
-        grants: Grants::default(),
+        granted: Default::default(),
         partition_count: 1,
         config,
     }
@@ -131,7 +132,7 @@ async fn a_batch_read_before_its_partition_was_cut_is_not_committed() {
     owned.let_go(&[0]);
     read_in.cut();
     let part = ingestor
-        .apply_part(&read_in, vec![add(0)], Instant::now())
+        .apply_part(&read_in, vec![add(0)], Instant::now(), &Grants::default())
         .await
         .unwrap();
     assert!(matches!(part, Part::Cut));
@@ -141,7 +142,7 @@ async fn a_batch_read_before_its_partition_was_cut_is_not_committed() {
 
     let read_in = owned.take(0, None, 0);
     let part = ingestor
-        .apply_part(&read_in, vec![add(0)], Instant::now())
+        .apply_part(&read_in, vec![add(0)], Instant::now(), &Grants::default())
         .await
         .unwrap();
     assert!(matches!(part, Part::Committed(None)));
