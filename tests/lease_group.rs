@@ -72,6 +72,7 @@ fn config(id: u64, ports: &[u16]) -> LeaseConfig {
         take_back: false,
         forward_writes: false,
         join: false,
+        operators: vec!["operator".to_owned()],
     }
 }
 
@@ -343,8 +344,9 @@ fn message<T: serde::Serialize>(value: &T) -> pb::RaftMessage {
 
 /// Over TLS, the group runs as before, and takes calls only from its members'
 /// certificates (signed by its CA, not expired), each for its own region: a region's
-/// certificate cannot propose for another, nor send a Raft message as another member; a
-/// stranger's certificate sends nothing; and the table refuses impossible commands.
+/// certificate cannot propose for another, nor send a Raft message as another member, nor
+/// remove another region (an operator's may); a stranger's certificate sends nothing;
+/// and the table refuses impossible commands.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn over_tls_the_group_takes_its_members_only_each_for_its_own_region() -> anyhow::Result<()> {
     let dirs: Vec<tempfile::TempDir> = (0..4)
@@ -470,8 +472,37 @@ async fn over_tls_the_group_takes_its_members_only_each_for_its_own_region() -> 
         assert!(call.await.is_err(), "a client with {what} was served");
     }
     // the group never moved shard 7 (still us-east-1's first grant)
-    let leader = &members[&leader(&members).await?];
-    assert_eq!(leader.view.lease(7).map(|l| l.holder), Some(first.holder));
+    let leading = leader(&members).await?;
+    assert_eq!(
+        members[&leading].view.lease(7).map(|l| l.holder),
+        Some(first.holder)
+    );
+
+    // a region is removed by itself or an operator only: not by another region, not by
+    // the witness
+    let remove = |region: &str| {
+        message(&GroupChange::RemoveRegion {
+            region: RegionId::new(region).expect("a region"),
+        })
+    };
+    let leader_port = ports[leading as usize - 1];
+    for name in ["eu-west-1", "witness"] {
+        let cert = pki.issue(name)?;
+        let mut client = raft_client(leader_port, pki.client(Some(&cert))?).await?;
+        let refused = (client.learner(remove("us-east-1")).await)
+            .expect_err("a member removed another region");
+        assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{refused:?}");
+    }
+    let operator = pki.issue("operator")?;
+    let mut as_operator = raft_client(leader_port, pki.client(Some(&operator))?).await?;
+    let removed = as_operator.learner(remove("eu-west-1")).await?;
+    let removed: Result<u64, String> = serde_json::from_slice(&removed.into_inner().json)?;
+    assert!(removed.is_ok(), "{removed:?}");
+    let voters: Vec<u64> = (members[&1].raft.metrics().borrow().membership_config)
+        .membership()
+        .voter_ids()
+        .collect();
+    assert!(!voters.contains(&2), "eu-west-1 still votes: {voters:?}");
     for (_, m) in members {
         m.stop().await;
     }

@@ -66,6 +66,9 @@ pub struct LeaseConfig {
     /// instead of forming one: it asks the members to add it, and votes once the leader
     /// made it a voter.
     pub join: bool,
+    /// Certificate names (common names from the CA) that may remove any region from the
+    /// group; a member may remove only its own region.
+    pub operators: Vec<String>,
 }
 
 impl LeaseConfig {
@@ -172,6 +175,8 @@ pub(crate) struct RawLease {
     forward_writes: bool,
     #[serde(default)]
     join: bool,
+    #[serde(default)]
+    operators: Vec<String>,
     #[serde(default, rename = "member")]
     members: Vec<RawMember>,
     #[serde(default, rename = "home")]
@@ -211,6 +216,26 @@ struct RawHome {
     region: String,
 }
 
+/// Operators' certificate names: none empty, none a member's (a member would then remove
+/// any region).
+fn validate_operators(
+    operators: Vec<String>,
+    members: &BTreeMap<u64, Member>,
+) -> Result<Vec<String>, ConfigError> {
+    for name in &operators {
+        if name.is_empty() {
+            return Err(invalid("lease.operators", "a name is empty"));
+        }
+        if members.values().any(|m| m.name() == name) {
+            return Err(invalid(
+                "lease.operators",
+                format!("{name} is a member's name; an operator's certificate names no member"),
+            ));
+        }
+    }
+    Ok(operators)
+}
+
 fn default_shards() -> u32 {
     8
 }
@@ -241,6 +266,7 @@ impl RawLease {
         let listen = self.validate_this_process(&members, region)?;
         self.check_group(&members)?;
         let homes = validate_homes(std::mem::take(&mut self.homes), &members)?;
+        let operators = validate_operators(std::mem::take(&mut self.operators), &members)?;
         let (duration, renew_every) = self.validate_lease_timings(max_clock_offset)?;
         let config = LeaseConfig {
             member_id: self.member_id,
@@ -256,6 +282,7 @@ impl RawLease {
             take_back: self.take_back,
             forward_writes: self.forward_writes,
             join: self.join,
+            operators,
         };
         // what the Raft library requires of its timings
         if config.election_timeout.as_millis() <= config.heartbeat.as_millis() {

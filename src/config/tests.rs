@@ -77,6 +77,24 @@ fn a_further_node_is_a_learner_under_its_regions_member() {
     assert!(e.to_string().contains("lease.listen"), "{e}");
 }
 
+/// Operators are certificate names apart from the members': a member listed as one would
+/// remove any region.
+#[test]
+fn an_operator_names_no_member() {
+    let set = |s: &str| vec![s.parse::<Setting>().unwrap()];
+    let us = crate::repo_file("regions/us-east-1.toml");
+    let node = Config::load_with(&us, &set(r#"lease.operators=["geostate-operator"]"#)).unwrap();
+    assert_eq!(node.lease.unwrap().operators, ["geostate-operator"]);
+    for (operators, why) in [
+        (r#"["eu-west-1"]"#, "a member's name"),
+        (r#"[""]"#, "empty"),
+    ] {
+        let e = Config::load_with(&us, &set(&format!("lease.operators={operators}"))).unwrap_err();
+        assert!(e.to_string().contains("lease.operators"), "{e}");
+        assert!(e.to_string().contains(why), "{e}");
+    }
+}
+
 const MINIMAL: &str = r#"
         region = "us-east-1"
         data-dir = "/tmp/x"

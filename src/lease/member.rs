@@ -276,6 +276,7 @@ fn serve(
     let guard = match tls {
         Some(_) => Guard::new(MemberPolicy {
             members: members.collect(),
+            operators: config.operators.iter().cloned().collect(),
         }),
         None => Guard::none(),
     };

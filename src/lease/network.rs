@@ -239,6 +239,8 @@ pub struct Service {
     names: BTreeMap<NodeId, String>,
     /// Each configured member's region (see [`regions_of`]).
     regions: BTreeMap<NodeId, RegionId>,
+    /// Certificate names that may remove any region (`lease.operators`).
+    operators: BTreeSet<String>,
 }
 
 impl Service {
@@ -257,6 +259,7 @@ impl Service {
             trips,
             names: names.map(|m| (m.id, m.name().to_owned())).collect(),
             regions: config.configured_regions(),
+            operators: config.operators.iter().cloned().collect(),
         })
         .max_decoding_message_size(MAX_MESSAGE)
         .max_encoding_message_size(MAX_MESSAGE)
@@ -281,19 +284,6 @@ pub enum GroupChange {
     /// that entry on, the table refuses the region's commands (`Impossible`): its leases
     /// lapse and the other regions take its shards at a higher epoch.
     RemoveRegion { region: RegionId },
-}
-
-impl GroupChange {
-    /// The member a change is asked for: the caller must be it (or, for a learner, its
-    /// region's member), except for removing a region, which any member may ask.
-    fn sender(&self) -> Option<NodeId> {
-        match self {
-            GroupChange::Join { id, .. }
-            | GroupChange::Leave { id }
-            | GroupChange::AddRegion { id, .. } => Some(*id),
-            GroupChange::RemoveRegion { .. } => None,
-        }
-    }
 }
 
 impl Service {
@@ -321,13 +311,21 @@ impl Service {
         }
     }
 
-    /// Refuses a caller whose certificate names no member (a plaintext caller is not
-    /// checked, as in [`Self::check_sender`]).
-    fn check_member(caller: &Caller, names: &BTreeMap<NodeId, String>) -> Result<(), Status> {
+    /// Refuses to remove `region` for a caller whose certificate names neither that
+    /// region nor an operator (`lease.operators`): a region leaves by its own hand or an
+    /// operator's, never another member's (a plaintext caller is not checked, as in
+    /// [`Self::check_sender`]).
+    fn check_remover(
+        caller: &Caller,
+        operators: &BTreeSet<String>,
+        region: &RegionId,
+    ) -> Result<(), Status> {
         match caller.name.as_deref() {
-            Some(name) if !names.values().any(|n| n == name) => Err(Status::permission_denied(
-                format!("{name} is no member of the lease group"),
-            )),
+            Some(name) if name != region.as_str() && !operators.contains(name) => {
+                Err(Status::permission_denied(format!(
+                    "{name} may not remove {region}: only the region itself or an operator (lease.operators) may"
+                )))
+            }
             _ => Ok(()),
         }
     }
@@ -684,9 +682,15 @@ impl pb::lease_raft_server::LeaseRaft for Service {
     ) -> Result<Response<pb::RaftMessage>, Status> {
         let caller = Caller::of(&request);
         let change: GroupChange = decode(request)?;
-        match change.sender() {
-            Some(id) => Self::check_sender(&caller, &self.names, id)?,
-            None => Self::check_member(&caller, &self.names)?,
+        // a change is asked by the member it names (a learner: by its region's member),
+        // a removal by the region itself or an operator
+        match &change {
+            GroupChange::Join { id, .. }
+            | GroupChange::Leave { id }
+            | GroupChange::AddRegion { id, .. } => Self::check_sender(&caller, &self.names, *id)?,
+            GroupChange::RemoveRegion { region } => {
+                Self::check_remover(&caller, &self.operators, region)?;
+            }
         }
         encode(&self.change_group(change).await)
     }

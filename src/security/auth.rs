@@ -2,7 +2,7 @@
 //! refuses with a gRPC status before any handler runs. Two policies use it: the region
 //! API's roles ([`ApiPolicy`]: a certificate's common name or a bearer token, else the
 //! anonymous role) and the lease group's members ([`MemberPolicy`]: only a certificate
-//! naming a configured member).
+//! naming a configured member, or an operator asking for a change of the group).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -264,15 +264,23 @@ impl Policy for ApiPolicy {
     }
 }
 
-/// The lease group's: a caller's certificate must name a configured member.
+/// The lease group's: a caller's certificate must name a configured member, or an
+/// operator asking for a change of the group's members (which the service admits for
+/// removing a region only).
 pub struct MemberPolicy {
     pub members: BTreeSet<String>,
+    /// `lease.operators`.
+    pub operators: BTreeSet<String>,
 }
 
+/// The lease group's call for changes of its members.
+const GROUP_CHANGE: &str = "/geostate.v1.LeaseRaft/Learner";
+
 impl Policy for MemberPolicy {
-    fn admit(&self, caller: &Caller, _path: &str, _token: Option<&str>) -> Result<(), Status> {
+    fn admit(&self, caller: &Caller, path: &str, _token: Option<&str>) -> Result<(), Status> {
         match caller.name.as_deref() {
             Some(name) if self.members.contains(name) => Ok(()),
+            Some(name) if self.operators.contains(name) && path == GROUP_CHANGE => Ok(()),
             Some(name) => Err(Status::permission_denied(format!(
                 "{name} is not a member of the lease group"
             ))),
@@ -381,14 +389,18 @@ mod tests {
         assert!(p.admit(&caller(None), GET, Some("old")).is_err());
     }
 
+    /// Members, and operators for changes of the group only.
     #[test]
     fn the_lease_group_takes_members_only() {
         let p = MemberPolicy {
             members: BTreeSet::from(["witness".to_owned()]),
+            operators: BTreeSet::from(["ops".to_owned()]),
         };
         assert!(p.admit(&caller(Some("witness")), "/x/y", None).is_ok());
+        assert!(p.admit(&caller(Some("ops")), GROUP_CHANGE, None).is_ok());
         let code = |c: &Caller| p.admit(c, "/x/y", None).unwrap_err().code();
         assert_eq!(code(&caller(Some("eve"))), Code::PermissionDenied);
+        assert_eq!(code(&caller(Some("ops"))), Code::PermissionDenied);
         assert_eq!(code(&caller(None)), Code::Unauthenticated);
     }
 
