@@ -343,7 +343,9 @@ impl Opened {
         tasks.spawn("the gauge reporter", OnStop::Abort, returns(gauges));
         let members = config.lease.iter().flat_map(|l| l.members.values());
         let members = members.map(|m| m.name().to_owned()).collect();
-        let policy = ApiPolicy::new(config.api.auth.clone(), members).map_err(NodeError::Auth)?;
+        let limits = config.api.limits.clone();
+        let policy =
+            ApiPolicy::new(config.api.auth.clone(), members, limits).map_err(NodeError::Auth)?;
         let functions = self.spawn_function_checks(&mut tasks)?;
         let bootstrapping = self.bootstrapping;
         let api = Api {

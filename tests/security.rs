@@ -349,3 +349,84 @@ fn no_log_of_a_secure_cluster_holds_a_secret() -> anyhow::Result<()> {
     println!("{read} logs of the secure cluster, no secret in any");
     Ok(())
 }
+
+/// One caller flooding `Update` is held to its role's limits (`api.limits`): refused
+/// `RESOURCE_EXHAUSTED` with the delay after which a call would be taken, counted under its
+/// name; another caller's calls, meanwhile, are all served. The callers are told apart by
+/// address (an open API: no certificates, no tokens, every caller admin).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flooding_caller_is_held_to_its_limits_while_another_is_served() -> anyhow::Result<()> {
+    use tonic_types::StatusExt;
+    const RATE: u32 = 50;
+    const FLOOD: Duration = Duration::from_secs(2);
+    let cluster = cluster()?;
+    let region = &cluster.regions["us-east-1"];
+    let topics = Topics::create(&region.kafka, "limits", 2).await?;
+    let dir = tempfile::tempdir()?;
+    let mut node = Node::configure(dir.path(), &region.kafka, &topics)?;
+    node.set("checkpoint.interval", "\"0s\"");
+    node.set(
+        "api.limits",
+        &format!("{{ admin = {{ rate = {RATE}, burst = {RATE}, concurrency = 4 }} }}"),
+    );
+    node.start().await?;
+
+    let flooder = tonic::transport::Endpoint::from_shared(node.grpc.clone())?
+        .local_address(Some("127.0.0.2".parse()?))
+        .connect()
+        .await?;
+    let until = Instant::now() + FLOOD;
+    let flood = (0..32).map(|i| {
+        let mut state = StateClient::new(flooder.clone());
+        tokio::spawn(async move {
+            let (mut served, mut limited, mut retry) = (0u32, 0u32, Duration::ZERO);
+            while Instant::now() < until {
+                match state.update(add(&format!("trips/flood-{i}"), 1)).await {
+                    Ok(_) => served += 1,
+                    Err(s) if s.code() == Code::ResourceExhausted => {
+                        limited += 1;
+                        let delay = s.get_details_retry_info().and_then(|r| r.retry_delay);
+                        retry = retry.max(delay.expect("a retry delay in the status"));
+                    }
+                    Err(s) => panic!("the flooder got {s:?}"),
+                }
+            }
+            (served, limited, retry)
+        })
+    });
+    let flood: Vec<_> = flood.collect();
+    let mut victim = node.state().await?;
+    let mut victims = 0;
+    while Instant::now() < until {
+        victim.update(add("trips/victim", 1)).await?;
+        victims += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (mut served, mut limited, mut retry) = (0, 0, Duration::ZERO);
+    for task in flood {
+        let (s, l, r) = task.await?;
+        (served, limited, retry) = (served + s, limited + l, retry.max(r));
+    }
+    assert!(victims >= 10, "the other caller made {victims} calls");
+    assert!(
+        limited > 0,
+        "the flooder was never limited ({served} served)"
+    );
+    // its burst and its rate over the flood, and a little for the clock
+    let most = RATE * (1 + FLOOD.as_secs() as u32) + RATE / 2;
+    assert!(
+        served <= most,
+        "the flooder got {served} calls, over {most}"
+    );
+    assert!(
+        retry > Duration::ZERO && retry <= Duration::from_secs(1),
+        "{retry:?}"
+    );
+    let counted = common::metric(
+        &node.metrics,
+        "geostate_calls_limited_total{caller=\"ip:127.0.0.2\"",
+    )?;
+    assert!(counted.is_some_and(|n| n > 0.0), "{counted:?}");
+    node.terminate(Duration::from_secs(10)).await?;
+    Ok(())
+}

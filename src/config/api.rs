@@ -1,12 +1,13 @@
 //! The `[api]` section: the gRPC and metrics listeners, the request limits, and who may
 //! call what. Whether a listener may serve plaintext is decided with `[tls]` here.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
 use serde::Deserialize;
 
 use super::security::{self, RawAuth};
-use super::{AuthConfig, ConfigError, TlsConfig, invalid, parse_addr};
+use super::{AuthConfig, ConfigError, Role, TlsConfig, invalid, parse_addr};
 
 #[derive(Clone, Debug)]
 pub struct ApiConfig {
@@ -21,6 +22,9 @@ pub struct ApiConfig {
     pub max_watchers: usize,
     /// Who may call what.
     pub auth: AuthConfig,
+    /// Per role, what one caller of it may call (`[api.limits.<role>]`; a role not named
+    /// is not limited).
+    pub limits: BTreeMap<Role, CallLimit>,
     /// The API and metrics listeners serve plaintext even with `[tls]` (loopback only):
     /// a process whose lease group runs on TLS behind a local proxy or sidecar.
     pub plaintext: bool,
@@ -39,7 +43,53 @@ pub(super) struct RawApi {
     max_watchers: usize,
     auth: Option<RawAuth>,
     #[serde(default)]
+    limits: BTreeMap<Role, RawCallLimit>,
+    #[serde(default)]
     plaintext: bool,
+}
+
+/// What one caller of a role may call: a token bucket of `rate` calls per second holding
+/// up to `burst`, and at most `concurrency` calls in flight.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CallLimit {
+    pub rate: f64,
+    pub burst: f64,
+    pub concurrency: Option<usize>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct RawCallLimit {
+    rate: f64,
+    /// Default: one second's worth of `rate` (at least 1).
+    burst: Option<f64>,
+    concurrency: Option<usize>,
+}
+
+impl RawCallLimit {
+    fn validate(self, role: Role) -> Result<CallLimit, ConfigError> {
+        let role = role.name();
+        if !(self.rate.is_finite() && self.rate > 0.0) {
+            let why = format!("{role}.rate must be above 0 (calls per second)");
+            return Err(invalid("api.limits", why));
+        }
+        let burst = self.burst.unwrap_or(self.rate.max(1.0));
+        if !(burst.is_finite() && burst >= 1.0) {
+            return Err(invalid(
+                "api.limits",
+                format!("{role}.burst must be at least 1"),
+            ));
+        }
+        if self.concurrency == Some(0) {
+            let why = format!("{role}.concurrency must be at least 1");
+            return Err(invalid("api.limits", why));
+        }
+        Ok(CallLimit {
+            rate: self.rate,
+            burst,
+            concurrency: self.concurrency,
+        })
+    }
 }
 
 fn default_max_batch_keys() -> usize {
@@ -84,6 +134,9 @@ impl RawApi {
             security::check_plaintext(None, allow_plaintext, &listeners[..2])?;
         }
         let auth = security::api_auth(self.auth, api_tls, grpc_listen)?;
+        let limits = (self.limits.into_iter())
+            .map(|(role, limit)| Ok((role, limit.validate(role)?)))
+            .collect::<Result<_, ConfigError>>()?;
         Ok(ApiConfig {
             grpc_listen,
             advertise: self.advertise.filter(|a| !a.is_empty()),
@@ -91,6 +144,7 @@ impl RawApi {
             max_batch_keys: self.max_batch_keys,
             max_watchers: self.max_watchers,
             auth,
+            limits,
             plaintext: self.plaintext,
         })
     }

@@ -25,8 +25,8 @@ mod settings;
 mod tests;
 mod window;
 
-pub use api::ApiConfig;
 use api::RawApi;
+pub use api::{ApiConfig, CallLimit};
 use checkpoint::RawCheckpoint;
 pub use checkpoint::{CheckpointConfig, CheckpointTarget, S3Target};
 pub use fields::{ConfigError, Secret, invalid, parse_addr, parse_duration};

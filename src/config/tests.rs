@@ -95,6 +95,31 @@ fn an_operator_names_no_member() {
     }
 }
 
+/// A role's limits: the burst defaults to a second's worth of the rate; a rate of 0, a
+/// burst under 1 and a concurrency of 0 are refused by name.
+#[test]
+fn a_roles_limits_are_checked() {
+    let set = |s: &str| vec![s.parse::<Setting>().unwrap()];
+    let us = crate::repo_file("regions/us-east-1.toml");
+    let node = Config::load_with(
+        &us,
+        &set("api.limits.write={ rate = 2000, concurrency = 64 }"),
+    );
+    let write = &node.unwrap().api.limits[&Role::Write];
+    assert_eq!(
+        (write.rate, write.burst, write.concurrency),
+        (2000.0, 2000.0, Some(64))
+    );
+    for bad in [
+        "{ rate = 0 }",
+        "{ rate = 5, burst = 0.5 }",
+        "{ rate = 5, concurrency = 0 }",
+    ] {
+        let e = Config::load_with(&us, &set(&format!("api.limits.read={bad}"))).unwrap_err();
+        assert!(e.to_string().contains("api.limits"), "{e}");
+    }
+}
+
 const MINIMAL: &str = r#"
         region = "us-east-1"
         data-dir = "/tmp/x"

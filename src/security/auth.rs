@@ -12,15 +12,21 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant, SystemTime};
 
 use tonic::Status;
+use tonic_types::{ErrorDetails, StatusExt};
 
+use super::limits::Limits;
 use super::tls::Caller;
-use crate::config::{AuthConfig, Role};
+use crate::config::{AuthConfig, CallLimit, Role};
 use crate::metrics as m;
+
+/// What an admitted call holds while it runs (a place among its caller's calls in
+/// flight, where its role bounds them).
+pub type Admission = Option<tokio::sync::OwnedSemaphorePermit>;
 
 /// Decides whether a call may proceed.
 pub trait Policy: Send + Sync + 'static {
     /// `path`: the call's `/package.Service/Method`.
-    fn admit(&self, caller: &Caller, path: &str, token: Option<&str>) -> Result<(), Status>;
+    fn admit(&self, caller: &Caller, path: &str, token: Option<&str>) -> Result<Admission, Status>;
 }
 
 /// The layer: `Server::builder().layer(Guard::new(policy))`.
@@ -92,7 +98,16 @@ where
             None => policy.admit(&caller, request.uri().path(), None),
         };
         match admitted {
-            Ok(()) => Box::pin(self.inner.call(request)),
+            Ok(None) => Box::pin(self.inner.call(request)),
+            Ok(Some(place)) => {
+                // held until the answer starts (a stream's messages are not counted)
+                let answer = self.inner.call(request);
+                Box::pin(async move {
+                    let answer = answer.await;
+                    drop(place);
+                    answer
+                })
+            }
             Err(status) => {
                 metrics::counter!(m::CALLS_REFUSED, "code" => format!("{:?}", status.code()))
                     .increment(1);
@@ -193,6 +208,13 @@ fn stamps(files: &BTreeMap<Role, PathBuf>) -> Vec<Option<SystemTime>> {
     files.values().map(stamp).collect()
 }
 
+/// FNV-1a: a token's name in the metrics and logs, never the token.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    (bytes.iter()).fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
 /// Constant-time equality of two byte strings of the same length.
 fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0
@@ -205,16 +227,49 @@ pub struct ApiPolicy {
     /// Lease group members' names: other regions' nodes forward owned writes, this
     /// region's nodes route requests; they write unless `identities` says otherwise.
     members: BTreeSet<String>,
+    limits: Limits,
 }
 
 impl ApiPolicy {
     /// Reads the token files now: a file that cannot be read is an error at start-up.
-    pub fn new(auth: AuthConfig, members: BTreeSet<String>) -> Result<Self, String> {
+    pub fn new(
+        auth: AuthConfig,
+        members: BTreeSet<String>,
+        limits: BTreeMap<Role, CallLimit>,
+    ) -> Result<Self, String> {
         let tokens = Tokens::new(&auth.token_files)?;
         Ok(Self {
             auth,
             tokens,
             members,
+            limits: Limits::new(limits),
+        })
+    }
+
+    /// Takes a call of `caller` (of `role`) within its limits; a lease group member's is
+    /// not limited (it carries many clients' calls).
+    fn limit(&self, caller: &Caller, token: Option<&str>, role: Role) -> Result<Admission, Status> {
+        let name = caller.name.as_deref();
+        if name.is_some_and(|n| self.members.contains(n)) {
+            return Ok(None);
+        }
+        let who = match (name, token, caller.remote) {
+            (Some(name), _, _) => format!("cert:{name}"),
+            (None, Some(token), _) => format!("token:{:016x}", fnv1a(token.as_bytes())),
+            (None, None, Some(remote)) => format!("ip:{}", remote.ip()),
+            (None, None, None) => "in-process".to_owned(),
+        };
+        self.limits.take(&who, role, Instant::now()).map_err(|e| {
+            metrics::counter!(m::CALLS_LIMITED, "caller" => who.clone(), "limit" => e.limit)
+                .increment(1);
+            let why = format!(
+                "{who} is over its {} limit ({} role, api.limits): retry after {} ms",
+                e.limit,
+                role.name(),
+                e.retry_after.as_millis()
+            );
+            let retry = ErrorDetails::with_retry_info(Some(e.retry_after));
+            Status::with_error_details(tonic::Code::ResourceExhausted, why, retry)
         })
     }
 
@@ -240,13 +295,15 @@ impl ApiPolicy {
 }
 
 impl Policy for ApiPolicy {
-    fn admit(&self, caller: &Caller, path: &str, token: Option<&str>) -> Result<(), Status> {
+    fn admit(&self, caller: &Caller, path: &str, token: Option<&str>) -> Result<Admission, Status> {
         let Some(needed) = needed(path) else {
-            return Ok(());
+            return Ok(None);
         };
         let role = self.role(caller, token)?;
-        if role >= Some(needed) {
-            return Ok(());
+        if let Some(role) = role
+            && role >= needed
+        {
+            return self.limit(caller, token, role);
         }
         let method = path.trim_start_matches('/');
         match (&caller.name, token, role) {
@@ -277,10 +334,15 @@ pub struct MemberPolicy {
 const GROUP_CHANGE: &str = "/geostate.v1.LeaseRaft/Learner";
 
 impl Policy for MemberPolicy {
-    fn admit(&self, caller: &Caller, path: &str, _token: Option<&str>) -> Result<(), Status> {
+    fn admit(
+        &self,
+        caller: &Caller,
+        path: &str,
+        _token: Option<&str>,
+    ) -> Result<Admission, Status> {
         match caller.name.as_deref() {
-            Some(name) if self.members.contains(name) => Ok(()),
-            Some(name) if self.operators.contains(name) && path == GROUP_CHANGE => Ok(()),
+            Some(name) if self.members.contains(name) => Ok(None),
+            Some(name) if self.operators.contains(name) && path == GROUP_CHANGE => Ok(None),
             Some(name) => Err(Status::permission_denied(format!(
                 "{name} is not a member of the lease group"
             ))),
@@ -313,7 +375,7 @@ mod tests {
             token_files: BTreeMap::from([(Role::Read, file)]),
         };
         let members = BTreeSet::from(["us-east-1".to_owned()]);
-        (ApiPolicy::new(auth, members).unwrap(), dir)
+        (ApiPolicy::new(auth, members, BTreeMap::new()).unwrap(), dir)
     }
 
     const UPDATE: &str = "/geostate.v1.State/Update";
@@ -323,7 +385,8 @@ mod tests {
     #[test]
     fn roles_come_from_certificates_tokens_or_the_anonymous_setting() {
         let (p, _dir) = policy(None, "# readers\nr-token\n");
-        let code = |c: &Caller, path, token| p.admit(c, path, token).map_err(|s| s.code());
+        let code =
+            |c: &Caller, path, token| p.admit(c, path, token).map(drop).map_err(|s| s.code());
         // nobody: unauthenticated, except for health
         assert_eq!(code(&caller(None), GET, None), Err(Code::Unauthenticated));
         assert_eq!(

@@ -4,6 +4,7 @@
 
 pub mod auth;
 pub mod certs;
+pub mod limits;
 pub mod tls;
 
 pub use auth::{ApiPolicy, Guard, MemberPolicy};
