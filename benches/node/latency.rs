@@ -351,10 +351,13 @@ pub(crate) async fn latency_and_gets(
     }
     // 3b. TLS at half the maximum, beside this node
     let tls = super::tls::tls_cost(kafka, work, half, &clients).await?;
+    // 3c. one caller flooding beside another, with and without per-caller limits
+    let limits = super::limits::flood_cost(kafka, work, max, &node.grpc, &clients).await?;
     node.kill9();
 
     Ok(json!({
         "tls": tls,
+        "limits": limits,
         "latency": [
             {"name": "geostate Update ack", "max_rate": max.round(), "points": ours_points},
             {"name": "Kafka produce→consume", "points": floor_points},

@@ -11,6 +11,7 @@
 //!    and per CPU-second, timed from the first progress to the last (start-up excluded);
 //! 3. `Update` ack latency, open loop (from each request's scheduled send time), at 25, 50
 //!    and 80 % of the node's own maximum, next to Kafka produce → consume at the same rates;
+//!    then over TLS, and beside a caller flooding `Update`, without and with `api.limits`;
 //! 4. `Get` throughput and latency at 1, 10 and 100 streams, without and with ingest load.
 //!
 //! Where the machine has two cores or more, the system under test (node, Kafka Streams JVM,
@@ -26,6 +27,7 @@ mod cpu;
 mod data;
 mod ingest;
 mod latency;
+mod limits;
 mod peers;
 mod tls;
 
@@ -136,6 +138,7 @@ async fn run() -> anyhow::Result<()> {
         "latency": served["latency"],
         "get": served["get"],
         "tls": served["tls"],
+        "limits": served["limits"],
     });
     std::fs::create_dir_all("bench/results")?;
     std::fs::write(
