@@ -156,8 +156,9 @@ pub const TLS_REFUSED: &str = "geostate_tls_handshakes_refused_total";
 /// group member), label `code` (counter).
 pub const CALLS_REFUSED: &str = "geostate_calls_refused_total";
 /// Calls refused `RESOURCE_EXHAUSTED` because their caller was over its limits
-/// (`api.limits`), labels `caller` (`cert:NAME`, `token:HASH`, `ip:ADDR`) and `limit`
-/// (`rate`, `concurrency`) (counter).
+/// (`api.limits`), labels `caller` (`cert:NAME` for a certificate; `token` and `ip` for
+/// the callers by token and by address, all of each in one series) and `limit` (`rate`,
+/// `concurrency`) (counter).
 pub const CALLS_LIMITED: &str = "geostate_calls_limited_total";
 /// Owned-key writes refused because this region holds no valid lease (counter).
 pub const OWNED_WRITES_REFUSED: &str = "geostate_owned_writes_refused_total";

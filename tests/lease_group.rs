@@ -18,7 +18,7 @@ use geostate::clock::SystemClock;
 use geostate::config::{LeaseConfig, Member as MemberConfig};
 use geostate::crdt::RegionId;
 use geostate::lease::member::Member;
-use geostate::lease::network::{Channels, GroupChange, change_group};
+use geostate::lease::network::{Channels, GroupChange, change_group, change_group_within};
 use geostate::lease::raft_store::{Proposal, Reply};
 use geostate::lease::table::{Command, Outcome, Refusal};
 use geostate::pb;
@@ -493,16 +493,24 @@ async fn over_tls_the_group_takes_its_members_only_each_for_its_own_region() -> 
             .expect_err("a member removed another region");
         assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{refused:?}");
     }
-    let operator = pki.issue("operator")?;
-    let mut as_operator = raft_client(leader_port, pki.client(Some(&operator))?).await?;
-    let removed = as_operator.learner(remove("eu-west-1")).await?;
-    let removed: Result<u64, String> = serde_json::from_slice(&removed.into_inner().json)?;
-    assert!(removed.is_ok(), "{removed:?}");
-    let voters: Vec<u64> = (members[&1].raft.metrics().borrow().membership_config)
-        .membership()
-        .voter_ids()
-        .collect();
-    assert!(!voters.contains(&2), "eu-west-1 still votes: {voters:?}");
+    let as_operator = Channels::new(Some(Tls::load(&pki.tls("operator")?)?));
+    let addrs: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+    let removal = GroupChange::RemoveRegion {
+        region: RegionId::new("eu-west-1")?,
+    };
+    let wait = Duration::from_secs(20);
+    change_group_within(&as_operator, &addrs, &removal, wait)
+        .await
+        .map_err(|e| anyhow::anyhow!("the operator's removal: {e}"))?;
+    let voters = |m: &Member| -> Vec<u64> {
+        let membership = m.raft.metrics().borrow().membership_config.clone();
+        membership.membership().voter_ids().collect()
+    };
+    let until = std::time::Instant::now() + wait;
+    while voters(&members[&1]).contains(&2) {
+        assert!(std::time::Instant::now() < until, "eu-west-1 still votes");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     for (_, m) in members {
         m.stop().await;
     }

@@ -69,8 +69,8 @@ struct RawCallLimit {
 impl RawCallLimit {
     fn validate(self, role: Role) -> Result<CallLimit, ConfigError> {
         let role = role.name();
-        if !(self.rate.is_finite() && self.rate > 0.0) {
-            let why = format!("{role}.rate must be above 0 (calls per second)");
+        if !(self.rate.is_finite() && self.rate >= 0.001) {
+            let why = format!("{role}.rate must be at least 0.001 (calls per second)");
             return Err(invalid("api.limits", why));
         }
         let burst = self.burst.unwrap_or(self.rate.max(1.0));

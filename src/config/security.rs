@@ -35,7 +35,7 @@ pub enum TlsVersion {
 }
 
 /// What an API caller may do; each role may do what the ones before it may.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Role {
     /// `Get`, `BatchGet`, `Scan`, `Watch`, reflection.

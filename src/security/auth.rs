@@ -112,11 +112,25 @@ where
                 metrics::counter!(m::CALLS_REFUSED, "code" => format!("{:?}", status.code()))
                     .increment(1);
                 tracing::debug!(path = request.uri().path(), caller = ?caller.name, reason = status.message(), "call refused");
-                Box::pin(std::future::ready(Ok(status.into_http())))
+                // only a caller over its limits is refused RESOURCE_EXHAUSTED here: its
+                // refusal waits, so that refusing costs a flooding caller as much time as
+                // it costs the node
+                let wait = match status.code() {
+                    tonic::Code::ResourceExhausted => LIMITED_ANSWER_AFTER,
+                    _ => Duration::ZERO,
+                };
+                Box::pin(async move {
+                    tokio::time::sleep(wait).await;
+                    Ok(status.into_http())
+                })
             }
         }
     }
 }
+
+/// How long a call refused for its caller's limits waits for its answer: a caller that
+/// keeps n calls in flight is refused at most 10·n times a second.
+const LIMITED_ANSWER_AFTER: Duration = Duration::from_millis(100);
 
 /// The role `path` needs (`None`: anyone, the health service).
 fn needed(path: &str) -> Option<Role> {
@@ -253,17 +267,27 @@ impl ApiPolicy {
         if name.is_some_and(|n| self.members.contains(n)) {
             return Ok(None);
         }
-        let who = match (name, token, caller.remote) {
-            (Some(name), _, _) => format!("cert:{name}"),
-            (None, Some(token), _) => format!("token:{:016x}", fnv1a(token.as_bytes())),
-            (None, None, Some(remote)) => format!("ip:{}", remote.ip()),
-            (None, None, None) => "in-process".to_owned(),
+        // the caller as limited, and as counted (a bounded set of names: certificates are
+        // issued, tokens and addresses are not, and a token is never shown)
+        let (who, counted) = match (name, token, caller.remote) {
+            (Some(name), _, _) => (format!("cert:{name}"), format!("cert:{name}")),
+            (None, Some(token), _) => (
+                format!("token:{:016x}", fnv1a(token.as_bytes())),
+                "token".into(),
+            ),
+            (None, None, Some(remote)) => (format!("ip:{}", remote.ip()), "ip".into()),
+            (None, None, None) => ("in-process".to_owned(), "in-process".into()),
         };
         self.limits.take(&who, role, Instant::now()).map_err(|e| {
-            metrics::counter!(m::CALLS_LIMITED, "caller" => who.clone(), "limit" => e.limit)
+            metrics::counter!(m::CALLS_LIMITED, "caller" => counted, "limit" => e.limit)
                 .increment(1);
+            let shown = if token.is_some() && name.is_none() {
+                "this token"
+            } else {
+                &who
+            };
             let why = format!(
-                "{who} is over its {} limit ({} role, api.limits): retry after {} ms",
+                "{shown} is over its {} limit ({} role, api.limits): retry after {} ms",
                 e.limit,
                 role.name(),
                 e.retry_after.as_millis()

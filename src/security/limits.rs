@@ -5,7 +5,7 @@
 //!
 //! A caller is its certificate's name, else its bearer token, else its IP address; the
 //! lease group's members (other regions forwarding owned writes, this region's nodes
-//! routing requests) carry many clients' calls and are not limited here.
+//! routing requests, over TLS) carry many clients' calls and are not limited here.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -15,17 +15,48 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::config::{CallLimit, Role};
 
-/// Callers remembered beyond this many are forgotten once idle (their bucket full, nothing
-/// in flight): a caller that comes back starts with a full bucket, as a new one does.
+/// Callers remembered before the idle ones (their bucket full, nothing in flight) are
+/// first forgotten; a forgotten caller that comes back starts with a full bucket, as a
+/// new one does. The next sweep waits until twice as many are remembered as were left.
 const REMEMBERED: usize = 4096;
+/// Callers remembered at most: beyond, new callers share one bucket per role (an
+/// attacker spraying addresses is held to one caller's limits).
+const MOST_CALLERS: usize = 65_536;
+/// The caller that new callers beyond [`MOST_CALLERS`] share.
+const OVERFLOW: &str = "overflow";
 
 /// What a caller's limits left of it.
 struct Bucket {
+    limit: CallLimit,
     /// Calls it may start now (up to the burst).
     tokens: f64,
     at: Instant,
     /// Its calls in flight (`None`: no bound).
     in_flight: Option<Arc<Semaphore>>,
+}
+
+impl Bucket {
+    fn new(limit: &CallLimit, now: Instant) -> Self {
+        Self {
+            tokens: limit.burst,
+            at: now,
+            in_flight: limit.concurrency.map(|n| Arc::new(Semaphore::new(n))),
+            limit: limit.clone(),
+        }
+    }
+
+    fn refill(&mut self, now: Instant) {
+        let elapsed = now.saturating_duration_since(self.at).as_secs_f64();
+        self.tokens = (self.tokens + elapsed * self.limit.rate).min(self.limit.burst);
+        self.at = now;
+    }
+
+    /// Nothing to remember: full and nothing in flight.
+    fn idle(&mut self, now: Instant) -> bool {
+        self.refill(now);
+        let running = (self.in_flight.as_ref()).zip(self.limit.concurrency);
+        self.tokens >= self.limit.burst && running.is_none_or(|(s, n)| s.available_permits() == n)
+    }
 }
 
 /// Why a call was refused, and when one would be taken.
@@ -36,20 +67,30 @@ pub struct Exhausted {
     pub retry_after: Duration,
 }
 
+/// The remembered callers' buckets, by role and caller.
+struct Callers {
+    buckets: HashMap<(Role, String), Bucket>,
+    /// How many remembered callers start the next sweep of the idle ones.
+    sweep_at: usize,
+}
+
 /// The limits per role, and each caller's bucket.
 pub struct Limits {
     by_role: BTreeMap<Role, CallLimit>,
-    callers: Mutex<HashMap<String, Bucket>>,
+    callers: Mutex<Callers>,
 }
 
-/// How long a caller over its concurrency waits before trying again.
-const CONCURRENCY_RETRY: Duration = Duration::from_millis(10);
+/// How long a caller over its concurrency is told to wait.
+const CONCURRENCY_RETRY: Duration = Duration::from_millis(100);
 
 impl Limits {
     pub fn new(by_role: BTreeMap<Role, CallLimit>) -> Self {
         Self {
             by_role,
-            callers: Mutex::new(HashMap::new()),
+            callers: Mutex::new(Callers {
+                buckets: HashMap::new(),
+                sweep_at: REMEMBERED,
+            }),
         }
     }
 
@@ -66,19 +107,21 @@ impl Limits {
             return Ok(None);
         };
         let mut callers = self.callers.lock().unwrap_or_else(|e| e.into_inner());
-        if callers.len() >= REMEMBERED && !callers.contains_key(caller) {
-            callers.retain(|_, b| !idle(b, limit, now));
+        let Callers { buckets, sweep_at } = &mut *callers;
+        let mut key = (role, caller.to_owned());
+        if !buckets.contains_key(&key) {
+            if buckets.len() >= *sweep_at {
+                buckets.retain(|_, b| !b.idle(now));
+                *sweep_at = (2 * buckets.len()).max(REMEMBERED);
+            }
+            if buckets.len() >= MOST_CALLERS {
+                key.1 = OVERFLOW.to_owned();
+            }
         }
-        let bucket = callers.entry(caller.to_owned()).or_insert_with(|| Bucket {
-            tokens: limit.burst,
-            at: now,
-            in_flight: limit.concurrency.map(|n| Arc::new(Semaphore::new(n))),
-        });
-        let elapsed = now.saturating_duration_since(bucket.at).as_secs_f64();
-        bucket.tokens = (bucket.tokens + elapsed * limit.rate).min(limit.burst);
-        bucket.at = now;
+        let bucket = (buckets.entry(key)).or_insert_with(|| Bucket::new(limit, now));
+        bucket.refill(now);
         if bucket.tokens < 1.0 {
-            let wait = (1.0 - bucket.tokens) / limit.rate;
+            let wait = (1.0 - bucket.tokens) / bucket.limit.rate;
             return Err(Exhausted {
                 limit: "rate",
                 retry_after: Duration::from_secs_f64(wait),
@@ -101,26 +144,23 @@ impl Limits {
     }
 }
 
-/// A bucket with nothing to remember: full and nothing in flight.
-fn idle(bucket: &Bucket, limit: &CallLimit, now: Instant) -> bool {
-    let elapsed = now.saturating_duration_since(bucket.at).as_secs_f64();
-    let full = bucket.tokens + elapsed * limit.rate >= limit.burst;
-    let running = (bucket.in_flight.as_ref())
-        .is_some_and(|s| limit.concurrency.is_some_and(|n| s.available_permits() < n));
-    full && !running
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn limits(rate: f64, burst: f64, concurrency: Option<usize>) -> Limits {
-        let limit = CallLimit {
+    fn limit(rate: f64, burst: f64, concurrency: Option<usize>) -> CallLimit {
+        CallLimit {
             rate,
             burst,
             concurrency,
-        };
-        Limits::new(BTreeMap::from([(Role::Write, limit)]))
+        }
+    }
+
+    fn limits(rate: f64, burst: f64, concurrency: Option<usize>) -> Limits {
+        Limits::new(BTreeMap::from([(
+            Role::Write,
+            limit(rate, burst, concurrency),
+        )]))
     }
 
     /// A caller spends its burst, is then refused with the time until its next token,
@@ -162,22 +202,52 @@ mod tests {
         assert!(limits.take("a", Role::Write, now).is_ok());
     }
 
-    /// Many callers are remembered up to a bound; idle ones are forgotten first, never
-    /// one with calls in flight.
+    /// Many callers are remembered up to a bound; idle ones are forgotten first, never one
+    /// with calls in flight, whatever the role of the caller that starts the sweep; past
+    /// the most remembered, new callers share one bucket.
     #[test]
-    fn idle_callers_are_forgotten_beyond_the_bound() {
-        let limits = limits(1.0, 1.0, Some(1));
+    fn idle_callers_are_forgotten_and_new_ones_beyond_the_most_share_a_bucket() {
+        let limits = Limits::new(BTreeMap::from([
+            (Role::Write, limit(1.0, 1.0, Some(1))),
+            (Role::Read, limit(1.0, 1.0, None)),
+        ]));
         let now = Instant::now();
         let busy = limits.take("busy", Role::Write, now).unwrap();
-        for i in 0..REMEMBERED {
+        // the next new caller starts a sweep
+        for i in 1..REMEMBERED {
             drop(limits.take(&format!("c{i}"), Role::Write, now));
         }
         let later = now + Duration::from_secs(2);
-        assert!(limits.take("new", Role::Write, later).is_ok());
-        let callers = limits.callers.lock().unwrap();
-        assert!(callers.len() < REMEMBERED, "{}", callers.len());
-        assert!(callers.contains_key("busy"));
-        drop(callers);
+        assert!(limits.take("new", Role::Read, later).is_ok());
+        {
+            let callers = limits.callers.lock().unwrap();
+            assert!(
+                callers.buckets.len() < REMEMBERED,
+                "{}",
+                callers.buckets.len()
+            );
+            assert!(callers.buckets.contains_key(&(Role::Write, "busy".into())));
+        }
+        assert_eq!(
+            limits.take("busy", Role::Write, later).unwrap_err().limit,
+            "concurrency",
+            "still one in flight"
+        );
         drop(busy);
+
+        let limits = limits_for_many();
+        let now = Instant::now();
+        for i in 0..MOST_CALLERS {
+            drop(limits.take(&format!("c{i}"), Role::Write, now));
+        }
+        assert!(limits.take("sprayed-1", Role::Write, now).is_ok());
+        let refused = limits.take("sprayed-2", Role::Write, now).unwrap_err();
+        assert_eq!(refused.limit, "rate", "one bucket for the callers beyond");
+    }
+
+    /// A caller's single call a second: every bucket stays busy (never full again within
+    /// the test), so none is forgotten.
+    fn limits_for_many() -> Limits {
+        limits(0.001, 1.0, None)
     }
 }
