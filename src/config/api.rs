@@ -80,8 +80,8 @@ impl RawCallLimit {
                 format!("{role}.burst must be at least 1"),
             ));
         }
-        if self.concurrency == Some(0) {
-            let why = format!("{role}.concurrency must be at least 1");
+        if self.concurrency.is_some_and(|n| n == 0 || n > 1_000_000) {
+            let why = format!("{role}.concurrency must be 1 to 1,000,000");
             return Err(invalid("api.limits", why));
         }
         Ok(CallLimit {

@@ -24,6 +24,9 @@ const REMEMBERED: usize = 4096;
 const MOST_CALLERS: usize = 65_536;
 /// The caller that new callers beyond [`MOST_CALLERS`] share.
 const OVERFLOW: &str = "overflow";
+/// How often the idle callers are looked for while [`MOST_CALLERS`] are remembered (so
+/// new callers get buckets of their own again once the others went quiet).
+const SWEEP_AT_MOST_EVERY: Duration = Duration::from_secs(1);
 
 /// What a caller's limits left of it.
 struct Bucket {
@@ -72,6 +75,7 @@ struct Callers {
     buckets: HashMap<(Role, String), Bucket>,
     /// How many remembered callers start the next sweep of the idle ones.
     sweep_at: usize,
+    swept: Instant,
 }
 
 /// The limits per role, and each caller's bucket.
@@ -90,6 +94,7 @@ impl Limits {
             callers: Mutex::new(Callers {
                 buckets: HashMap::new(),
                 sweep_at: REMEMBERED,
+                swept: Instant::now(),
             }),
         }
     }
@@ -107,12 +112,19 @@ impl Limits {
             return Ok(None);
         };
         let mut callers = self.callers.lock().unwrap_or_else(|e| e.into_inner());
-        let Callers { buckets, sweep_at } = &mut *callers;
+        let Callers {
+            buckets,
+            sweep_at,
+            swept,
+        } = &mut *callers;
         let mut key = (role, caller.to_owned());
         if !buckets.contains_key(&key) {
-            if buckets.len() >= *sweep_at {
+            let at_most = buckets.len() >= MOST_CALLERS
+                && now.saturating_duration_since(*swept) >= SWEEP_AT_MOST_EVERY;
+            if buckets.len() >= *sweep_at || at_most {
                 buckets.retain(|_, b| !b.idle(now));
                 *sweep_at = (2 * buckets.len()).max(REMEMBERED);
+                *swept = now;
             }
             if buckets.len() >= MOST_CALLERS {
                 key.1 = OVERFLOW.to_owned();
@@ -243,6 +255,11 @@ mod tests {
         assert!(limits.take("sprayed-1", Role::Write, now).is_ok());
         let refused = limits.take("sprayed-2", Role::Write, now).unwrap_err();
         assert_eq!(refused.limit, "rate", "one bucket for the callers beyond");
+        // once the others went quiet, a new caller has a bucket of its own again
+        let quiet = now + Duration::from_secs(2000);
+        assert!(limits.take("fresh", Role::Write, quiet).is_ok());
+        let callers = limits.callers.lock().unwrap();
+        assert!(callers.buckets.contains_key(&(Role::Write, "fresh".into())));
     }
 
     /// A caller's single call a second: every bucket stays busy (never full again within

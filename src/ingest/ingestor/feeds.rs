@@ -144,11 +144,18 @@ impl Feeds {
     pub(super) async fn drain(&mut self) -> Result<bool, IngestError> {
         self.closing.send_replace(true);
         self.inputs.clear();
-        let mut stopped = false;
+        // every task joined, whatever the first to fail said
+        let (mut stopped, mut failed) = (false, None);
         while let Some(ended) = self.next_ended().await {
-            stopped |= matches!(ended?, Ended::Stopped);
+            match ended {
+                Ok(ended) => stopped |= matches!(ended, Ended::Stopped),
+                Err(e) => failed = failed.or(Some(e)),
+            }
         }
-        Ok(!stopped)
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(!stopped),
+        }
     }
 }
 
