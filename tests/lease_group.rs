@@ -81,6 +81,12 @@ async fn start(config: &LeaseConfig, dir: &std::path::Path) -> anyhow::Result<Me
     Ok(Member::start(config, dir, 100, Arc::new(SystemClock), None).await?)
 }
 
+/// The voters as `member`'s membership has them.
+fn voters(member: &Member) -> Vec<u64> {
+    let membership = member.raft.metrics().borrow().membership_config.clone();
+    membership.membership().voter_ids().collect()
+}
+
 async fn leader(members: &BTreeMap<u64, Member>) -> anyhow::Result<u64> {
     let any = members.values().next().context("no member")?;
     let metrics = any
@@ -265,15 +271,7 @@ async fn a_region_joins_the_running_group_and_leaves_it() -> anyhow::Result<()> 
     members.insert(4, fourth);
     regions_everywhere(&members, &["ap-southeast-1", "eu-west-1", "us-east-1"]).await?;
     let leader_id = leader(&members).await?;
-    let voters: Vec<u64> = members[&leader_id]
-        .raft
-        .metrics()
-        .borrow()
-        .membership_config
-        .membership()
-        .voter_ids()
-        .collect();
-    assert_eq!(voters, [1, 2, 3, 4]);
+    assert_eq!(voters(&members[&leader_id]), [1, 2, 3, 4]);
     let Outcome::Granted(held) = acquire(&members, "ap-southeast-1", 2000).await? else {
         anyhow::bail!("the joined region's acquire was refused");
     };
@@ -502,10 +500,6 @@ async fn over_tls_the_group_takes_its_members_only_each_for_its_own_region() -> 
     change_group_within(&as_operator, &addrs, &removal, wait)
         .await
         .map_err(|e| anyhow::anyhow!("the operator's removal: {e}"))?;
-    let voters = |m: &Member| -> Vec<u64> {
-        let membership = m.raft.metrics().borrow().membership_config.clone();
-        membership.membership().voter_ids().collect()
-    };
     let until = std::time::Instant::now() + wait;
     while voters(&members[&1]).contains(&2) {
         assert!(std::time::Instant::now() < until, "eu-west-1 still votes");

@@ -99,6 +99,11 @@ impl Limits {
         }
     }
 
+    /// Whether callers of `role` are limited at all (else nothing is to be counted).
+    pub fn bounds(&self, role: Role) -> bool {
+        self.by_role.contains_key(&role)
+    }
+
     /// Takes a call of `caller` (of `role`) at `now`: a permit held while it runs, where
     /// its role bounds calls in flight; refused once its bucket is empty or its calls in
     /// flight are at the bound.

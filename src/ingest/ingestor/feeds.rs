@@ -38,7 +38,7 @@ enum Input {
 
 /// How a partition's task ended.
 pub(super) enum Ended {
-    /// It applied every input it was handed.
+    /// Its inputs closed (a drain): it finished the part it applied, if any.
     Drained,
     /// Asked to stop meanwhile.
     Stopped,
@@ -268,7 +268,9 @@ mod tests {
         let (store, handle, mut feeds, writer, _stop) = blocked_task().await;
         assert!(feeds.hand(vec![add(0)], Instant::now()).await);
         // taken by the task: it waits for the writer with its first part
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        while feeds.inputs[&0].capacity() < READ_AHEAD {
+            tokio::task::yield_now().await;
+        }
         assert!(feeds.hand(vec![add(1)], Instant::now()).await);
         assert!(feeds.hand(vec![add(2)], Instant::now()).await);
         let drained = tokio::spawn(async move { feeds.drain().await.unwrap() });
