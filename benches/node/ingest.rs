@@ -9,7 +9,33 @@ pub(crate) async fn geostate(
     data: &Dataset,
     dir: &Path,
 ) -> anyhow::Result<(Rate, f64)> {
-    geostate_on(kafka, data, dir, SUT_CORE, None).await
+    let run = geostate_on(kafka, data, dir, SUT_CORE, None).await?;
+    Ok((run.rate, run.deltas_per_event))
+}
+
+/// A node's run over a dataset.
+pub(crate) struct NodeRun {
+    pub(crate) rate: Rate,
+    pub(crate) deltas_per_event: f64,
+    /// CPU-seconds the region's Kafka broker took over the same span (serving the node's
+    /// fetches, taking its deltas and their transactions), per event.
+    pub(crate) broker_cpu_per_event: f64,
+    pub(crate) parts: Parts,
+}
+
+/// How a node's partitions applied what they read, from its metrics at the end of a run.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Parts {
+    /// Events per part a partition applied and committed at once (one RocksDB write batch).
+    pub(crate) events: f64,
+    /// Seconds per part from its first record's arrival to its partition's writer: the
+    /// wait behind the parts before it.
+    pub(crate) wait: f64,
+    /// Seconds per part applying and committing it.
+    pub(crate) work: f64,
+    /// Seconds applying and committing over all partitions, per second of the run: how
+    /// many partitions were at work at once, on average.
+    pub(crate) busy: f64,
 }
 
 /// The geostate node over `data`'s topic on `cores` (a `taskset` list) from its start, so
@@ -20,7 +46,7 @@ pub(crate) async fn geostate_on(
     dir: &Path,
     cores: &str,
     binary: Option<&Path>,
-) -> anyhow::Result<(Rate, f64)> {
+) -> anyhow::Result<NodeRun> {
     // the run's own deltas topic (and the rest): a node on an empty data dir restores from
     // its region's deltas topic, so on the dataset's it would start where the last run ended
     let topics = Topics {
@@ -36,18 +62,67 @@ pub(crate) async fn geostate_on(
     }
     let pid = node.start().await?;
     pin(pid, cores)?;
-    let rate = Probe::Node(&node)
-        .follow(&[pid], EVENTS, Duration::from_secs(600))
-        .await?;
+    let broker = common::run_dir()?.join("pids/kafka-us-east-1");
+    let broker: Vec<u32> = (std::fs::read_to_string(broker).ok())
+        .and_then(|p| p.trim().parse().ok())
+        .into_iter()
+        .collect();
+    let (rate, broker_cpu_per_event) = Probe::Node(&node)
+        .follow_beside(&[pid], &broker, EVENTS, Duration::from_secs(600))
+        .await
+        .map_err(|e| {
+            let status = (node.child.as_mut()).and_then(|c| c.try_wait().ok().flatten());
+            if let Some(keep) = std::env::var_os("GEOSTATE_BENCH_KEEP_METRICS") {
+                let _ = std::fs::copy(&node.log, Path::new(&keep).join("failed-node.log"));
+            }
+            e.context(format!(
+                "the node ({status:?}); its log: {}",
+                node.log_tail()
+            ))
+        })?;
     let metrics = common::http_get(&node.metrics, "/metrics")?;
-    let shipped = metrics
-        .lines()
-        .find(|l| l.starts_with("geostate_deltas_shipped_total"))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse::<f64>().ok())
-        .unwrap_or(0.0);
+    // the value of one series (a name and its labels, as exposed)
+    let value = |series: &str| {
+        (metrics.lines())
+            .filter_map(|l| l.rsplit_once(' '))
+            .find(|(s, _)| *s == series)
+            .and_then(|(_, v)| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    if let Some(keep) = std::env::var_os("GEOSTATE_BENCH_KEEP_METRICS") {
+        // the node's metrics at the end of each run, for a closer look
+        let name = dir
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .into_owned();
+        std::fs::create_dir_all(&keep)?;
+        std::fs::write(Path::new(&keep).join(format!("{name}.prom")), &metrics)?;
+    }
+    let shipped = value("geostate_deltas_shipped_total");
+    let count = value("geostate_batch_events_count").max(1.0);
+    let stage = |stage: &str| {
+        value(&format!(
+            "geostate_write_stage_seconds_sum{{stage=\"{stage}\"}}"
+        ))
+    };
+    let work = stage("apply") + stage("commit");
+    let parts = Parts {
+        events: value("geostate_batch_events_sum") / count,
+        wait: stage("batch") / count,
+        work: work / count,
+        busy: work / (EVENTS as f64 / rate.events_per_second.max(1e-9)),
+    };
     node.kill9();
-    Ok((rate, shipped / EVENTS as f64))
+    // a run over 1M keys leaves hundreds of MB: the cores section makes 24 of them
+    let _ = std::fs::remove_dir_all(dir.join("data"));
+    let _ = std::fs::remove_dir_all(dir.join("checkpoints"));
+    Ok(NodeRun {
+        rate,
+        deltas_per_event: shipped / EVENTS as f64,
+        broker_cpu_per_event,
+        parts,
+    })
 }
 
 /// The CRDT core alone: decode, check, apply and delta extraction in batches of `BATCH`,

@@ -197,18 +197,32 @@ impl Probe<'_> {
         events: usize,
         deadline: Duration,
     ) -> anyhow::Result<Rate> {
-        let cpu = || pids.iter().map(|&p| cpu_seconds(p)).sum::<f64>();
+        Ok(self.follow_beside(pids, &[], events, deadline).await?.0)
+    }
+
+    /// [`Self::follow`], and the CPU-seconds per event the `beside` processes (those
+    /// serving the system, such as its Kafka broker) took over the same span.
+    pub(crate) async fn follow_beside(
+        &self,
+        pids: &[u32],
+        beside: &[u32],
+        events: usize,
+        deadline: Duration,
+    ) -> anyhow::Result<(Rate, f64)> {
+        let cpu = |pids: &[u32]| pids.iter().map(|&p| cpu_seconds(p)).sum::<f64>();
         let until = Instant::now() + deadline;
-        let mut first: Option<(Instant, usize, f64)> = None;
+        let mut first: Option<(Instant, usize, f64, f64)> = None;
         loop {
             let done = self.progress().await.unwrap_or(0);
-            let now = (Instant::now(), done, cpu());
+            let now = (Instant::now(), done, cpu(pids), cpu(beside));
             if done > 0 && first.is_none() {
                 first = Some(now);
             }
             if done >= events {
-                let (t0, done0, cpu0) = first.unwrap_or(now);
-                return Ok(Rate::of(done - done0, now.0 - t0, now.2 - cpu0));
+                let (t0, done0, cpu0, beside0) = first.unwrap_or(now);
+                let measured = done - done0;
+                let rate = Rate::of(measured, now.0 - t0, now.2 - cpu0);
+                return Ok((rate, (now.3 - beside0) / measured.max(1) as f64));
             }
             if let Some(gone) = pids.iter().find(|&&p| !running(p)) {
                 bail!("process {gone} exited after {done} of {events} records");

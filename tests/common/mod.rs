@@ -550,7 +550,8 @@ pub struct Node {
     /// The cores the node runs on from its start (a `taskset` list; `None`: the caller's),
     /// so that its runtime sizes its worker threads to them.
     pub cores: Option<String>,
-    child: Option<Child>,
+    /// The node process, while it runs.
+    pub child: Option<Child>,
 }
 
 /// A TLS client of a secure node and an admin token it takes.
