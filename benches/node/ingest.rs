@@ -71,7 +71,7 @@ pub(crate) async fn geostate_on(
         .follow_beside(&[pid], &broker, EVENTS, Duration::from_secs(600))
         .await
         .map_err(|e| {
-            let status = (node.child.as_mut()).and_then(|c| c.try_wait().ok().flatten());
+            let status = node.exit_status();
             if let Some(keep) = std::env::var_os("GEOSTATE_BENCH_KEEP_METRICS") {
                 let _ = std::fs::copy(&node.log, Path::new(&keep).join("failed-node.log"));
             }

@@ -30,7 +30,6 @@ const SWEEP_AT_MOST_EVERY: Duration = Duration::from_secs(1);
 
 /// What a caller's limits left of it.
 struct Bucket {
-    limit: CallLimit,
     /// Calls it may start now (up to the burst).
     tokens: f64,
     at: Instant,
@@ -44,21 +43,20 @@ impl Bucket {
             tokens: limit.burst,
             at: now,
             in_flight: limit.concurrency.map(|n| Arc::new(Semaphore::new(n))),
-            limit: limit.clone(),
         }
     }
 
-    fn refill(&mut self, now: Instant) {
+    fn refill(&mut self, limit: &CallLimit, now: Instant) {
         let elapsed = now.saturating_duration_since(self.at).as_secs_f64();
-        self.tokens = (self.tokens + elapsed * self.limit.rate).min(self.limit.burst);
+        self.tokens = (self.tokens + elapsed * limit.rate).min(limit.burst);
         self.at = now;
     }
 
     /// Nothing to remember: full and nothing in flight.
-    fn idle(&mut self, now: Instant) -> bool {
-        self.refill(now);
-        let running = (self.in_flight.as_ref()).zip(self.limit.concurrency);
-        self.tokens >= self.limit.burst && running.is_none_or(|(s, n)| s.available_permits() == n)
+    fn idle(&mut self, limit: &CallLimit, now: Instant) -> bool {
+        self.refill(limit, now);
+        let running = (self.in_flight.as_ref()).zip(limit.concurrency);
+        self.tokens >= limit.burst && running.is_none_or(|(s, n)| s.available_permits() == n)
     }
 }
 
@@ -127,7 +125,9 @@ impl Limits {
             let at_most = buckets.len() >= MOST_CALLERS
                 && now.saturating_duration_since(*swept) >= SWEEP_AT_MOST_EVERY;
             if buckets.len() >= *sweep_at || at_most {
-                buckets.retain(|_, b| !b.idle(now));
+                // every bucket's role is limited: buckets are made for those only
+                buckets
+                    .retain(|(role, _), b| !self.by_role.get(role).is_some_and(|l| b.idle(l, now)));
                 *sweep_at = (2 * buckets.len()).max(REMEMBERED);
                 *swept = now;
             }
@@ -136,9 +136,9 @@ impl Limits {
             }
         }
         let bucket = (buckets.entry(key)).or_insert_with(|| Bucket::new(limit, now));
-        bucket.refill(now);
+        bucket.refill(limit, now);
         if bucket.tokens < 1.0 {
-            let wait = (1.0 - bucket.tokens) / bucket.limit.rate;
+            let wait = (1.0 - bucket.tokens) / limit.rate;
             return Err(Exhausted {
                 limit: "rate",
                 retry_after: Duration::from_secs_f64(wait),

@@ -550,8 +550,7 @@ pub struct Node {
     /// The cores the node runs on from its start (a `taskset` list; `None`: the caller's),
     /// so that its runtime sizes its worker threads to them.
     pub cores: Option<String>,
-    /// The node process, while it runs.
-    pub child: Option<Child>,
+    child: Option<Child>,
 }
 
 /// A TLS client of a secure node and an admin token it takes.
@@ -700,11 +699,7 @@ impl Node {
             if self.ready().await {
                 return Ok(pid);
             }
-            if let Some(status) = self
-                .child
-                .as_mut()
-                .and_then(|c| c.try_wait().ok().flatten())
-            {
+            if let Some(status) = self.exit_status() {
                 bail!("node exited with {status}; log: {}", self.log_tail());
             }
             if Instant::now() > deadline {
@@ -839,6 +834,11 @@ impl Node {
             })
             .collect();
         (values, lines.len())
+    }
+
+    /// How the node process ended, if it did.
+    pub fn exit_status(&mut self) -> Option<std::process::ExitStatus> {
+        (self.child.as_mut()).and_then(|c| c.try_wait().ok().flatten())
     }
 
     pub fn log_tail(&self) -> String {
