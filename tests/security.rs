@@ -371,6 +371,10 @@ async fn a_flooding_caller_is_held_to_its_limits_while_another_is_served() -> an
         &format!("{{ admin = {{ rate = {RATE}, burst = {RATE} }} }}"),
     );
     node.start().await?;
+    // ready for writes (its partitions taken): the flood then runs at the node's pace,
+    // not the first writes' wait for the group
+    let mut victim = node.state().await?;
+    victim.update(add("trips/victim", 1)).await?;
 
     let flooder = tonic::transport::Endpoint::from_shared(node.grpc.clone())?
         .local_address(Some("127.0.0.2".parse()?))
@@ -396,7 +400,6 @@ async fn a_flooding_caller_is_held_to_its_limits_while_another_is_served() -> an
         })
     });
     let flood: Vec<_> = flood.collect();
-    let mut victim = node.state().await?;
     let mut victims = 0;
     while Instant::now() < until {
         victim.update(add("trips/victim", 1)).await?;
