@@ -22,13 +22,13 @@
 //! replay long after may find that epoch granted since and apply such a record: only a
 //! writer to the updates topic can forge one, which authenticating writers prevents.
 //!
-//! It feeds the partitions this node owns ([`Partitions`]): it reads them with a new reader
-//! after each change (a batch cut short is read again from the stored offsets), tells each
-//! partition's handle whether it is read (a partition given up is handed on only once
-//! ingest no longer reads it), and hands each partition's records to a task of that
-//! partition ([`feeds`]), which applies them in order under the partition's writer and
-//! commits them only in the term of the handle they were read in; partitions apply in
-//! parallel with each other and with the reading. Per partition it says when it has
+//! It feeds the partitions this node owns ([`Partitions`]): it reads them with a new client
+//! after each change (what was read and not applied is read again from the stored
+//! offsets), tells each partition's handle whether it is read (a partition given up is
+//! handed on only once ingest no longer reads it), and gives each partition a task
+//! ([`feeds`]) that reads the partition's own queue of the client and applies what it
+//! reads in order under the partition's writer, committing only in the term of the handle
+//! it was read in; partitions read and apply in parallel. Per partition it says when it has
 //! replayed what the topic held when this node took it ([`PartitionHandle::replayed`]):
 //! the records an earlier owner may have applied and acknowledged. The partition's shipper
 //! sends no heartbeat before that.
@@ -42,7 +42,7 @@ use tokio::sync::watch;
 
 mod feeds;
 
-use feeds::{Ended, Feeds};
+use feeds::{Drained, Ended, Feeds};
 
 use super::batch::{Applied, BatchContext, Grants, Pending, Record, apply_batch};
 use super::event::Rejection;
@@ -52,8 +52,8 @@ use crate::crdt::Actor;
 use crate::lease::leases::Leases;
 use crate::lease::table::ShardId;
 use crate::log::{
-    Batching, ConsumerSpec, DLQ_CODE_HEADER, DLQ_REASON_HEADER, DLQ_SOURCE_HEADER,
-    DLQ_TRUNCATED_HEADER, LogError, Out, Reader, RenewingProducer,
+    ConsumerSpec, DLQ_CODE_HEADER, DLQ_REASON_HEADER, DLQ_SOURCE_HEADER, DLQ_TRUNCATED_HEADER,
+    LogError, Out, PartitionReader, RenewingProducer, Split, restarted,
 };
 use crate::metrics as m;
 use crate::partition::{Change, Owned, PartitionHandle, Partitions, applied_in};
@@ -64,7 +64,7 @@ use prost::Message;
 
 const RETRY_PAUSE: Duration = Duration::from_millis(200);
 /// How often a replaying ingest task with nothing to read checks whether it is done.
-const REPLAY_POLL: Duration = Duration::from_millis(100);
+pub(super) const REPLAY_POLL: Duration = Duration::from_millis(100);
 /// How often ingest looks at a full outbox again (it is also woken by every shipped round).
 const OUTBOX_POLL: Duration = Duration::from_millis(100);
 /// How long an owned record's epoch may wait for this member's table to apply its grant
@@ -124,104 +124,102 @@ pub struct Ingestor {
 impl Ingestor {
     /// Runs until `shutdown` turns true; returns early only on a storage failure.
     ///
-    /// The reader hands each partition's records to that partition's task ([`Feeds`]) and
-    /// reads on: partitions apply in parallel with each other and with the reading. Before
-    /// the reader is positioned again (a change of partitions, a failed read), every task
-    /// finishes the part it applies and drops what it was handed beyond it, so the new
-    /// reader starts after what is applied. On return, every task has finished.
+    /// Each partition's task reads the partition's own queue of one client and applies
+    /// what it reads ([`Feeds`]): partitions read and apply in parallel. Before a new
+    /// client reads (a change of partitions, a failed read), every task finishes the
+    /// part it applies, so the new client starts after what is applied. On return, every
+    /// task has finished.
     pub async fn run(self, shutdown: watch::Receiver<bool>) -> Result<(), IngestError> {
         let mut feeds = Feeds::default();
         let read = Arc::new(self).read(&mut feeds, shutdown).await;
         let drained = feeds.drain().await;
-        read.and(drained.map(|_| ()))
+        read.and(drained.map(drop))
     }
 
-    /// Reads the owned partitions and hands what it reads to `feeds` until `shutdown`
-    /// turns true.
+    /// Reads the owned partitions with a task each ([`Feeds`]) until `shutdown` turns
+    /// true, with a new client after each change of partitions or failed read.
     async fn read(
         self: Arc<Self>,
         feeds: &mut Feeds,
         mut shutdown: watch::Receiver<bool>,
     ) -> Result<(), IngestError> {
         let mut owned = self.owned.subscribe();
-        let mut reader: Option<Reader> = None;
-        // the handles of the partitions the reader reads (their terms when it started)
+        let mut client: Option<Split> = None;
+        // the handles of the partitions the client reads (their terms when it started)
         let mut read = Owned::new();
+        // why the last client was replaced, if it failed
+        let mut failed: Option<LogError> = None;
         loop {
-            if reader.is_none() || owned.has_changed().unwrap_or(false) {
-                if !feeds.drain().await? {
-                    return Ok(());
+            if client.is_none() || owned.has_changed().unwrap_or(false) {
+                match feeds.drain().await? {
+                    Drained::Stopped => return Ok(()),
+                    Drained::Done(read_failed) => failed = failed.or(read_failed),
                 }
-                reader = self.follow(&mut owned, &mut read).await?;
-                *feeds = Feeds::start(&self, &read, &shutdown);
+                if failed.is_some() {
+                    tokio::select! {
+                        () = stopped(&mut shutdown) => return Ok(()),
+                        () = tokio::time::sleep(RETRY_PAUSE) => {}
+                    }
+                }
+                match self.follow(&mut owned, &mut read).await {
+                    Ok(Some((split, sources))) => {
+                        *feeds = Feeds::start(&self, &read, sources, &shutdown);
+                        client = Some(split);
+                        if let Some(error) = failed.take() {
+                            restarted(&self.source, &error, None);
+                        }
+                    }
+                    Ok(None) => client = None,
+                    // tried again after the pause
+                    Err(again) => {
+                        restarted(
+                            &self.source,
+                            failed.as_ref().unwrap_or(&again),
+                            Some(&again),
+                        );
+                        failed = failed.or(Some(again));
+                        continue;
+                    }
+                }
             }
-            let Some(reading) = reader.as_mut() else {
+            let Some(reading) = client.as_ref() else {
                 // owns nothing: waits for the group
                 tokio::select! {
                     () = stopped(&mut shutdown) => return Ok(()),
                     _ = owned.changed() => continue,
                 }
             };
-            feeds.note_replayed(reading, &read).await;
-            let batching = Batching {
-                max: self.config.ingest.batch_max_events,
-                linger: self.config.ingest.batch_max_wait,
-                // the last records may be ones nobody applies (a transaction marker)
-                idle: (read.values())
-                    .any(|h| h.replay_to().is_some())
-                    .then_some(REPLAY_POLL),
-            };
-            // a batch cut short by a change of partitions is read again: the new reader
-            // starts after the applied offsets
-            let batch = tokio::select! {
-                batch = reading.next_batch(batching, &mut shutdown) => batch,
-                _ = owned.changed() => {
-                    reader = None;
-                    continue;
+            tokio::select! {
+                () = stopped(&mut shutdown) => return Ok(()),
+                // read again, from the applied offsets, without those given up
+                _ = owned.changed() => client = None,
+                error = reading.failed() => {
+                    if matches!(error, LogError::Unsplit { .. }) {
+                        return Err(error.into());
+                    }
+                    failed = Some(error);
+                    client = None;
                 }
                 Some(ended) = feeds.next_ended() => match ended? {
                     Ended::Stopped => return Ok(()),
-                    // read again, from the applied offsets, without those given up
-                    Ended::Cut | Ended::Drained => {
-                        reader = None;
-                        continue;
+                    Ended::Cut | Ended::Drained => client = None,
+                    Ended::Failed(error) => {
+                        failed = Some(error);
+                        client = None;
                     }
                 },
-            };
-            let Some(batch) = batch else {
-                return Ok(());
-            };
-            if let Some(first) = batch.records.first() {
-                self.observe_fetch(first);
-                let received = batch.first_at.unwrap_or_else(Instant::now);
-                if !feeds.hand(batch.records, received).await {
-                    // a partition's task ended (cut, stopped or failed): the next round
-                    // learns why; its records are read again from the applied offsets
-                    reader = None;
-                    continue;
-                }
-            }
-            if let Some(e) = batch.failed
-                && let Some(reading) = reader.as_mut()
-            {
-                if !feeds.drain().await? {
-                    return Ok(());
-                }
-                tokio::time::sleep(RETRY_PAUSE).await;
-                reading.restart(&e, &applied_in(&read)).await;
-                *feeds = Feeds::start(&self, &read, &shutdown);
             }
         }
     }
 
-    /// A reader of the partitions owned now, each after its applied offset (`None`: none
-    /// owned); `read` becomes their handles, each told it is read, and a handle no
-    /// longer read is told so.
+    /// A client of the partitions owned now, each after its applied offset and on its
+    /// own queue (`None`: none owned); `read` becomes their handles, each told it is
+    /// read, and a handle no longer read is told so.
     async fn follow(
         &self,
         owned: &mut watch::Receiver<Owned>,
         read: &mut Owned,
-    ) -> Result<Option<Reader>, IngestError> {
+    ) -> Result<Option<(Split, BTreeMap<i32, PartitionReader>)>, LogError> {
         let now: Owned = owned.borrow_and_update().clone();
         for (p, handle) in read.iter() {
             if now.get(p).is_none_or(|h| !Arc::ptr_eq(h, handle)) {
@@ -233,17 +231,17 @@ impl Ingestor {
         }
         *read = now;
         let partitions: Vec<i32> = read.keys().copied().collect();
-        let reader = if partitions.is_empty() {
+        let client = if partitions.is_empty() {
             None
         } else {
             let spec = ConsumerSpec {
                 partitions: partitions.clone(),
                 ..self.source.clone()
             };
-            Some(Reader::start(spec, &applied_in(read)).await?)
+            Some(Split::start(&spec, &applied_in(read)).await?)
         };
         tracing::info!(?partitions, "ingest reads the partitions this node owns");
-        Ok(reader)
+        Ok(client)
     }
 
     /// Waits while the outbox holds `replication.max-outbox-keys` keys or more, so that a
@@ -379,7 +377,7 @@ impl Ingestor {
 
     /// The `fetch` stage of a batch's first record: from its timestamp (taken by whoever
     /// produced it) to now, on this node's clock.
-    fn observe_fetch(&self, first: &Record) {
+    pub(super) fn observe_fetch(&self, first: &Record) {
         let Some(made) = first.timestamp_ms else {
             return;
         };

@@ -33,7 +33,7 @@ mod reader;
 mod transactional;
 
 pub use partitioner::{murmur2, partition_of};
-pub use reader::{Batch, Batching, ConsumerSpec, Reader};
+pub use reader::{Batch, Batching, ConsumerSpec, PartitionReader, Reader, Split, restarted};
 pub use transactional::{Transactional, TransactionalSpec, TxRecord};
 
 const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
@@ -74,6 +74,8 @@ pub enum LogError {
     Join(#[from] tokio::task::JoinError),
     #[error("cannot start a thread: {0}")]
     Thread(String),
+    #[error("a record of {topic}/{partition} came on its client's own queue, not its partition's")]
+    Unsplit { topic: String, partition: i32 },
 }
 
 impl LogError {
