@@ -4,6 +4,8 @@
 //! entry parses it, sets up the log and the tokio runtime, and turns the result into the
 //! exit code.
 
+use std::io::Write;
+
 use anyhow::Context;
 use clap::Parser;
 use geostate::cli::{Cli, LogFormat};
@@ -17,6 +19,9 @@ fn main() -> std::process::ExitCode {
                 .unwrap_or_else(|_| "info,openraft=warn".into()),
         )
         .with_writer(std::io::stderr)
+        // a log line that cannot be written (a full disk, a closed pipe) is lost, never
+        // reported with `eprintln!`, which panics when stderr cannot be written either
+        .log_internal_errors(false)
         // a span the filter lets through (`geostate::api=debug`: every write's) is logged
         // as it ends, with its fields and how long it was busy and idle
         .with_span_events(tracing_subscriber::fmt::format::FmtSpan::CLOSE);
@@ -37,10 +42,14 @@ fn main() -> std::process::ExitCode {
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            match e.downcast_ref::<tonic::Status>() {
-                Some(status) => eprintln!("error: {:?}: {}", status.code(), status.message()),
-                None => eprintln!("error: {e:#}"),
-            }
+            let mut stderr = std::io::stderr();
+            // the exit code says it failed, whether or not the reason can be written
+            let _ = match e.downcast_ref::<tonic::Status>() {
+                Some(status) => {
+                    writeln!(stderr, "error: {:?}: {}", status.code(), status.message())
+                }
+                None => writeln!(stderr, "error: {e:#}"),
+            };
             std::process::ExitCode::FAILURE
         }
     }

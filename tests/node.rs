@@ -330,6 +330,28 @@ async fn route_answers_the_keys_partition_and_the_node_serving_it() -> anyhow::R
     Ok(())
 }
 
+/// A node whose log cannot be written (a full disk) serves on and stops cleanly: a log
+/// line it cannot write is lost, never a reason to abort.
+#[tokio::test]
+async fn a_node_whose_log_cannot_be_written_serves_on() -> anyhow::Result<()> {
+    let cluster = cluster()?;
+    let kafka = cluster.regions["us-east-1"].kafka.clone();
+    let topics = Topics::create(&kafka, "full-log", 1).await?;
+    let dir = tempfile::tempdir()?;
+    let mut node = Node::configure(dir.path(), &kafka, &topics)?;
+    // every write to it fails with "no space left on device"
+    node.log = "/dev/full".into();
+    node.start().await?;
+    let mut state = node.state().await?;
+    for _ in 0..3 {
+        state.update(common::add("trips/full", 1)).await?;
+    }
+    let value = state.get(replica("trips/full")).await?.into_inner();
+    assert_eq!(counter(&value), 3);
+    node.terminate(Duration::from_secs(30)).await?;
+    Ok(())
+}
+
 /// `Update` answers after the node applied the write; `Get` reads it; `Watch` sees it;
 /// mistakes get clear statuses; SIGTERM stops the node cleanly with a stream open.
 #[tokio::test]
