@@ -233,6 +233,10 @@ pub(crate) async fn latency_and_gets(
     std::fs::create_dir_all(&dir)?;
     let topics = Topics::create(kafka, "bench-latency", PARTITIONS).await?;
     let mut node = Node::configure(&dir, kafka, &topics)?;
+    // another build's node instead of this one's, to compare builds run by run
+    if let Some(binary) = std::env::var_os("GEOSTATE_BENCH_NODE") {
+        node.binary = binary.into();
+    }
     let pid = node.start().await?;
     pin(pid, SUT_CORE)?;
     let mut clients = Vec::new();
