@@ -122,7 +122,9 @@ pub struct Ingestor {
 }
 
 impl Ingestor {
-    /// Runs until `shutdown` turns true; returns early only on a storage failure.
+    /// Runs until `shutdown` turns true; returns early only on a storage failure, or on a
+    /// record on the client's own queue ([`LogError::Unsplit`]: a partition's position
+    /// moved past a record its task never saw).
     ///
     /// Each partition's task reads the partition's own queue of one client and applies
     /// what it reads ([`Feeds`]): partitions read and apply in parallel. Before a new
