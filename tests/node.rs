@@ -330,6 +330,87 @@ async fn route_answers_the_keys_partition_and_the_node_serving_it() -> anyhow::R
     Ok(())
 }
 
+/// A partition that cannot be read (the records after its applied offset deleted before
+/// the node read them, as retention would) fails alone: the node restarts its client,
+/// counted, again and again, and meanwhile applies the other partition's records exactly
+/// once across those restarts, never skipping the unreadable one's gap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_that_cannot_be_read_fails_alone() -> anyhow::Result<()> {
+    use rdkafka::admin::{AdminClient as KafkaAdmin, AdminOptions};
+    use rdkafka::client::DefaultClientContext;
+    use rdkafka::{Offset, TopicPartitionList};
+    let cluster = cluster()?;
+    let kafka = cluster.regions["us-east-1"].kafka.clone();
+    let topics = Topics::create(&kafka, "unreadable", 2).await?;
+    let key_on = |p: i32| {
+        (0..)
+            .map(|i| format!("trips/unreadable-{i}"))
+            .find(|k| geostate::log::partition_of(k.as_bytes(), 2) == p)
+            .expect("a key on each partition")
+    };
+    let (readable, unreadable) = (key_on(0), key_on(1));
+    let adds = |n: usize| {
+        (0..n)
+            .flat_map(|_| [&readable, &unreadable])
+            .map(|k| {
+                (
+                    k.clone(),
+                    format!(r#"{{"key":"{k}","add":1}}"#).into_bytes(),
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    let producer = producer(&kafka)?;
+    let dir = tempfile::tempdir()?;
+    let mut node = Node::configure(dir.path(), &kafka, &topics)?;
+    node.set("checkpoint.interval", "\"0s\"");
+    node.start().await?;
+    common::produce_all(&producer, &topics.updates, &adds(1)).await?;
+    node.caught_up(Duration::from_secs(60)).await?;
+    node.terminate(Duration::from_secs(30)).await?;
+
+    // while the node is down: 5 more on each, and the unreadable partition's deleted
+    common::produce_all(&producer, &topics.updates, &adds(5)).await?;
+    let admin: KafkaAdmin<DefaultClientContext> = common::kafka_config(&kafka).create()?;
+    let mut upto = TopicPartitionList::new();
+    upto.add_partition_offset(&topics.updates, 1, Offset::End)?;
+    admin.delete_records(&upto, &AdminOptions::new()).await?;
+
+    node.start().await?;
+    let mut state = node.state().await?;
+    let restarts = || {
+        common::metric(
+            &node.metrics,
+            "geostate_consumer_restarts_total{consumer=\"ingest\"}",
+        )
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut sent = 6;
+    // more of the readable partition while the other keeps failing: applied once each
+    while sent < 16 {
+        common::produce_all(&producer, &topics.updates, &adds(1)).await?;
+        sent += 1;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    loop {
+        let got = state.get(replica(&readable)).await?.into_inner();
+        let (applied, restarted) = (counter(&got), restarts()?.unwrap_or(0.0));
+        if applied == sent && restarted >= 2.0 {
+            break;
+        }
+        anyhow::ensure!(applied <= sent, "{applied} applied of {sent} sent");
+        if Instant::now() > deadline {
+            bail!("{applied} of {sent} applied, {restarted} restarts of ingest's client");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // never read past the gap: the unreadable partition stays where it was
+    let stuck = state.get(replica(&unreadable)).await?.into_inner();
+    assert_eq!(counter(&stuck), 1);
+    node.terminate(Duration::from_secs(30)).await?;
+    Ok(())
+}
+
 /// A node whose log cannot be written (a full disk) serves on and stops cleanly: a log
 /// line it cannot write is lost, never a reason to abort.
 #[tokio::test]
