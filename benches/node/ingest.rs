@@ -62,13 +62,9 @@ pub(crate) async fn geostate_on(
     }
     let pid = node.start().await?;
     pin(pid, cores)?;
-    let broker = common::run_dir()?.join("pids/kafka-us-east-1");
-    let broker: Vec<u32> = (std::fs::read_to_string(broker).ok())
-        .and_then(|p| p.trim().parse().ok())
-        .into_iter()
-        .collect();
+    let broker = common::cluster()?.regions["us-east-1"].kafka_pid;
     let (rate, broker_cpu_per_event) = Probe::Node(&node)
-        .follow_beside(&[pid], &broker, EVENTS, Duration::from_secs(600))
+        .follow_beside(&[pid], &[broker], EVENTS, Duration::from_secs(600))
         .await
         .map_err(|e| {
             let status = node.exit_status();
