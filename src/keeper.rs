@@ -140,6 +140,8 @@ pub struct Standby {
     pub store: Arc<Store>,
     pub hlc: Arc<Hlc>,
     pub copies: Arc<Copies>,
+    /// The node's partitions: a copy refreshed is no longer one this node let go.
+    pub partitions: Arc<Partitions>,
     /// This node's address in the region's group.
     pub address: String,
 }
@@ -157,7 +159,8 @@ impl Standby {
             }
             // while the group rebalances, the owners it last had stand
             let topic = &config.kafka.updates_topic;
-            if let Ok(Some(read)) = membership::owners(&config.kafka, &group, topic).await {
+            let read = membership::owners(&config.kafka, &group, topic, log::METADATA_TIMEOUT);
+            if let Ok(Some(read)) = read.await {
                 owners = read;
             }
             let mine = standbys(&owners, &self.address, replicas);
@@ -169,6 +172,7 @@ impl Standby {
                 let Some(_refreshing) = self.copies.refresh(p) else {
                     continue;
                 };
+                self.partitions.forget_copy(p);
                 match self.refresh(p).await {
                     Ok(()) => {}
                     Err(e) => match e.fatal() {
@@ -476,6 +480,8 @@ impl Keeper {
         mut stop: watch::Receiver<bool>,
     ) -> Result<Option<Ready>, KeeperError> {
         let started = std::time::Instant::now();
+        // the catch-up may discard the copy first: no read is answered from it from now on
+        self.partitions.forget_copy(partition);
         let fencing = retried(
             "starting its shipping producer",
             partition,

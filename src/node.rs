@@ -520,6 +520,7 @@ impl Opened {
                 store: self.store.clone(),
                 hlc: self.hlc.clone(),
                 copies,
+                partitions: owned.clone(),
                 address: address.to_string(),
             };
             tasks.spawn(

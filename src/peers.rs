@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
+use crate::log::METADATA_TIMEOUT;
 use crate::log::membership::{self, MembershipSpec};
 use crate::metrics as m;
 use crate::shutdown::stopped;
@@ -146,7 +147,7 @@ impl Peers {
     /// The other nodes owning partitions, as the group names them now (`None`: not read).
     async fn other_owners(&self) -> Option<BTreeSet<String>> {
         let spec = &self.spec;
-        let owners = membership::owners(&spec.kafka, &spec.group, &spec.topic)
+        let owners = membership::owners(&spec.kafka, &spec.group, &spec.topic, METADATA_TIMEOUT)
             .await
             .ok()??;
         Some(

@@ -297,6 +297,17 @@ type Freshness struct {
 	Remotes []RemoteFreshness
 	// For owned keys: the lease epoch of the value.
 	Epoch uint64
+	// Set when the node answered from its copy of a partition it no longer owns, while no
+	// node of its region was known to own it (its region's Kafka unreachable, or the
+	// partition between nodes).
+	Copy *StaleCopy
+}
+
+// StaleCopy is how old a copy answering a read is: it holds what its node applied of the
+// region's updates topic (through AppliedOffset, -1: none) until AgeMs ago, nothing since.
+type StaleCopy struct {
+	AgeMs         uint64
+	AppliedOffset int64
 }
 
 // LagMs is the largest lag over the remote regions (0 with none).
@@ -353,6 +364,9 @@ func valueOf(v *pb.Value) Value {
 		out.Freshness.Remotes = append(out.Freshness.Remotes, RemoteFreshness{r.Region, r.GetApplied().GetWallNanos(), r.LagMs})
 	}
 	out.Freshness.Epoch = v.GetFreshness().GetEpoch()
+	if c := v.GetFreshness().GetCopy(); c != nil {
+		out.Freshness.Copy = &StaleCopy{AgeMs: c.AgeMs, AppliedOffset: c.AppliedOffset}
+	}
 	if w := v.Window; w != nil {
 		win := &Window{StartMs: w.StartMs, EndMs: w.EndMs, ClosesAtMs: w.ClosesAtMs, Final: w.IsFinal}
 		for _, b := range w.Behind {

@@ -125,6 +125,7 @@ pub fn value(key: &str, crdt: CrdtType, state: Option<&CrdtValue>) -> Result<pb:
         freshness: Some(pb::Freshness {
             remotes: Vec::new(),
             epoch: stamp_pb.as_ref().map(|s| s.epoch).unwrap_or(0),
+            copy: None,
         }),
         stamp: stamp_pb,
         saturated,

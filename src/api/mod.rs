@@ -111,8 +111,17 @@ impl Entries {
 }
 
 /// Per partition, the gRPC address of the node of this region owning it, as read from the
-/// region's Kafka group at the instant kept with it.
-pub type Routes = tokio::sync::Mutex<(Option<Instant>, BTreeMap<i32, String>)>;
+/// region's Kafka group.
+pub type Routes = tokio::sync::Mutex<RouteTable>;
+
+#[derive(Default)]
+pub struct RouteTable {
+    /// When the owners were read (`None`: never, or to be read again at the next route).
+    pub read_at: Option<Instant>,
+    /// When the group was last asked, answered or not.
+    pub asked_at: Option<Instant>,
+    pub owners: BTreeMap<i32, String>,
+}
 
 /// The last end offsets `Admin/Status` read per topic, and when that reading started. One
 /// reading at a time, shared by every call that was waiting for it, however often Status

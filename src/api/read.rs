@@ -78,8 +78,10 @@ impl Handler {
             .ok_or_else(|| ApiError::Internal(format!("no value read for {key:?}")))
     }
 
-    /// What the key's partition holds of each remote region.
+    /// What the key's partition holds of each remote region, and how old this node's
+    /// copy of it is if this node no longer owns it.
     pub(super) fn fill_freshness(&self, value: &mut pb::Value, partition: i32) {
+        self.fill_copy(value, partition);
         if let Some(f) = value.freshness.as_mut() {
             f.remotes = self
                 .0
@@ -95,6 +97,19 @@ impl Handler {
         }
     }
 
+    /// Marks a value read from this node's copy of a partition it no longer owns.
+    fn fill_copy(&self, value: &mut pb::Value, partition: i32) {
+        if self.0.owned.owns(partition) {
+            return;
+        }
+        if let Some(copy) = self.0.owned.copy_of(partition) {
+            value.freshness.get_or_insert_default().copy = Some(pb::StaleCopy {
+                age_ms: copy.age.as_millis() as u64,
+                applied_offset: copy.applied.unwrap_or(-1),
+            });
+        }
+    }
+
     /// `BatchGet`: the keys of this node's partitions read here, the others asked of their
     /// owners (one request per owner).
     pub(super) async fn batch_get_routed(
@@ -106,7 +121,7 @@ impl Handler {
         let mut here = Vec::new();
         let mut elsewhere: BTreeMap<String, Vec<String>> = BTreeMap::new();
         for key in keys {
-            match self.route(&key, routed).await? {
+            match self.route_read(&key, routed).await? {
                 None => here.push(key),
                 Some(node) => elsewhere.entry(node).or_default().push(key),
             }
@@ -163,13 +178,15 @@ impl Handler {
                 req.prefix
             )));
         }
-        let others = if routed {
-            BTreeSet::new()
+        let (others, copies) = if routed {
+            (BTreeSet::new(), BTreeSet::new())
         } else {
-            self.other_owners(&req.prefix).await?
+            self.read_sources(&req.prefix).await?
         };
-        // never from a copy of a partition this node does not own
-        let owned = self.0.owned.owned();
+        // the partitions owned here, and those no node is known to own whose copy this
+        // node keeps
+        let mut owned = self.0.owned.owned();
+        owned.extend(copies);
         let (handler, request, read) = (self.clone(), req.clone(), owned.clone());
         let mut values =
             tokio::task::spawn_blocking(move || handler.scan_here(&read, &request, limit))
@@ -250,7 +267,11 @@ impl Handler {
         let mut values = Vec::with_capacity(keys.len());
         for (key, stored) in keys {
             match stored {
-                Some(v) => values.push(convert::value(&key, v.crdt_type(), Some(&v))?),
+                Some(v) => {
+                    let mut value = convert::value(&key, v.crdt_type(), Some(&v))?;
+                    self.fill_copy(&mut value, self.partition_of(&key));
+                    values.push(value);
+                }
                 None => values.extend(self.read_values(&key, req.window.as_ref())?),
             }
         }

@@ -15,8 +15,12 @@ use tonic::{Request, Response, Status};
 use super::{ApiError, Handler, ROUTED};
 use crate::pb;
 
-/// How long a read of the region's group (which node owns which partition) is used.
+/// How long a read of the region's group (which node owns which partition) is used, and
+/// how often the group is asked at most.
 const ROUTES_FOR: Duration = Duration::from_secs(1);
+/// How long a request waits for the group's answer: a region whose Kafka is down answers
+/// none, and the routes last read stand meanwhile.
+const ROUTES_WAIT: Duration = Duration::from_millis(300);
 
 impl Handler {
     /// The key's partition of the updates topic.
@@ -26,33 +30,32 @@ impl Handler {
     }
 
     /// The node of this region owning `partition`: this one (`None`), or another's address
-    /// from the region's group (read at most every [`ROUTES_FOR`], and again when it names
-    /// no owner or this node, or a routed request was answered `UNAVAILABLE`; while the
-    /// group rebalances, the routes it last read stand:
-    /// a node that no longer owns the partition answers so).
+    /// from the region's group (read when the routes are older than [`ROUTES_FOR`], when
+    /// they name no owner or this node, or after a routed request was answered
+    /// `UNAVAILABLE`, but asked at most every [`ROUTES_FOR`] and waited for at most
+    /// [`ROUTES_WAIT`]; while the group rebalances or does not answer, the routes it last
+    /// gave stand: a node that no longer owns the partition answers so).
     async fn owner_of(&self, partition: i32) -> Option<String> {
         let api = &self.0;
         if api.owned.owns(partition) {
             return None;
         }
         let mut routes = api.routes.lock().await;
-        let known = routes
-            .1
-            .get(&partition)
-            .filter(|owner| **owner != api.address);
-        let fresh = routes.0.is_some_and(|at| at.elapsed() < ROUTES_FOR);
-        if known.is_none() || !fresh {
+        let known = (routes.owners.get(&partition)).filter(|owner| **owner != api.address);
+        let fresh = routes.read_at.is_some_and(|at| at.elapsed() < ROUTES_FOR);
+        let asked = routes.asked_at.is_some_and(|at| at.elapsed() < ROUTES_FOR);
+        if (known.is_none() || !fresh) && !asked {
+            routes.asked_at = Some(Instant::now());
             let group = crate::keeper::group_id(&api.config);
             let topic = &api.config.kafka.updates_topic;
-            if let Ok(Some(read)) =
-                crate::log::membership::owners(&api.config.kafka, &group, topic).await
-            {
-                *routes = (Some(Instant::now()), read);
+            let read =
+                crate::log::membership::owners(&api.config.kafka, &group, topic, ROUTES_WAIT);
+            if let Ok(Ok(Some(read))) = tokio::time::timeout(ROUTES_WAIT * 2, read).await {
+                routes.read_at = Some(Instant::now());
+                routes.owners = read;
             }
         }
-        routes
-            .1
-            .get(&partition)
+        (routes.owners.get(&partition))
             .filter(|owner| **owner != api.address)
             .cloned()
     }
@@ -75,6 +78,25 @@ impl Handler {
         }
     }
 
+    /// Where a replica read of `key` is answered: as [`Handler::route`], but here also
+    /// when no node of the region is known to own the key's partition and this node keeps
+    /// its copy from owning it (`Partitions::copy_of`): the answer then says how old the
+    /// copy is. Never for a leaseholder read or a write.
+    pub(super) async fn route_read(
+        &self,
+        key: &str,
+        routed: bool,
+    ) -> Result<Option<String>, ApiError> {
+        match self.route(key, routed).await {
+            Err(ApiError::NotOwner {
+                partition,
+                owner: None,
+                ..
+            }) if self.0.owned.copy_of(partition).is_some() => Ok(None),
+            routed => routed,
+        }
+    }
+
     /// The answer of the node at `node` to a routed request. An `UNAVAILABLE` one (the
     /// partition moved, or the node is gone) makes the next route read the group again
     /// rather than trust routes up to [`ROUTES_FOR`] old.
@@ -87,7 +109,8 @@ impl Handler {
             Ok(answer) => Ok(answer.into_inner()),
             Err(status) => {
                 if status.code() == tonic::Code::Unavailable {
-                    self.0.routes.lock().await.0 = None;
+                    let mut routes = self.0.routes.lock().await;
+                    (routes.read_at, routes.asked_at) = (None, None);
                 }
                 Err(ApiError::Routed { node, status })
             }
@@ -115,9 +138,28 @@ impl Handler {
     }
 
     /// The other nodes of this region owning some partition, each once; a partition no
-    /// node owns (it moves) fails the call: a page without its keys would look complete.
+    /// node owns (it moves) fails the call: a stream without its keys would look whole.
     pub(super) async fn other_owners(&self, key: &str) -> Result<BTreeSet<String>, ApiError> {
-        let mut nodes = BTreeSet::new();
+        let (nodes, copies) = self.read_sources(key).await?;
+        match copies.first() {
+            Some(&partition) => Err(ApiError::NotOwner {
+                key: key.to_string(),
+                partition,
+                owner: None,
+            }),
+            None => Ok(nodes),
+        }
+    }
+
+    /// Where the partitions this node does not own are read: the other nodes of this
+    /// region owning some, each once, and the partitions no node is known to own whose
+    /// copy this node keeps (`Partitions::copy_of`). Any other partition no node owns (it
+    /// moves) fails the call: a page without its keys would look complete.
+    pub(super) async fn read_sources(
+        &self,
+        key: &str,
+    ) -> Result<(BTreeSet<String>, BTreeSet<i32>), ApiError> {
+        let (mut nodes, mut copies) = (BTreeSet::new(), BTreeSet::new());
         for &partition in &self.0.partitions {
             if self.0.owned.owns(partition) {
                 continue;
@@ -125,6 +167,9 @@ impl Handler {
             match self.owner_of(partition).await {
                 Some(node) => {
                     nodes.insert(node);
+                }
+                None if self.0.owned.copy_of(partition).is_some() => {
+                    copies.insert(partition);
                 }
                 None => {
                     return Err(ApiError::NotOwner {
@@ -135,7 +180,7 @@ impl Handler {
                 }
             }
         }
-        Ok(nodes)
+        Ok((nodes, copies))
     }
 
     /// The key's partition and the node of this region owning it (UNAVAILABLE while it

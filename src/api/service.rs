@@ -77,7 +77,14 @@ impl State for Handler {
         let started = Instant::now();
         let routed = req.metadata().contains_key(ROUTED);
         let req = req.into_inner();
-        let read = match self.route(&req.key, routed).await {
+        // a leaseholder read only where the partition is owned, a replica read also from a
+        // copy while no node of the region owns it
+        let route = if req.leaseholder {
+            self.route(&req.key, routed).await
+        } else {
+            self.route_read(&req.key, routed).await
+        };
+        let read = match route {
             Ok(Some(node)) => match self.node_client(&node, req) {
                 Ok((mut client, request)) => {
                     let answer = client.get(request).await;

@@ -27,7 +27,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
 use rdkafka::{ClientContext, TopicPartitionList};
 use tokio::sync::mpsc;
 
-use super::{LogError, METADATA_TIMEOUT, client_config};
+use super::{LogError, client_config};
 use crate::config::KafkaConfig;
 
 /// Longest a member waits for its node to give up revoked partitions before it lets the
@@ -312,16 +312,17 @@ impl ConsumerContext for StandIn {
 
 /// Who owns which partition of `topic` in `group`: each member's `client.id` (its node's
 /// gRPC address) for each partition it was assigned; `None` while the group rebalances
-/// (its members' assignments are not known then).
+/// (its members' assignments are not known then). Kafka's answer is waited for `within`.
 pub async fn owners(
     kafka: &KafkaConfig,
     group: &str,
     topic: &str,
+    within: Duration,
 ) -> Result<Option<BTreeMap<i32, String>>, LogError> {
     let (kafka, group, topic) = (kafka.clone(), group.to_string(), topic.to_string());
     tokio::task::spawn_blocking(move || {
         let client: BaseConsumer = client_config(&kafka).create()?;
-        let groups = client.fetch_group_list(Some(&group), METADATA_TIMEOUT)?;
+        let groups = client.fetch_group_list(Some(&group), within)?;
         let mut owners = BTreeMap::new();
         for g in groups.groups().iter().filter(|g| g.name() == group) {
             if matches!(g.state(), "PreparingRebalance" | "CompletingRebalance") {

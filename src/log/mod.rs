@@ -36,7 +36,8 @@ pub use partitioner::{murmur2, partition_of};
 pub use reader::{Batch, Batching, ConsumerSpec, PartitionReader, Reader, Split, restarted};
 pub use transactional::{Transactional, TransactionalSpec, TxRecord};
 
-const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a metadata or group request waits for Kafka's answer.
+pub const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long one ask for a partition's watermarks waits before it is asked again
 /// ([`watermarks`]).
 const WATERMARK_ASK: Duration = Duration::from_millis(100);

@@ -17,12 +17,19 @@
 //! A handle lives for one term of the partition here: taken again, the partition gets a
 //! new handle, so whoever holds the old one learns that it moved (its `applied` ends in
 //! `moved`) and never mistakes the next term's offsets for its own.
+//!
+//! A partition let go leaves its copy behind: what this node applied up to then. Until
+//! the node takes the partition again or catches the copy up for another owner, reads
+//! may be answered from it while no node of the region is known to own the partition (the
+//! region's Kafka unreachable, or the partition between nodes), with a certificate that
+//! says how old it is ([`StaleCopy`]).
 
 mod handle;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use tokio::sync::{Notify, broadcast, watch};
 
@@ -46,6 +53,23 @@ pub struct Partitions {
     pub shipped: Arc<Notify>,
     pub events_applied: AtomicU64,
     pub events_dead_lettered: AtomicU64,
+    /// The partitions let go whose copy holds what this node applied while it owned them.
+    copies: Mutex<BTreeMap<i32, Left>>,
+}
+
+/// A partition let go: its last term's handle and when it was let go.
+struct Left {
+    handle: Arc<PartitionHandle>,
+    at: Instant,
+}
+
+/// What a copy of a partition this node no longer owns holds: every record of the
+/// region's updates topic through `applied` that this node applied, and nothing this node
+/// applied for `age` (nor what another node may have applied since).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StaleCopy {
+    pub applied: Option<i64>,
+    pub age: Duration,
 }
 
 /// Nothing owned yet: the keeper takes each partition.
@@ -57,6 +81,7 @@ impl Default for Partitions {
             shipped: Arc::new(Notify::new()),
             events_applied: AtomicU64::new(0),
             events_dead_lettered: AtomicU64::new(0),
+            copies: Mutex::default(),
         }
     }
 }
@@ -67,6 +92,7 @@ impl Partitions {
     /// as replayed.
     pub fn take(&self, partition: i32, applied: Option<i64>, end: i64) -> Arc<PartitionHandle> {
         let handle = Arc::new(PartitionHandle::new(partition, applied, end));
+        self.forget_copy(partition);
         let owned = handle.clone();
         let mut replaced = None;
         self.owned
@@ -83,6 +109,13 @@ impl Partitions {
     /// keys); answers their handles, for the keeper to wait for ingest and then
     /// [`PartitionHandle::cut`] them.
     pub fn let_go(&self, partitions: &[i32]) -> Vec<Arc<PartitionHandle>> {
+        // the copies first: a read finds the partition owned or its copy, never neither
+        let at = Instant::now();
+        for p in partitions {
+            if let Some(handle) = self.get(*p) {
+                self.copies().insert(*p, Left { handle, at });
+            }
+        }
         let mut gone = Vec::new();
         self.owned.send_modify(|o| {
             for p in partitions {
@@ -93,6 +126,27 @@ impl Partitions {
             handle.let_go();
         }
         gone
+    }
+
+    /// What this node's copy of `partition` holds, if it owned the partition and let it
+    /// go, and has not changed the copy since (`None` while it owns it).
+    pub fn copy_of(&self, partition: i32) -> Option<StaleCopy> {
+        let copies = self.copies();
+        let left = copies.get(&partition)?;
+        Some(StaleCopy {
+            applied: left.handle.applied(),
+            age: left.at.elapsed(),
+        })
+    }
+
+    /// Stops answering reads from the copy of `partition`: it is about to be caught up
+    /// (taken again, or refreshed as a standby), which may discard it first.
+    pub fn forget_copy(&self, partition: i32) {
+        self.copies().remove(&partition);
+    }
+
+    fn copies(&self) -> std::sync::MutexGuard<'_, BTreeMap<i32, Left>> {
+        self.copies.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The handle of `partition`, if this node owns it.
@@ -142,5 +196,23 @@ mod tests {
         assert!(old.is_cut() && old.is_let_go() && !new.is_cut());
         assert_eq!(old.passed(5).now_or_never(), Some(Outcome::Moved));
         assert!(Arc::ptr_eq(&partitions.get(0).unwrap(), &new));
+    }
+
+    /// A partition let go leaves a copy read from until it is taken again or forgotten;
+    /// one never owned has none.
+    #[test]
+    fn a_partition_let_go_leaves_its_copy_until_taken_again() {
+        let partitions = Partitions::default();
+        partitions.take(0, Some(3), 0);
+        partitions.take(1, None, 0);
+        assert_eq!(partitions.copy_of(0), None, "owned: no copy");
+        partitions.let_go(&[0, 1]);
+        assert_eq!(partitions.copy_of(0).map(|c| c.applied), Some(Some(3)));
+        assert_eq!(partitions.copy_of(1).map(|c| c.applied), Some(None));
+        assert_eq!(partitions.copy_of(2), None, "never owned");
+        partitions.take(0, Some(3), 0);
+        assert_eq!(partitions.copy_of(0), None, "taken again");
+        partitions.forget_copy(1);
+        assert_eq!(partitions.copy_of(1), None, "forgotten");
     }
 }

@@ -1150,7 +1150,11 @@ type Freshness struct {
 	// Per remote region: the newest origin timestamp applied here and how far behind it is.
 	Remotes []*RemoteFreshness `protobuf:"bytes,1,rep,name=remotes,proto3" json:"remotes,omitempty"`
 	// For keys in owned namespaces: the lease epoch of the value.
-	Epoch         uint64 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Epoch uint64 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// Set when the answer comes from the node's copy of a partition it no longer owns, while
+	// no node of its region is known to own it (the region's Kafka unreachable, or the
+	// partition between nodes). Never for a leaseholder read, which only the owner answers.
+	Copy          *StaleCopy `protobuf:"bytes,3,opt,name=copy,proto3" json:"copy,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1199,6 +1203,70 @@ func (x *Freshness) GetEpoch() uint64 {
 	return 0
 }
 
+func (x *Freshness) GetCopy() *StaleCopy {
+	if x != nil {
+		return x.Copy
+	}
+	return nil
+}
+
+// A copy of a partition the answering node let go: it holds what that node applied of
+// the region's updates topic up to then, and nothing written in the region since.
+type StaleCopy struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// How long ago the node let the partition go (stopped applying to the copy).
+	AgeMs uint64 `protobuf:"varint,1,opt,name=age_ms,json=ageMs,proto3" json:"age_ms,omitempty"`
+	// The last offset of the partition of the region's updates topic applied to the copy
+	// (-1: none).
+	AppliedOffset int64 `protobuf:"varint,2,opt,name=applied_offset,json=appliedOffset,proto3" json:"applied_offset,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StaleCopy) Reset() {
+	*x = StaleCopy{}
+	mi := &file_geostate_v1_state_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StaleCopy) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StaleCopy) ProtoMessage() {}
+
+func (x *StaleCopy) ProtoReflect() protoreflect.Message {
+	mi := &file_geostate_v1_state_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StaleCopy.ProtoReflect.Descriptor instead.
+func (*StaleCopy) Descriptor() ([]byte, []int) {
+	return file_geostate_v1_state_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *StaleCopy) GetAgeMs() uint64 {
+	if x != nil {
+		return x.AgeMs
+	}
+	return 0
+}
+
+func (x *StaleCopy) GetAppliedOffset() int64 {
+	if x != nil {
+		return x.AppliedOffset
+	}
+	return 0
+}
+
 type RemoteFreshness struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Region        string                 `protobuf:"bytes,1,opt,name=region,proto3" json:"region,omitempty"`
@@ -1210,7 +1278,7 @@ type RemoteFreshness struct {
 
 func (x *RemoteFreshness) Reset() {
 	*x = RemoteFreshness{}
-	mi := &file_geostate_v1_state_proto_msgTypes[17]
+	mi := &file_geostate_v1_state_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1222,7 +1290,7 @@ func (x *RemoteFreshness) String() string {
 func (*RemoteFreshness) ProtoMessage() {}
 
 func (x *RemoteFreshness) ProtoReflect() protoreflect.Message {
-	mi := &file_geostate_v1_state_proto_msgTypes[17]
+	mi := &file_geostate_v1_state_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1235,7 +1303,7 @@ func (x *RemoteFreshness) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoteFreshness.ProtoReflect.Descriptor instead.
 func (*RemoteFreshness) Descriptor() ([]byte, []int) {
-	return file_geostate_v1_state_proto_rawDescGZIP(), []int{17}
+	return file_geostate_v1_state_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *RemoteFreshness) GetRegion() string {
@@ -1283,7 +1351,7 @@ type Value struct {
 
 func (x *Value) Reset() {
 	*x = Value{}
-	mi := &file_geostate_v1_state_proto_msgTypes[18]
+	mi := &file_geostate_v1_state_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1295,7 +1363,7 @@ func (x *Value) String() string {
 func (*Value) ProtoMessage() {}
 
 func (x *Value) ProtoReflect() protoreflect.Message {
-	mi := &file_geostate_v1_state_proto_msgTypes[18]
+	mi := &file_geostate_v1_state_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1308,7 +1376,7 @@ func (x *Value) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Value.ProtoReflect.Descriptor instead.
 func (*Value) Descriptor() ([]byte, []int) {
-	return file_geostate_v1_state_proto_rawDescGZIP(), []int{18}
+	return file_geostate_v1_state_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Value) GetKey() string {
@@ -1411,7 +1479,7 @@ type WindowSelector struct {
 
 func (x *WindowSelector) Reset() {
 	*x = WindowSelector{}
-	mi := &file_geostate_v1_state_proto_msgTypes[19]
+	mi := &file_geostate_v1_state_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1423,7 +1491,7 @@ func (x *WindowSelector) String() string {
 func (*WindowSelector) ProtoMessage() {}
 
 func (x *WindowSelector) ProtoReflect() protoreflect.Message {
-	mi := &file_geostate_v1_state_proto_msgTypes[19]
+	mi := &file_geostate_v1_state_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1436,7 +1504,7 @@ func (x *WindowSelector) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WindowSelector.ProtoReflect.Descriptor instead.
 func (*WindowSelector) Descriptor() ([]byte, []int) {
-	return file_geostate_v1_state_proto_rawDescGZIP(), []int{19}
+	return file_geostate_v1_state_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *WindowSelector) GetWhich() isWindowSelector_Which {
@@ -1526,7 +1594,7 @@ type WindowRange struct {
 
 func (x *WindowRange) Reset() {
 	*x = WindowRange{}
-	mi := &file_geostate_v1_state_proto_msgTypes[20]
+	mi := &file_geostate_v1_state_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1538,7 +1606,7 @@ func (x *WindowRange) String() string {
 func (*WindowRange) ProtoMessage() {}
 
 func (x *WindowRange) ProtoReflect() protoreflect.Message {
-	mi := &file_geostate_v1_state_proto_msgTypes[20]
+	mi := &file_geostate_v1_state_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1551,7 +1619,7 @@ func (x *WindowRange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WindowRange.ProtoReflect.Descriptor instead.
 func (*WindowRange) Descriptor() ([]byte, []int) {
-	return file_geostate_v1_state_proto_rawDescGZIP(), []int{20}
+	return file_geostate_v1_state_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *WindowRange) GetFromMs() uint64 {
@@ -1587,7 +1655,7 @@ type WindowInfo struct {
 
 func (x *WindowInfo) Reset() {
 	*x = WindowInfo{}
-	mi := &file_geostate_v1_state_proto_msgTypes[21]
+	mi := &file_geostate_v1_state_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1599,7 +1667,7 @@ func (x *WindowInfo) String() string {
 func (*WindowInfo) ProtoMessage() {}
 
 func (x *WindowInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_geostate_v1_state_proto_msgTypes[21]
+	mi := &file_geostate_v1_state_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1612,7 +1680,7 @@ func (x *WindowInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WindowInfo.ProtoReflect.Descriptor instead.
 func (*WindowInfo) Descriptor() ([]byte, []int) {
-	return file_geostate_v1_state_proto_rawDescGZIP(), []int{21}
+	return file_geostate_v1_state_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *WindowInfo) GetStartMs() uint64 {
@@ -1663,7 +1731,7 @@ type RegionWatermark struct {
 
 func (x *RegionWatermark) Reset() {
 	*x = RegionWatermark{}
-	mi := &file_geostate_v1_state_proto_msgTypes[22]
+	mi := &file_geostate_v1_state_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1675,7 +1743,7 @@ func (x *RegionWatermark) String() string {
 func (*RegionWatermark) ProtoMessage() {}
 
 func (x *RegionWatermark) ProtoReflect() protoreflect.Message {
-	mi := &file_geostate_v1_state_proto_msgTypes[22]
+	mi := &file_geostate_v1_state_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1688,7 +1756,7 @@ func (x *RegionWatermark) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionWatermark.ProtoReflect.Descriptor instead.
 func (*RegionWatermark) Descriptor() ([]byte, []int) {
-	return file_geostate_v1_state_proto_rawDescGZIP(), []int{22}
+	return file_geostate_v1_state_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *RegionWatermark) GetRegion() string {
@@ -1727,7 +1795,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_geostate_v1_state_proto_msgTypes[23]
+	mi := &file_geostate_v1_state_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1739,7 +1807,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geostate_v1_state_proto_msgTypes[23]
+	mi := &file_geostate_v1_state_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1752,7 +1820,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_geostate_v1_state_proto_rawDescGZIP(), []int{23}
+	return file_geostate_v1_state_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *GetRequest) GetKey() string {
@@ -1787,7 +1855,7 @@ type BatchGetRequest struct {
 
 func (x *BatchGetRequest) Reset() {
 	*x = BatchGetRequest{}
-	mi := &file_geostate_v1_state_proto_msgTypes[24]
+	mi := &file_geostate_v1_state_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1799,7 +1867,7 @@ func (x *BatchGetRequest) String() string {
 func (*BatchGetRequest) ProtoMessage() {}
 
 func (x *BatchGetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geostate_v1_state_proto_msgTypes[24]
+	mi := &file_geostate_v1_state_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1812,7 +1880,7 @@ func (x *BatchGetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchGetRequest.ProtoReflect.Descriptor instead.
 func (*BatchGetRequest) Descriptor() ([]byte, []int) {
-	return file_geostate_v1_state_proto_rawDescGZIP(), []int{24}
+	return file_geostate_v1_state_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *BatchGetRequest) GetKeys() []string {
@@ -1840,7 +1908,7 @@ type BatchGetResponse struct {
 
 func (x *BatchGetResponse) Reset() {
 	*x = BatchGetResponse{}
-	mi := &file_geostate_v1_state_proto_msgTypes[25]
+	mi := &file_geostate_v1_state_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1852,7 +1920,7 @@ func (x *BatchGetResponse) String() string {
 func (*BatchGetResponse) ProtoMessage() {}
 
 func (x *BatchGetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_geostate_v1_state_proto_msgTypes[25]
+	mi := &file_geostate_v1_state_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1865,7 +1933,7 @@ func (x *BatchGetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchGetResponse.ProtoReflect.Descriptor instead.
 func (*BatchGetResponse) Descriptor() ([]byte, []int) {
-	return file_geostate_v1_state_proto_rawDescGZIP(), []int{25}
+	return file_geostate_v1_state_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *BatchGetResponse) GetValues() []*Value {
@@ -1898,7 +1966,7 @@ type ScanRequest struct {
 
 func (x *ScanRequest) Reset() {
 	*x = ScanRequest{}
-	mi := &file_geostate_v1_state_proto_msgTypes[26]
+	mi := &file_geostate_v1_state_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1910,7 +1978,7 @@ func (x *ScanRequest) String() string {
 func (*ScanRequest) ProtoMessage() {}
 
 func (x *ScanRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geostate_v1_state_proto_msgTypes[26]
+	mi := &file_geostate_v1_state_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1923,7 +1991,7 @@ func (x *ScanRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScanRequest.ProtoReflect.Descriptor instead.
 func (*ScanRequest) Descriptor() ([]byte, []int) {
-	return file_geostate_v1_state_proto_rawDescGZIP(), []int{26}
+	return file_geostate_v1_state_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ScanRequest) GetPrefix() string {
@@ -1968,7 +2036,7 @@ type ScanResponse struct {
 
 func (x *ScanResponse) Reset() {
 	*x = ScanResponse{}
-	mi := &file_geostate_v1_state_proto_msgTypes[27]
+	mi := &file_geostate_v1_state_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1980,7 +2048,7 @@ func (x *ScanResponse) String() string {
 func (*ScanResponse) ProtoMessage() {}
 
 func (x *ScanResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_geostate_v1_state_proto_msgTypes[27]
+	mi := &file_geostate_v1_state_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1993,7 +2061,7 @@ func (x *ScanResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScanResponse.ProtoReflect.Descriptor instead.
 func (*ScanResponse) Descriptor() ([]byte, []int) {
-	return file_geostate_v1_state_proto_rawDescGZIP(), []int{27}
+	return file_geostate_v1_state_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ScanResponse) GetValues() []*Value {
@@ -2026,7 +2094,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_geostate_v1_state_proto_msgTypes[28]
+	mi := &file_geostate_v1_state_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2038,7 +2106,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geostate_v1_state_proto_msgTypes[28]
+	mi := &file_geostate_v1_state_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2051,7 +2119,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_geostate_v1_state_proto_rawDescGZIP(), []int{28}
+	return file_geostate_v1_state_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *WatchRequest) GetPrefix() string {
@@ -2069,7 +2137,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_geostate_v1_state_proto_msgTypes[29]
+	mi := &file_geostate_v1_state_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2081,7 +2149,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_geostate_v1_state_proto_msgTypes[29]
+	mi := &file_geostate_v1_state_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2094,7 +2162,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_geostate_v1_state_proto_rawDescGZIP(), []int{29}
+	return file_geostate_v1_state_proto_rawDescGZIP(), []int{30}
 }
 
 type PartitionStatus struct {
@@ -2112,7 +2180,7 @@ type PartitionStatus struct {
 
 func (x *PartitionStatus) Reset() {
 	*x = PartitionStatus{}
-	mi := &file_geostate_v1_state_proto_msgTypes[30]
+	mi := &file_geostate_v1_state_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2124,7 +2192,7 @@ func (x *PartitionStatus) String() string {
 func (*PartitionStatus) ProtoMessage() {}
 
 func (x *PartitionStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_geostate_v1_state_proto_msgTypes[30]
+	mi := &file_geostate_v1_state_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2137,7 +2205,7 @@ func (x *PartitionStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PartitionStatus.ProtoReflect.Descriptor instead.
 func (*PartitionStatus) Descriptor() ([]byte, []int) {
-	return file_geostate_v1_state_proto_rawDescGZIP(), []int{30}
+	return file_geostate_v1_state_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *PartitionStatus) GetPartition() int32 {
@@ -2194,7 +2262,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_geostate_v1_state_proto_msgTypes[31]
+	mi := &file_geostate_v1_state_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2206,7 +2274,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_geostate_v1_state_proto_msgTypes[31]
+	mi := &file_geostate_v1_state_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2219,7 +2287,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_geostate_v1_state_proto_rawDescGZIP(), []int{31}
+	return file_geostate_v1_state_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *StatusResponse) GetRegion() string {
@@ -2320,7 +2388,7 @@ type FunctionStatus struct {
 
 func (x *FunctionStatus) Reset() {
 	*x = FunctionStatus{}
-	mi := &file_geostate_v1_state_proto_msgTypes[32]
+	mi := &file_geostate_v1_state_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2332,7 +2400,7 @@ func (x *FunctionStatus) String() string {
 func (*FunctionStatus) ProtoMessage() {}
 
 func (x *FunctionStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_geostate_v1_state_proto_msgTypes[32]
+	mi := &file_geostate_v1_state_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2345,7 +2413,7 @@ func (x *FunctionStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FunctionStatus.ProtoReflect.Descriptor instead.
 func (*FunctionStatus) Descriptor() ([]byte, []int) {
-	return file_geostate_v1_state_proto_rawDescGZIP(), []int{32}
+	return file_geostate_v1_state_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *FunctionStatus) GetName() string {
@@ -2431,7 +2499,7 @@ type RemoteStatus struct {
 
 func (x *RemoteStatus) Reset() {
 	*x = RemoteStatus{}
-	mi := &file_geostate_v1_state_proto_msgTypes[33]
+	mi := &file_geostate_v1_state_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2443,7 +2511,7 @@ func (x *RemoteStatus) String() string {
 func (*RemoteStatus) ProtoMessage() {}
 
 func (x *RemoteStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_geostate_v1_state_proto_msgTypes[33]
+	mi := &file_geostate_v1_state_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2456,7 +2524,7 @@ func (x *RemoteStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoteStatus.ProtoReflect.Descriptor instead.
 func (*RemoteStatus) Descriptor() ([]byte, []int) {
-	return file_geostate_v1_state_proto_rawDescGZIP(), []int{33}
+	return file_geostate_v1_state_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *RemoteStatus) GetRegion() string {
@@ -2601,10 +2669,14 @@ const file_geostate_v1_state_proto_rawDesc = "" +
 	"\x06offset\x18\x02 \x01(\x03R\x06offset\"r\n" +
 	"\x0eUpdateResponse\x121\n" +
 	"\bposition\x18\x01 \x01(\v2\x15.geostate.v1.PositionR\bposition\x12-\n" +
-	"\x05stamp\x18\x02 \x01(\v2\x17.geostate.v1.OrderStampR\x05stamp\"Y\n" +
+	"\x05stamp\x18\x02 \x01(\v2\x17.geostate.v1.OrderStampR\x05stamp\"\x85\x01\n" +
 	"\tFreshness\x126\n" +
 	"\aremotes\x18\x01 \x03(\v2\x1c.geostate.v1.RemoteFreshnessR\aremotes\x12\x14\n" +
-	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\"u\n" +
+	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12*\n" +
+	"\x04copy\x18\x03 \x01(\v2\x16.geostate.v1.StaleCopyR\x04copy\"I\n" +
+	"\tStaleCopy\x12\x15\n" +
+	"\x06age_ms\x18\x01 \x01(\x04R\x05ageMs\x12%\n" +
+	"\x0eapplied_offset\x18\x02 \x01(\x03R\rappliedOffset\"u\n" +
 	"\x0fRemoteFreshness\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x123\n" +
 	"\aapplied\x18\x02 \x01(\v2\x19.geostate.v1.HlcTimestampR\aapplied\x12\x15\n" +
@@ -2744,7 +2816,7 @@ func file_geostate_v1_state_proto_rawDescGZIP() []byte {
 }
 
 var file_geostate_v1_state_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_geostate_v1_state_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
+var file_geostate_v1_state_proto_msgTypes = make([]protoimpl.MessageInfo, 35)
 var file_geostate_v1_state_proto_goTypes = []any{
 	(CrdtKind)(0),                 // 0: geostate.v1.CrdtKind
 	(*RouteRequest)(nil),          // 1: geostate.v1.RouteRequest
@@ -2764,80 +2836,82 @@ var file_geostate_v1_state_proto_goTypes = []any{
 	(*Position)(nil),              // 15: geostate.v1.Position
 	(*UpdateResponse)(nil),        // 16: geostate.v1.UpdateResponse
 	(*Freshness)(nil),             // 17: geostate.v1.Freshness
-	(*RemoteFreshness)(nil),       // 18: geostate.v1.RemoteFreshness
-	(*Value)(nil),                 // 19: geostate.v1.Value
-	(*WindowSelector)(nil),        // 20: geostate.v1.WindowSelector
-	(*WindowRange)(nil),           // 21: geostate.v1.WindowRange
-	(*WindowInfo)(nil),            // 22: geostate.v1.WindowInfo
-	(*RegionWatermark)(nil),       // 23: geostate.v1.RegionWatermark
-	(*GetRequest)(nil),            // 24: geostate.v1.GetRequest
-	(*BatchGetRequest)(nil),       // 25: geostate.v1.BatchGetRequest
-	(*BatchGetResponse)(nil),      // 26: geostate.v1.BatchGetResponse
-	(*ScanRequest)(nil),           // 27: geostate.v1.ScanRequest
-	(*ScanResponse)(nil),          // 28: geostate.v1.ScanResponse
-	(*WatchRequest)(nil),          // 29: geostate.v1.WatchRequest
-	(*StatusRequest)(nil),         // 30: geostate.v1.StatusRequest
-	(*PartitionStatus)(nil),       // 31: geostate.v1.PartitionStatus
-	(*StatusResponse)(nil),        // 32: geostate.v1.StatusResponse
-	(*FunctionStatus)(nil),        // 33: geostate.v1.FunctionStatus
-	(*RemoteStatus)(nil),          // 34: geostate.v1.RemoteStatus
-	(*CompareAndSet)(nil),         // 35: geostate.v1.CompareAndSet
-	(*OrderStamp)(nil),            // 36: geostate.v1.OrderStamp
-	(*HlcTimestamp)(nil),          // 37: geostate.v1.HlcTimestamp
+	(*StaleCopy)(nil),             // 18: geostate.v1.StaleCopy
+	(*RemoteFreshness)(nil),       // 19: geostate.v1.RemoteFreshness
+	(*Value)(nil),                 // 20: geostate.v1.Value
+	(*WindowSelector)(nil),        // 21: geostate.v1.WindowSelector
+	(*WindowRange)(nil),           // 22: geostate.v1.WindowRange
+	(*WindowInfo)(nil),            // 23: geostate.v1.WindowInfo
+	(*RegionWatermark)(nil),       // 24: geostate.v1.RegionWatermark
+	(*GetRequest)(nil),            // 25: geostate.v1.GetRequest
+	(*BatchGetRequest)(nil),       // 26: geostate.v1.BatchGetRequest
+	(*BatchGetResponse)(nil),      // 27: geostate.v1.BatchGetResponse
+	(*ScanRequest)(nil),           // 28: geostate.v1.ScanRequest
+	(*ScanResponse)(nil),          // 29: geostate.v1.ScanResponse
+	(*WatchRequest)(nil),          // 30: geostate.v1.WatchRequest
+	(*StatusRequest)(nil),         // 31: geostate.v1.StatusRequest
+	(*PartitionStatus)(nil),       // 32: geostate.v1.PartitionStatus
+	(*StatusResponse)(nil),        // 33: geostate.v1.StatusResponse
+	(*FunctionStatus)(nil),        // 34: geostate.v1.FunctionStatus
+	(*RemoteStatus)(nil),          // 35: geostate.v1.RemoteStatus
+	(*CompareAndSet)(nil),         // 36: geostate.v1.CompareAndSet
+	(*OrderStamp)(nil),            // 37: geostate.v1.OrderStamp
+	(*HlcTimestamp)(nil),          // 38: geostate.v1.HlcTimestamp
 }
 var file_geostate_v1_state_proto_depIdxs = []int32{
 	4,  // 0: geostate.v1.LeasesResponse.shards:type_name -> geostate.v1.ShardLease
 	6,  // 1: geostate.v1.LeasesResponse.clocks:type_name -> geostate.v1.MemberClock
 	4,  // 2: geostate.v1.TransferLeaseResponse.lease:type_name -> geostate.v1.ShardLease
-	35, // 3: geostate.v1.UpdateRequest.cas:type_name -> geostate.v1.CompareAndSet
+	36, // 3: geostate.v1.UpdateRequest.cas:type_name -> geostate.v1.CompareAndSet
 	15, // 4: geostate.v1.UpdateResponse.position:type_name -> geostate.v1.Position
-	36, // 5: geostate.v1.UpdateResponse.stamp:type_name -> geostate.v1.OrderStamp
-	18, // 6: geostate.v1.Freshness.remotes:type_name -> geostate.v1.RemoteFreshness
-	37, // 7: geostate.v1.RemoteFreshness.applied:type_name -> geostate.v1.HlcTimestamp
-	0,  // 8: geostate.v1.Value.kind:type_name -> geostate.v1.CrdtKind
-	36, // 9: geostate.v1.Value.stamp:type_name -> geostate.v1.OrderStamp
-	17, // 10: geostate.v1.Value.freshness:type_name -> geostate.v1.Freshness
-	22, // 11: geostate.v1.Value.window:type_name -> geostate.v1.WindowInfo
-	21, // 12: geostate.v1.WindowSelector.range:type_name -> geostate.v1.WindowRange
-	23, // 13: geostate.v1.WindowInfo.behind:type_name -> geostate.v1.RegionWatermark
-	20, // 14: geostate.v1.GetRequest.window:type_name -> geostate.v1.WindowSelector
-	20, // 15: geostate.v1.BatchGetRequest.window:type_name -> geostate.v1.WindowSelector
-	19, // 16: geostate.v1.BatchGetResponse.values:type_name -> geostate.v1.Value
-	20, // 17: geostate.v1.ScanRequest.window:type_name -> geostate.v1.WindowSelector
-	19, // 18: geostate.v1.ScanResponse.values:type_name -> geostate.v1.Value
-	31, // 19: geostate.v1.StatusResponse.partitions:type_name -> geostate.v1.PartitionStatus
-	34, // 20: geostate.v1.StatusResponse.remotes:type_name -> geostate.v1.RemoteStatus
-	13, // 21: geostate.v1.StatusResponse.checkpoint:type_name -> geostate.v1.CheckpointStatus
-	33, // 22: geostate.v1.StatusResponse.functions:type_name -> geostate.v1.FunctionStatus
-	31, // 23: geostate.v1.RemoteStatus.partitions:type_name -> geostate.v1.PartitionStatus
-	37, // 24: geostate.v1.RemoteStatus.applied:type_name -> geostate.v1.HlcTimestamp
-	14, // 25: geostate.v1.State.Update:input_type -> geostate.v1.UpdateRequest
-	24, // 26: geostate.v1.State.Get:input_type -> geostate.v1.GetRequest
-	25, // 27: geostate.v1.State.BatchGet:input_type -> geostate.v1.BatchGetRequest
-	27, // 28: geostate.v1.State.Scan:input_type -> geostate.v1.ScanRequest
-	29, // 29: geostate.v1.State.Watch:input_type -> geostate.v1.WatchRequest
-	30, // 30: geostate.v1.Admin.Status:input_type -> geostate.v1.StatusRequest
-	9,  // 31: geostate.v1.Admin.Checkpoint:input_type -> geostate.v1.CheckpointRequest
-	11, // 32: geostate.v1.Admin.Savepoint:input_type -> geostate.v1.SavepointRequest
-	3,  // 33: geostate.v1.Admin.Leases:input_type -> geostate.v1.LeasesRequest
-	7,  // 34: geostate.v1.Admin.TransferLease:input_type -> geostate.v1.TransferLeaseRequest
-	1,  // 35: geostate.v1.Admin.Route:input_type -> geostate.v1.RouteRequest
-	16, // 36: geostate.v1.State.Update:output_type -> geostate.v1.UpdateResponse
-	19, // 37: geostate.v1.State.Get:output_type -> geostate.v1.Value
-	26, // 38: geostate.v1.State.BatchGet:output_type -> geostate.v1.BatchGetResponse
-	28, // 39: geostate.v1.State.Scan:output_type -> geostate.v1.ScanResponse
-	19, // 40: geostate.v1.State.Watch:output_type -> geostate.v1.Value
-	32, // 41: geostate.v1.Admin.Status:output_type -> geostate.v1.StatusResponse
-	10, // 42: geostate.v1.Admin.Checkpoint:output_type -> geostate.v1.CheckpointResponse
-	12, // 43: geostate.v1.Admin.Savepoint:output_type -> geostate.v1.SavepointResponse
-	5,  // 44: geostate.v1.Admin.Leases:output_type -> geostate.v1.LeasesResponse
-	8,  // 45: geostate.v1.Admin.TransferLease:output_type -> geostate.v1.TransferLeaseResponse
-	2,  // 46: geostate.v1.Admin.Route:output_type -> geostate.v1.RouteResponse
-	36, // [36:47] is the sub-list for method output_type
-	25, // [25:36] is the sub-list for method input_type
-	25, // [25:25] is the sub-list for extension type_name
-	25, // [25:25] is the sub-list for extension extendee
-	0,  // [0:25] is the sub-list for field type_name
+	37, // 5: geostate.v1.UpdateResponse.stamp:type_name -> geostate.v1.OrderStamp
+	19, // 6: geostate.v1.Freshness.remotes:type_name -> geostate.v1.RemoteFreshness
+	18, // 7: geostate.v1.Freshness.copy:type_name -> geostate.v1.StaleCopy
+	38, // 8: geostate.v1.RemoteFreshness.applied:type_name -> geostate.v1.HlcTimestamp
+	0,  // 9: geostate.v1.Value.kind:type_name -> geostate.v1.CrdtKind
+	37, // 10: geostate.v1.Value.stamp:type_name -> geostate.v1.OrderStamp
+	17, // 11: geostate.v1.Value.freshness:type_name -> geostate.v1.Freshness
+	23, // 12: geostate.v1.Value.window:type_name -> geostate.v1.WindowInfo
+	22, // 13: geostate.v1.WindowSelector.range:type_name -> geostate.v1.WindowRange
+	24, // 14: geostate.v1.WindowInfo.behind:type_name -> geostate.v1.RegionWatermark
+	21, // 15: geostate.v1.GetRequest.window:type_name -> geostate.v1.WindowSelector
+	21, // 16: geostate.v1.BatchGetRequest.window:type_name -> geostate.v1.WindowSelector
+	20, // 17: geostate.v1.BatchGetResponse.values:type_name -> geostate.v1.Value
+	21, // 18: geostate.v1.ScanRequest.window:type_name -> geostate.v1.WindowSelector
+	20, // 19: geostate.v1.ScanResponse.values:type_name -> geostate.v1.Value
+	32, // 20: geostate.v1.StatusResponse.partitions:type_name -> geostate.v1.PartitionStatus
+	35, // 21: geostate.v1.StatusResponse.remotes:type_name -> geostate.v1.RemoteStatus
+	13, // 22: geostate.v1.StatusResponse.checkpoint:type_name -> geostate.v1.CheckpointStatus
+	34, // 23: geostate.v1.StatusResponse.functions:type_name -> geostate.v1.FunctionStatus
+	32, // 24: geostate.v1.RemoteStatus.partitions:type_name -> geostate.v1.PartitionStatus
+	38, // 25: geostate.v1.RemoteStatus.applied:type_name -> geostate.v1.HlcTimestamp
+	14, // 26: geostate.v1.State.Update:input_type -> geostate.v1.UpdateRequest
+	25, // 27: geostate.v1.State.Get:input_type -> geostate.v1.GetRequest
+	26, // 28: geostate.v1.State.BatchGet:input_type -> geostate.v1.BatchGetRequest
+	28, // 29: geostate.v1.State.Scan:input_type -> geostate.v1.ScanRequest
+	30, // 30: geostate.v1.State.Watch:input_type -> geostate.v1.WatchRequest
+	31, // 31: geostate.v1.Admin.Status:input_type -> geostate.v1.StatusRequest
+	9,  // 32: geostate.v1.Admin.Checkpoint:input_type -> geostate.v1.CheckpointRequest
+	11, // 33: geostate.v1.Admin.Savepoint:input_type -> geostate.v1.SavepointRequest
+	3,  // 34: geostate.v1.Admin.Leases:input_type -> geostate.v1.LeasesRequest
+	7,  // 35: geostate.v1.Admin.TransferLease:input_type -> geostate.v1.TransferLeaseRequest
+	1,  // 36: geostate.v1.Admin.Route:input_type -> geostate.v1.RouteRequest
+	16, // 37: geostate.v1.State.Update:output_type -> geostate.v1.UpdateResponse
+	20, // 38: geostate.v1.State.Get:output_type -> geostate.v1.Value
+	27, // 39: geostate.v1.State.BatchGet:output_type -> geostate.v1.BatchGetResponse
+	29, // 40: geostate.v1.State.Scan:output_type -> geostate.v1.ScanResponse
+	20, // 41: geostate.v1.State.Watch:output_type -> geostate.v1.Value
+	33, // 42: geostate.v1.Admin.Status:output_type -> geostate.v1.StatusResponse
+	10, // 43: geostate.v1.Admin.Checkpoint:output_type -> geostate.v1.CheckpointResponse
+	12, // 44: geostate.v1.Admin.Savepoint:output_type -> geostate.v1.SavepointResponse
+	5,  // 45: geostate.v1.Admin.Leases:output_type -> geostate.v1.LeasesResponse
+	8,  // 46: geostate.v1.Admin.TransferLease:output_type -> geostate.v1.TransferLeaseResponse
+	2,  // 47: geostate.v1.Admin.Route:output_type -> geostate.v1.RouteResponse
+	37, // [37:48] is the sub-list for method output_type
+	26, // [26:37] is the sub-list for method input_type
+	26, // [26:26] is the sub-list for extension type_name
+	26, // [26:26] is the sub-list for extension extendee
+	0,  // [0:26] is the sub-list for field type_name
 }
 
 func init() { file_geostate_v1_state_proto_init() }
@@ -2852,11 +2926,11 @@ func file_geostate_v1_state_proto_init() {
 		(*UpdateRequest_Set)(nil),
 		(*UpdateRequest_Cas)(nil),
 	}
-	file_geostate_v1_state_proto_msgTypes[18].OneofWrappers = []any{
+	file_geostate_v1_state_proto_msgTypes[19].OneofWrappers = []any{
 		(*Value_Counter)(nil),
 		(*Value_Register)(nil),
 	}
-	file_geostate_v1_state_proto_msgTypes[19].OneofWrappers = []any{
+	file_geostate_v1_state_proto_msgTypes[20].OneofWrappers = []any{
 		(*WindowSelector_Current)(nil),
 		(*WindowSelector_LatestFinal)(nil),
 		(*WindowSelector_StartMs)(nil),
@@ -2868,7 +2942,7 @@ func file_geostate_v1_state_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_geostate_v1_state_proto_rawDesc), len(file_geostate_v1_state_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   34,
+			NumMessages:   35,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

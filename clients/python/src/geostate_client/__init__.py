@@ -40,6 +40,7 @@ __all__ = [
     "Window",
     "Freshness",
     "RemoteFreshness",
+    "StaleCopy",
     "Stamp",
 ]
 
@@ -87,11 +88,24 @@ class RemoteFreshness:
 
 
 @dataclass(frozen=True)
+class StaleCopy:
+    """A copy answering a read: what its node applied of the region's updates topic (through
+    `applied_offset`, -1: none) until `age_ms` ago, nothing since."""
+
+    age_ms: int
+    applied_offset: int
+
+
+@dataclass(frozen=True)
 class Freshness:
-    """How current a read is: per remote region, and the lease epoch of an owned value."""
+    """How current a read is: per remote region, the lease epoch of an owned value, and
+    `copy` when the node answered from its copy of a partition it no longer owns, while no
+    node of its region was known to own it (its region's Kafka unreachable, or the
+    partition between nodes)."""
 
     remotes: tuple = ()
     epoch: int = 0
+    copy: Optional[StaleCopy] = None
 
     @property
     def lag_ms(self) -> int:
@@ -141,6 +155,7 @@ def _value(v: state_pb2.Value) -> Value:
     freshness = Freshness(
         tuple(RemoteFreshness(r.region, r.applied.wall_nanos, r.lag_ms) for r in f.remotes),
         f.epoch,
+        StaleCopy(f.copy.age_ms, f.copy.applied_offset) if f.HasField("copy") else None,
     )
     window = None
     if v.HasField("window"):

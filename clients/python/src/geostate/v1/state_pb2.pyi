@@ -191,12 +191,22 @@ class UpdateResponse(_message.Message):
     def __init__(self, position: _Optional[_Union[Position, _Mapping]] = ..., stamp: _Optional[_Union[_crdt_pb2.OrderStamp, _Mapping]] = ...) -> None: ...
 
 class Freshness(_message.Message):
-    __slots__ = ("remotes", "epoch")
+    __slots__ = ("remotes", "epoch", "copy")
     REMOTES_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
+    COPY_FIELD_NUMBER: _ClassVar[int]
     remotes: _containers.RepeatedCompositeFieldContainer[RemoteFreshness]
     epoch: int
-    def __init__(self, remotes: _Optional[_Iterable[_Union[RemoteFreshness, _Mapping]]] = ..., epoch: _Optional[int] = ...) -> None: ...
+    copy: StaleCopy
+    def __init__(self, remotes: _Optional[_Iterable[_Union[RemoteFreshness, _Mapping]]] = ..., epoch: _Optional[int] = ..., copy: _Optional[_Union[StaleCopy, _Mapping]] = ...) -> None: ...
+
+class StaleCopy(_message.Message):
+    __slots__ = ("age_ms", "applied_offset")
+    AGE_MS_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    age_ms: int
+    applied_offset: int
+    def __init__(self, age_ms: _Optional[int] = ..., applied_offset: _Optional[int] = ...) -> None: ...
 
 class RemoteFreshness(_message.Message):
     __slots__ = ("region", "applied", "lag_ms")
