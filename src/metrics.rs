@@ -174,6 +174,9 @@ pub const CLOCK_OFFSET: &str = "geostate_clock_offset_seconds";
 /// 1 while this region's clock is off from most members beyond 80 % of
 /// `max-clock-offset` (it then proposes no lease command and writes no owned key) (gauge).
 pub const CLOCK_OFF: &str = "geostate_clock_off";
+/// 1 while this node reaches its region's Kafka, 0 once it has not answered for
+/// `lease.kafka-down-after` (the region's leases are then let go) (gauge).
+pub const KAFKA_REACHABLE: &str = "geostate_kafka_reachable";
 /// Compare-and-set writes whose comparison failed when applied (counter).
 pub const CAS_FAILED: &str = "geostate_cas_failed_total";
 

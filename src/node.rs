@@ -563,8 +563,18 @@ impl Opened {
             Channels::new(member.tls.clone()),
             self.clock.clone(),
         ));
+        // whether this region's Kafka answers: a region that cannot write lets its leases go
+        let (reachable, kafka) = watch::channel(true);
+        let reach = crate::log::reach::follow(
+            config.kafka.clone(),
+            config.kafka.updates_topic.clone(),
+            lease.kafka_down_after,
+            reachable,
+            stop.clone(),
+        );
+        tasks.spawn("the Kafka reach probe", OnStop::Finish, returns(reach));
         let (mut joined, mut stopping) = (member.joined.clone(), stop.clone());
-        let run = leases.clone().run(stop.clone());
+        let run = leases.clone().run(stop.clone(), kafka);
         let run = async move {
             // a learner holds no lease before the group lists it (`Member::joined`)
             let listed = tokio::select! {

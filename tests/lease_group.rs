@@ -69,6 +69,7 @@ fn config(id: u64, ports: &[u16]) -> LeaseConfig {
         renew_every: Duration::from_millis(100),
         heartbeat: Duration::from_millis(100),
         election_timeout: Duration::from_millis(400),
+        kafka_down_after: Duration::from_secs(3),
         take_back: false,
         forward_writes: false,
         join: false,

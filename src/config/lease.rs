@@ -57,6 +57,9 @@ pub struct LeaseConfig {
     pub heartbeat: Duration,
     /// Raft election timeout (lower bound; the upper bound is twice it).
     pub election_timeout: Duration,
+    /// How long this region's Kafka may be unreachable before the region lets its leases
+    /// go (it cannot write them meanwhile) and stops taking any until it is back.
+    pub kafka_down_after: Duration,
     /// A preferred home region takes its shards back once it is up again.
     pub take_back: bool,
     /// An owned write at a region without the lease is forwarded to the holder's API
@@ -169,6 +172,8 @@ pub(crate) struct RawLease {
     heartbeat: String,
     #[serde(default = "default_election_timeout")]
     election_timeout: String,
+    #[serde(default = "default_kafka_down_after")]
+    kafka_down_after: String,
     #[serde(default = "default_take_back")]
     take_back: bool,
     #[serde(default)]
@@ -251,6 +256,9 @@ fn default_heartbeat() -> String {
 fn default_election_timeout() -> String {
     "250ms".into()
 }
+fn default_kafka_down_after() -> String {
+    "3s".into()
+}
 fn default_take_back() -> bool {
     true
 }
@@ -279,11 +287,18 @@ impl RawLease {
             renew_every,
             heartbeat: parse_duration("lease.heartbeat", &self.heartbeat)?,
             election_timeout: parse_duration("lease.election-timeout", &self.election_timeout)?,
+            kafka_down_after: parse_duration("lease.kafka-down-after", &self.kafka_down_after)?,
             take_back: self.take_back,
             forward_writes: self.forward_writes,
             join: self.join,
             operators,
         };
+        if config.kafka_down_after < Duration::from_secs(1) {
+            return Err(invalid(
+                "lease.kafka-down-after",
+                "must be at least 1s: the region's Kafka is asked twice a second",
+            ));
+        }
         // what the Raft library requires of its timings
         if config.election_timeout.as_millis() <= config.heartbeat.as_millis() {
             return Err(invalid(

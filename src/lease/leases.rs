@@ -274,7 +274,16 @@ impl Leases {
     /// its answer could extend nothing; one that failed is followed as soon as the
     /// member knows another leader, not a whole `renew-every` later (a leader that died
     /// takes an election; the lease must not lapse waiting on the timer too).
-    pub async fn run(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
+    ///
+    /// While `kafka` says this region's Kafka is unreachable (`log::reach`), the region
+    /// cannot write: it stops writing owned keys, releases every lease it holds once (the
+    /// rounds in flight given up first), and proposes nothing until Kafka answers again,
+    /// so the other regions take its shards a clock offset later instead of never.
+    pub async fn run(
+        self: Arc<Self>,
+        mut stop: watch::Receiver<bool>,
+        mut kafka: watch::Receiver<bool>,
+    ) {
         self.clock.probe().await;
         let probing = {
             let (me, mut stop) = (self.clone(), stop.clone());
@@ -290,12 +299,15 @@ impl Leases {
         };
         let first_round = Instant::now();
         let mut off = false;
+        let mut cut_off = false;
         let mut rounds = tokio::task::JoinSet::new();
         // the leader known when a round's proposal failed
         let mut failed_under: Option<Option<u64>> = None;
         'rounds: loop {
             let next = tokio::time::Instant::now() + self.config.renew_every;
+            cut_off = self.follow_kafka(*kafka.borrow_and_update(), cut_off, &mut rounds);
             match self.clock.verdict() {
+                _ if cut_off => {}
                 Verdict::Within => {
                     if off {
                         tracing::info!(
@@ -322,13 +334,7 @@ impl Leases {
                         metrics::gauge!(m::CLOCK_OFF).set(1.0);
                         off = true;
                     }
-                    let now = self.mono_ms();
-                    let mut holdings = self.holdings();
-                    for shard in self.config.all_shards() {
-                        if holdings.holding(shard).is_some() {
-                            holdings.relinquish(shard, now);
-                        }
-                    }
+                    self.relinquish_all();
                 }
             }
             let held = self
@@ -352,6 +358,7 @@ impl Leases {
                     }
                     // the lease group's leader is handing the lead over
                     () = self.proposer.handover().renewal_asked() => break,
+                    Ok(()) = kafka.changed() => break,
                 }
             }
         }
@@ -360,8 +367,47 @@ impl Leases {
         self.release_all().await;
     }
 
-    /// On shutdown: stops writing every shard held here, then releases them in one
-    /// entry, so other regions take them a clock offset later instead of at expiry.
+    /// Answers whether this region is cut off from its Kafka now (`reachable` false), having
+    /// been so before if `was`: the first time, gives up the rounds in flight (one
+    /// answered after the release would make it a holder again) and releases what it holds.
+    fn follow_kafka(
+        self: &Arc<Self>,
+        reachable: bool,
+        was: bool,
+        rounds: &mut tokio::task::JoinSet<Option<Option<u64>>>,
+    ) -> bool {
+        match (reachable, was) {
+            (false, false) => {
+                rounds.abort_all();
+                let me = self.clone();
+                rounds.spawn(async move {
+                    me.release_all().await;
+                    None
+                });
+            }
+            (false, true) => self.relinquish_all(),
+            (true, true) => {
+                tracing::info!("this region's Kafka answers again; proposing lease commands");
+            }
+            (true, false) => {}
+        }
+        !reachable
+    }
+
+    /// Stops writing every shard held here (nothing is proposed for them).
+    fn relinquish_all(&self) {
+        let now = self.mono_ms();
+        let mut holdings = self.holdings();
+        for shard in self.config.all_shards() {
+            if holdings.holding(shard).is_some() {
+                holdings.relinquish(shard, now);
+            }
+        }
+    }
+
+    /// On shutdown, or once this region's Kafka is unreachable: stops writing every shard
+    /// held here, then releases them in one entry, so other regions take them a clock
+    /// offset later instead of at expiry.
     async fn release_all(&self) {
         let now = self.mono_ms();
         let releases: Vec<Command> = {

@@ -29,6 +29,7 @@ pub const LATE_WATERMARK_HEADER: &str = "geostate.watermark";
 
 pub mod membership;
 pub mod partitioner;
+pub mod reach;
 mod reader;
 mod transactional;
 
