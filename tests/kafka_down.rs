@@ -2,7 +2,10 @@
 //! appended is answered `UNAVAILABLE` with the reason, never hangs past the producer's
 //! delivery timeout, and once the broker resumes (SIGCONT) the node serves writes again;
 //! the write that timed out is indeterminate (it may still be appended from the broker's
-//! socket buffer), so the counter ends at either total. The cluster's own node of that
+//! socket buffer), so the counter ends at either total. The region's cluster node counts
+//! its Kafka unreachable during the freeze (and lets its leases go), answers reads from its
+//! copies once its group session ended (the certificate says so), and counts its Kafka
+//! reachable again after. The cluster's own node of that
 //! region went through the same freeze: it ingests and merges again afterwards (its
 //! broker, fenced by its controller during the freeze, first answers Metadata listing no
 //! brokers, which can leave a librdkafka client unable to reconnect for good: the node's
@@ -37,6 +40,9 @@ async fn a_frozen_broker_gives_unavailable_and_the_node_recovers() -> anyhow::Re
         .expect("make test starts a node per region");
     let mut cluster_node = AdminClient::connect(format!("http://{grpc}")).await?;
     let owned_before = owned(&mut cluster_node).await?;
+    let mut cluster_state = StateClient::connect(format!("http://{grpc}")).await?;
+    let copied = format!("trips/{}", unique("copied"));
+    cluster_state.update(add(&copied, 1)).await?;
 
     // resumed however the test ends
     let frozen = Frozen::new(region.kafka_pid)?;
@@ -61,6 +67,27 @@ async fn a_frozen_broker_gives_unavailable_and_the_node_recovers() -> anyhow::Re
     assert_eq!(status.code(), tonic::Code::Unavailable, "{status}");
     assert!(status.message().contains("kafka"), "{status}");
     assert!(waited < Duration::from_secs(30), "took {waited:?}");
+    // the region's cluster node no longer counts its Kafka reachable (`lease.kafka-down-after`
+    // is 3 s; the write waited longer): it has let its leases go
+    let metrics = region.metrics.as_deref().expect("a node per region");
+    let reachable = || common::metric(metrics, "geostate_kafka_reachable ");
+    assert_eq!(reachable()?, Some(0.0), "after {waited:?} frozen");
+    // and once its group session ends (10 s) it answers reads from its copies, saying so
+    let until = Instant::now() + Duration::from_secs(20);
+    let copy = loop {
+        let value = cluster_state.get(replica(&copied)).await?.into_inner();
+        assert_eq!(counter(&value), 1, "{value:?}");
+        if let Some(copy) = value.freshness.as_ref().and_then(|f| f.copy) {
+            break copy;
+        }
+        assert!(
+            Instant::now() < until,
+            "no read answered from a copy: {value:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    println!("answered from a copy: {copy:?}");
+    assert!(copy.applied_offset >= 0 && copy.age_ms < 20_000, "{copy:?}");
     drop(frozen);
 
     // the node serves writes again once the broker is back
@@ -76,6 +103,14 @@ async fn a_frozen_broker_gives_unavailable_and_the_node_recovers() -> anyhow::Re
         }
     }
     node.caught_up(Duration::from_secs(60)).await?;
+    let until = Instant::now() + Duration::from_secs(30);
+    while reachable()? != Some(1.0) {
+        assert!(
+            Instant::now() < until,
+            "the cluster node counts its Kafka unreachable still"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     let total = counter(&state.get(replica("trips/frozen")).await?.into_inner());
     assert!(
         total == 101 || total == 111,

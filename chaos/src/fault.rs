@@ -137,10 +137,11 @@ pub(crate) async fn inject(
             broker_outage(path, region, Duration::from_secs(10)).await?;
             Fault {
                 target: format!("Kafka broker of {region}"),
+                // its writes need the broker; its reads go on from the node's copies
                 affected: vec![region.to_string()],
-                // the node keeps its leases (the lease group does not use Kafka), so its
-                // owned keys wait for the broker: the fault's whole length
-                owned_budget: None,
+                // the node releases its leases once it cannot reach its Kafka, and another
+                // region takes the shards
+                owned_budget: Some(LEASE_FAILOVER_BUDGET),
                 partitions,
                 failovers: None,
             }

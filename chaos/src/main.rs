@@ -106,8 +106,9 @@ pub(crate) const KEYS: usize = 8;
 pub(crate) const UNAFFECTED_BUDGET: Duration = Duration::from_secs(3);
 /// A scope the fault takes down must be back within this after the heal.
 pub(crate) const RECOVERY_BUDGET: Duration = Duration::from_secs(30);
-/// Owned keys of a holder that died or froze must be writable elsewhere within this: the
-/// lease (2 s in the local cluster) runs out and another region takes the shard.
+/// Owned keys of a holder that died, froze or lost its Kafka must be writable elsewhere
+/// within this: the lease (2 s in the local cluster) runs out, or the holder releases it,
+/// and another region takes the shard.
 pub(crate) const LEASE_FAILOVER_BUDGET: Duration = Duration::from_secs(10);
 /// A partition's writes may stop no longer than this while it moves between a region's
 /// nodes (the old owner ships its last round, the new one catches up from the deltas).
