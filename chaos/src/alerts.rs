@@ -19,7 +19,10 @@ pub(crate) fn expected(drill: Drill) -> &'static [(&'static str, Where)] {
             ("GeostateNodeDown", Target),
             ("GeostateReplicationStalled", Elsewhere),
         ],
-        Drill::BrokerLoss => &[("GeostateConsumerRestarts", Target)],
+        Drill::BrokerLoss => &[
+            ("GeostateConsumerRestarts", Target),
+            ("GeostateKafkaUnreachable", Target),
+        ],
         // every region checkpoints to the one local S3 server
         Drill::S3Outage => &[
             ("GeostateCheckpointsFailing", Target),
