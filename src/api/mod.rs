@@ -114,13 +114,28 @@ impl Entries {
 /// region's Kafka group.
 pub type Routes = tokio::sync::Mutex<RouteTable>;
 
-#[derive(Default)]
 pub struct RouteTable {
     /// When the owners were read (`None`: never, or to be read again at the next route).
     pub read_at: Option<Instant>,
-    /// When the group was last asked, answered or not.
+    /// When the group was last asked, answered or not (`None`: ask at the next route).
     pub asked_at: Option<Instant>,
+    /// Whether an ask is on its way (one at a time).
+    pub asking: bool,
+    /// Counts the asks that ended, answered or not (routes wait on it).
+    pub asked: tokio::sync::watch::Sender<u64>,
     pub owners: BTreeMap<i32, String>,
+}
+
+impl Default for RouteTable {
+    fn default() -> Self {
+        Self {
+            read_at: None,
+            asked_at: None,
+            asking: false,
+            asked: tokio::sync::watch::Sender::new(0),
+            owners: BTreeMap::new(),
+        }
+    }
 }
 
 /// The last end offsets `Admin/Status` read per topic, and when that reading started. One

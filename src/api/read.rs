@@ -9,10 +9,12 @@
 //! ```
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use super::{ApiError, Handler, convert};
 use crate::config::Ownership;
 use crate::crdt::CrdtValue;
+use crate::partition::{Held, PartitionHandle};
 use crate::pb;
 use crate::window;
 
@@ -38,32 +40,96 @@ impl Handler {
         }
         let (shard, epoch) = self.leases()?.epoch_for(key).map_err(ApiError::NotHolder)?;
         self.settled(key, shard, epoch).await?;
-        self.read(key, None)
+        // never from a copy: only the partition's owner has applied every acknowledged write
+        self.read(key, None, false)
     }
 
-    /// A key's values: one, or for a windowed key one per window `window` names.
+    /// A key's values: one, or for a windowed key one per window `window` names; with
+    /// `copies`, also from this node's copy of a partition it let go.
     fn read_values(
         &self,
         key: &str,
         window: Option<&pb::WindowSelector>,
+        copies: bool,
     ) -> Result<Vec<pb::Value>, ApiError> {
         let ns =
             self.0.config.namespaces.lookup(key).ok_or_else(|| {
                 ApiError::InvalidArgument(format!("key {key:?} is in no namespace"))
             })?;
-        if let Some(spec) = &ns.window {
-            return self.read_windows(key, spec, ns.crdt, window);
-        }
-        let mut value = convert::value(key, ns.crdt, self.0.store.get(key)?.as_ref())?;
-        self.fill_freshness(&mut value, self.partition_of(key));
-        Ok(vec![value])
+        let partition = self.partition_of(key);
+        let term = self.term_of(key, partition)?;
+        let read = match &ns.window {
+            Some(spec) => self.read_windows(key, spec, ns.crdt, window),
+            None => self
+                .0
+                .store
+                .get(key)
+                .map_err(ApiError::from)
+                .and_then(|state| convert::value(key, ns.crdt, state.as_ref()))
+                .map(|mut value| {
+                    self.fill_freshness(&mut value, partition);
+                    vec![value]
+                }),
+        };
+        self.answered_from(key, &term, copies, read)
     }
 
-    /// One value of `key`: a windowed key's one window, not a range.
+    /// The term of `partition` (for `key`) a read answers from, noted before the store is
+    /// read ([`Partitions::term_of`](crate::partition::Partitions::term_of)): owned here,
+    /// or let go with its copy kept; neither is refused as moving.
+    pub(super) fn term_of(
+        &self,
+        key: &str,
+        partition: i32,
+    ) -> Result<Arc<PartitionHandle>, ApiError> {
+        self.0
+            .owned
+            .term_of(partition)
+            .ok_or_else(|| ApiError::NotOwner {
+                key: key.to_string(),
+                partition,
+                owner: None,
+            })
+    }
+
+    /// What was `read` from `term` once it is read: as it is while the term is owned here;
+    /// with `copies`, marked with how old the copy is while the term is a copy kept here;
+    /// otherwise refused as moving (the copy was forgotten to be caught up, or the term
+    /// let go, since the read began: what it read may be half rebuilt).
+    pub(super) fn answered_from(
+        &self,
+        key: &str,
+        term: &Arc<PartitionHandle>,
+        copies: bool,
+        read: Result<Vec<pb::Value>, ApiError>,
+    ) -> Result<Vec<pb::Value>, ApiError> {
+        match self.0.owned.holds(term) {
+            Held::Owned => read,
+            Held::Copy(copy) if copies => {
+                let mut values = read?;
+                for value in &mut values {
+                    value.freshness.get_or_insert_default().copy = Some(pb::StaleCopy {
+                        age_ms: copy.age.as_millis() as u64,
+                        applied_offset: copy.applied.unwrap_or(-1),
+                    });
+                }
+                Ok(values)
+            }
+            Held::Copy(_) | Held::Gone => Err(ApiError::NotOwner {
+                key: key.to_string(),
+                partition: term.partition,
+                owner: None,
+            }),
+        }
+    }
+
+    /// One value of `key`: a windowed key's one window, not a range; with `copies`, also
+    /// from this node's copy of a partition it let go.
     pub(super) fn read(
         &self,
         key: &str,
         window: Option<&pb::WindowSelector>,
+        copies: bool,
     ) -> Result<pb::Value, ApiError> {
         if let Some(pb::WindowSelector {
             which: Some(pb::window_selector::Which::Range(_)),
@@ -73,15 +139,13 @@ impl Handler {
                 "a range of windows is read with BatchGet or Scan, one value per window".into(),
             ));
         }
-        self.read_values(key, window)?
+        self.read_values(key, window, copies)?
             .pop()
             .ok_or_else(|| ApiError::Internal(format!("no value read for {key:?}")))
     }
 
-    /// What the key's partition holds of each remote region, and how old this node's
-    /// copy of it is if this node no longer owns it.
+    /// What the key's partition holds of each remote region.
     pub(super) fn fill_freshness(&self, value: &mut pb::Value, partition: i32) {
-        self.fill_copy(value, partition);
         if let Some(f) = value.freshness.as_mut() {
             f.remotes = self
                 .0
@@ -94,19 +158,6 @@ impl Handler {
                     lag_ms: r.lag.as_millis() as u64,
                 })
                 .collect();
-        }
-    }
-
-    /// Marks a value read from this node's copy of a partition it no longer owns.
-    fn fill_copy(&self, value: &mut pb::Value, partition: i32) {
-        if self.0.owned.owns(partition) {
-            return;
-        }
-        if let Some(copy) = self.0.owned.copy_of(partition) {
-            value.freshness.get_or_insert_default().copy = Some(pb::StaleCopy {
-                age_ms: copy.age.as_millis() as u64,
-                applied_offset: copy.applied.unwrap_or(-1),
-            });
         }
     }
 
@@ -132,7 +183,7 @@ impl Handler {
         let mut out = tokio::task::spawn_blocking(move || {
             let mut out = pb::BatchGetResponse::default();
             for key in here {
-                match handler.read_values(&key, selector.as_ref()) {
+                match handler.read_values(&key, selector.as_ref(), true) {
                     Ok(v) => out.values.extend(v),
                     Err(ApiError::NotFound { .. }) => out.missing.push(key),
                     Err(e) => return Err(e),
@@ -183,22 +234,26 @@ impl Handler {
         } else {
             self.read_sources(&req.prefix).await?
         };
-        // the partitions owned here, and those no node is known to own whose copy this
-        // node keeps
-        let mut owned = self.0.owned.owned();
-        owned.extend(copies);
-        let (handler, request, read) = (self.clone(), req.clone(), owned.clone());
-        let mut values =
-            tokio::task::spawn_blocking(move || handler.scan_here(&read, &request, limit))
-                .await
-                .map_err(|e| ApiError::Internal(e.to_string()))??;
-        let mut covered = owned;
+        // the other owners' pages first: a copy's partition one of them answered for (the
+        // routes were a moment old) is theirs, not read here
+        let mut values = Vec::new();
+        let mut covered = BTreeSet::new();
         for node in others {
             let (mut client, request) = self.node_client(&node, req.clone())?;
             let theirs = self.routed_answer(node, client.scan(request).await).await?;
             values.extend(theirs.values);
             covered.extend(theirs.partitions);
         }
+        // the partitions owned here, and those no node is known to own whose copy this
+        // node keeps
+        let mut here = self.0.owned.owned();
+        here.extend(copies.iter().filter(|p| !covered.contains(p)));
+        let (handler, request, read) = (self.clone(), req.clone(), here.clone());
+        let mine = tokio::task::spawn_blocking(move || handler.scan_here(&read, &request, limit))
+            .await
+            .map_err(|e| ApiError::Internal(e.to_string()))??;
+        values.extend(mine);
+        covered.extend(here);
         // routes a moment old may miss a partition that just moved: a page without its
         // keys would look complete
         if !routed && let Some(&partition) = self.0.partitions.iter().find(|p| !covered.contains(p))
@@ -241,6 +296,10 @@ impl Handler {
             token if windowed(token) => Some(window::slice_key(token, u64::MAX)),
             token => Some(token.to_owned()),
         };
+        // the term each partition is read from, noted before anything of it is read
+        let terms = (partitions.iter())
+            .map(|&p| Ok((p, self.term_of(&req.prefix, p)?)))
+            .collect::<Result<BTreeMap<i32, _>, ApiError>>()?;
         let mut keys: Vec<(String, Option<CrdtValue>)> = Vec::new();
         loop {
             let page = self
@@ -264,16 +323,21 @@ impl Handler {
             }
         }
         keys.truncate(limit);
-        let mut values = Vec::with_capacity(keys.len());
+        let mut read: BTreeMap<i32, Vec<pb::Value>> = BTreeMap::new();
         for (key, stored) in keys {
-            match stored {
-                Some(v) => {
-                    let mut value = convert::value(&key, v.crdt_type(), Some(&v))?;
-                    self.fill_copy(&mut value, self.partition_of(&key));
-                    values.push(value);
-                }
-                None => values.extend(self.read_values(&key, req.window.as_ref())?),
-            }
+            let value = match stored {
+                Some(v) => vec![convert::value(&key, v.crdt_type(), Some(&v))?],
+                None => self.read_values(&key, req.window.as_ref(), true)?,
+            };
+            read.entry(self.partition_of(&key))
+                .or_default()
+                .extend(value);
+        }
+        // each partition's part as its term is now (the listing came from it too)
+        let mut values = Vec::new();
+        for (p, term) in &terms {
+            let part = read.remove(p).unwrap_or_default();
+            values.extend(self.answered_from(&req.prefix, term, true, Ok(part))?);
         }
         Ok(values)
     }

@@ -18,9 +18,10 @@ use crate::pb;
 /// How long a read of the region's group (which node owns which partition) is used, and
 /// how often the group is asked at most.
 const ROUTES_FOR: Duration = Duration::from_secs(1);
-/// How long a request waits for the group's answer: a region whose Kafka is down answers
-/// none, and the routes last read stand meanwhile.
-const ROUTES_WAIT: Duration = Duration::from_millis(300);
+/// How long a request waits for the group's answer (the ask goes on without it, and its
+/// answer is kept): a region whose Kafka is down answers none, and the routes last read
+/// stand meanwhile.
+const ROUTES_WAIT: Duration = Duration::from_millis(500);
 
 impl Handler {
     /// The key's partition of the updates topic.
@@ -30,11 +31,13 @@ impl Handler {
     }
 
     /// The node of this region owning `partition`: this one (`None`), or another's address
-    /// from the region's group (read when the routes are older than [`ROUTES_FOR`], when
-    /// they name no owner or this node, or after a routed request was answered
-    /// `UNAVAILABLE`, but asked at most every [`ROUTES_FOR`] and waited for at most
-    /// [`ROUTES_WAIT`]; while the group rebalances or does not answer, the routes it last
-    /// gave stand: a node that no longer owns the partition answers so).
+    /// from the region's group. The group is asked when the routes are older than
+    /// [`ROUTES_FOR`], name no owner or this node, or a routed request was answered
+    /// `UNAVAILABLE`: one ask at a time, on a task of its own, at most every
+    /// [`ROUTES_FOR`] (sooner after `UNAVAILABLE`), waited for at most [`ROUTES_WAIT`] from
+    /// its start, whoever waits, and never under the routes' lock (a slow answer, from a new client or a broker gone, is
+    /// kept for the next route). While the group rebalances or does not answer, the routes
+    /// it last gave stand: a node that no longer owns the partition answers so.
     async fn owner_of(&self, partition: i32) -> Option<String> {
         let api = &self.0;
         if api.owned.owns(partition) {
@@ -43,16 +46,19 @@ impl Handler {
         let mut routes = api.routes.lock().await;
         let known = (routes.owners.get(&partition)).filter(|owner| **owner != api.address);
         let fresh = routes.read_at.is_some_and(|at| at.elapsed() < ROUTES_FOR);
-        let asked = routes.asked_at.is_some_and(|at| at.elapsed() < ROUTES_FOR);
-        if (known.is_none() || !fresh) && !asked {
-            routes.asked_at = Some(Instant::now());
-            let group = crate::keeper::group_id(&api.config);
-            let topic = &api.config.kafka.updates_topic;
-            let read =
-                crate::log::membership::owners(&api.config.kafka, &group, topic, ROUTES_WAIT);
-            if let Ok(Ok(Some(read))) = tokio::time::timeout(ROUTES_WAIT * 2, read).await {
-                routes.read_at = Some(Instant::now());
-                routes.owners = read;
+        if known.is_none() || !fresh {
+            let mut asked = routes.asked.subscribe();
+            let recently = routes.asked_at.is_some_and(|at| at.elapsed() < ROUTES_FOR);
+            if !routes.asking && !recently {
+                (routes.asking, routes.asked_at) = (true, Some(Instant::now()));
+                tokio::spawn(read_routes(api.clone()));
+            }
+            // an ask waited for at most ROUTES_WAIT from its start, by every route
+            let left = (routes.asked_at).and_then(|at| ROUTES_WAIT.checked_sub(at.elapsed()));
+            if let (true, Some(left)) = (routes.asking, left) {
+                drop(routes);
+                let _ = tokio::time::timeout(left, asked.changed()).await;
+                routes = api.routes.lock().await;
             }
         }
         (routes.owners.get(&partition))
@@ -213,4 +219,20 @@ impl Handler {
             node,
         })
     }
+}
+
+/// Reads which node of the region owns which partition from the region's group, into
+/// `api.routes` (kept as they were if the group cannot be read or rebalances).
+async fn read_routes(api: std::sync::Arc<super::Api>) {
+    let group = crate::keeper::group_id(&api.config);
+    let (kafka, topic) = (&api.config.kafka, &api.config.kafka.updates_topic);
+    let wait = crate::log::METADATA_TIMEOUT;
+    let read = crate::log::membership::owners(kafka, &group, topic, wait).await;
+    let mut routes = api.routes.lock().await;
+    if let Ok(Some(read)) = read {
+        routes.read_at = Some(Instant::now());
+        routes.owners = read;
+    }
+    routes.asking = false;
+    routes.asked.send_modify(|n| *n += 1);
 }

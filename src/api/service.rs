@@ -93,7 +93,7 @@ impl State for Handler {
                 Err(e) => Err(e),
             },
             Ok(None) if req.leaseholder => self.read_at_holder(&req.key).await,
-            Ok(None) => self.read(&req.key, req.window.as_ref()),
+            Ok(None) => self.read(&req.key, req.window.as_ref(), true),
             Err(e) => Err(e),
         };
         observe("get", started, read).map(Response::new)

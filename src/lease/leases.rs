@@ -301,11 +301,14 @@ impl Leases {
         let mut off = false;
         let mut cut_off = false;
         let mut rounds = tokio::task::JoinSet::new();
+        // releases while cut off from Kafka: never given up with the rounds
+        let mut releases = tokio::task::JoinSet::new();
         // the leader known when a round's proposal failed
         let mut failed_under: Option<Option<u64>> = None;
         'rounds: loop {
             let next = tokio::time::Instant::now() + self.config.renew_every;
-            cut_off = self.follow_kafka(*kafka.borrow_and_update(), cut_off, &mut rounds);
+            let reachable = *kafka.borrow_and_update();
+            cut_off = self.follow_kafka(reachable, cut_off, &mut rounds, &mut releases);
             match self.clock.verdict() {
                 _ if cut_off => {}
                 Verdict::Within => {
@@ -364,32 +367,32 @@ impl Leases {
         }
         rounds.abort_all();
         probing.abort();
+        // a release on its way ends first (each is bounded by `duration`)
+        while releases.join_next().await.is_some() {}
         self.release_all().await;
     }
 
     /// Answers whether this region is cut off from its Kafka now (`reachable` false), having
-    /// been so before if `was`: the first time, gives up the rounds in flight (one
-    /// answered after the release would make it a holder again) and releases what it holds.
+    /// been so before if `was`. While it is: the first time, gives up the rounds in flight;
+    /// every time, releases what it holds (a round answered as it was given up may have
+    /// made it a holder again). The releases run on their own, never given up with the
+    /// rounds.
     fn follow_kafka(
         self: &Arc<Self>,
         reachable: bool,
         was: bool,
         rounds: &mut tokio::task::JoinSet<Option<Option<u64>>>,
+        releases: &mut tokio::task::JoinSet<()>,
     ) -> bool {
-        match (reachable, was) {
-            (false, false) => {
+        if !reachable {
+            if !was {
                 rounds.abort_all();
-                let me = self.clone();
-                rounds.spawn(async move {
-                    me.release_all().await;
-                    None
-                });
             }
-            (false, true) => self.relinquish_all(),
-            (true, true) => {
-                tracing::info!("this region's Kafka answers again; proposing lease commands");
-            }
-            (true, false) => {}
+            while releases.try_join_next().is_some() {}
+            let me = self.clone();
+            releases.spawn(async move { me.release_all().await });
+        } else if was {
+            tracing::info!("this region's Kafka answers again; proposing lease commands");
         }
         !reachable
     }
@@ -405,9 +408,9 @@ impl Leases {
         }
     }
 
-    /// On shutdown, or once this region's Kafka is unreachable: stops writing every shard
+    /// On shutdown, or while this region's Kafka is unreachable: stops writing every shard
     /// held here, then releases them in one entry, so other regions take them a clock
-    /// offset later instead of at expiry.
+    /// offset later instead of at expiry (nothing is proposed if none is held).
     async fn release_all(&self) {
         let now = self.mono_ms();
         let releases: Vec<Command> = {

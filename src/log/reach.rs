@@ -9,9 +9,11 @@
 //!  answered within down-after? ──► reachable: watch<bool> ──► lease manager, gauge
 //! ```
 //!
-//! A client that failed to answer is replaced by a new one: a broker that was frozen can
-//! first answer metadata listing no brokers, which can leave a librdkafka client unable to
-//! reconnect for good (see `tests/kafka_down.rs`).
+//! The client is kept while it answers (a new one first connects, with TLS and SASL where
+//! configured, which can take longer than one ask); one that has not answered for
+//! `down-after` is replaced: a broker that was frozen can first answer metadata listing no
+//! brokers, which can leave a librdkafka client unable to reconnect for good (see
+//! `tests/kafka_down.rs`).
 
 use std::time::{Duration, Instant};
 
@@ -38,10 +40,19 @@ pub async fn follow(
     metrics::gauge!(m::KAFKA_REACHABLE).set(1.0);
     let asking = tokio::task::spawn_blocking(move || {
         let mut answered = Instant::now();
-        let mut client = None;
+        // the client, and when it was made
+        let mut client: Option<(BaseConsumer, Instant)> = None;
         while !*stop.borrow() {
             let asked = Instant::now();
-            if ask(&mut client, &kafka, &topic) {
+            if client.as_ref().is_some_and(|(_, made)| {
+                made.elapsed() >= down_after && answered.elapsed() >= down_after
+            }) {
+                client = None;
+            }
+            if client.is_none() {
+                client = client_config(&kafka).create().ok().map(|c| (c, asked));
+            }
+            if client.as_ref().is_some_and(|(c, _)| answers(c, &topic)) {
                 answered = Instant::now();
             }
             let up = answered.elapsed() < down_after;
@@ -59,22 +70,14 @@ pub async fn follow(
     let _ = asking.await;
 }
 
-/// One ask with `client` (made first if there is none, dropped if it does not answer):
-/// whether Kafka named a leader for every partition of `topic` within [`ASK_EVERY`].
-fn ask(client: &mut Option<BaseConsumer>, kafka: &KafkaConfig, topic: &str) -> bool {
-    if client.is_none() {
-        *client = client_config(kafka).create().ok();
-    }
-    let led = client.as_ref().is_some_and(|c| {
-        c.fetch_metadata(Some(topic), ASK_EVERY)
-            .is_ok_and(|metadata| {
-                let topics = metadata.topics().iter().filter(|t| t.name() == topic);
-                let partitions: Vec<_> = topics.flat_map(|t| t.partitions()).collect();
-                !partitions.is_empty() && partitions.iter().all(|p| p.leader() >= 0)
-            })
-    });
-    if !led {
-        *client = None;
-    }
-    led
+/// Whether Kafka named a leader for every partition of `topic` to `client` within
+/// [`ASK_EVERY`].
+fn answers(client: &BaseConsumer, topic: &str) -> bool {
+    client
+        .fetch_metadata(Some(topic), ASK_EVERY)
+        .is_ok_and(|metadata| {
+            let topics = metadata.topics().iter().filter(|t| t.name() == topic);
+            let partitions: Vec<_> = topics.flat_map(|t| t.partitions()).collect();
+            !partitions.is_empty() && partitions.iter().all(|p| p.leader() >= 0)
+        })
 }

@@ -63,6 +63,15 @@ struct Left {
     at: Instant,
 }
 
+impl Left {
+    fn copy(&self) -> StaleCopy {
+        StaleCopy {
+            applied: self.handle.applied(),
+            age: self.at.elapsed(),
+        }
+    }
+}
+
 /// What a copy of a partition this node no longer owns holds: every record of the
 /// region's updates topic through `applied` that this node applied, and nothing this node
 /// applied for `age` (nor what another node may have applied since).
@@ -70,6 +79,18 @@ struct Left {
 pub struct StaleCopy {
     pub applied: Option<i64>,
     pub age: Duration,
+}
+
+/// What this node holds of a term of a partition ([`Partitions::holds`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Held {
+    /// It owns the partition in that term.
+    Owned,
+    /// It let that term go and keeps its copy.
+    Copy(StaleCopy),
+    /// Neither: the copy was forgotten (to be caught up, which may rebuild it) or the
+    /// partition was taken again since.
+    Gone,
 }
 
 /// Nothing owned yet: the keeper takes each partition.
@@ -131,12 +152,28 @@ impl Partitions {
     /// What this node's copy of `partition` holds, if it owned the partition and let it
     /// go, and has not changed the copy since (`None` while it owns it).
     pub fn copy_of(&self, partition: i32) -> Option<StaleCopy> {
-        let copies = self.copies();
-        let left = copies.get(&partition)?;
-        Some(StaleCopy {
-            applied: left.handle.applied(),
-            age: left.at.elapsed(),
-        })
+        self.copies().get(&partition).map(Left::copy)
+    }
+
+    /// The term of `partition` a read answers from: the one owned here, else the one whose
+    /// copy this node keeps. A read notes it before it reads the store and asks
+    /// [`Partitions::holds`] after: what it read is that term's only if the term is still
+    /// held (a copy is forgotten before anything rebuilds it).
+    pub fn term_of(&self, partition: i32) -> Option<Arc<PartitionHandle>> {
+        let copy = || self.copies().get(&partition).map(|l| l.handle.clone());
+        self.get(partition).or_else(copy)
+    }
+
+    /// What this node holds of `term` now.
+    pub fn holds(&self, term: &Arc<PartitionHandle>) -> Held {
+        let p = term.partition;
+        if self.get(p).is_some_and(|h| Arc::ptr_eq(&h, term)) {
+            return Held::Owned;
+        }
+        match self.copies().get(&p) {
+            Some(left) if Arc::ptr_eq(&left.handle, term) => Held::Copy(left.copy()),
+            _ => Held::Gone,
+        }
     }
 
     /// Stops answering reads from the copy of `partition`: it is about to be caught up
@@ -198,8 +235,8 @@ mod tests {
         assert!(Arc::ptr_eq(&partitions.get(0).unwrap(), &new));
     }
 
-    /// A partition let go leaves a copy read from until it is taken again or forgotten;
-    /// one never owned has none.
+    /// A partition let go leaves a copy read from until it is taken again or forgotten,
+    /// each term a copy of its own; one never owned has none.
     #[test]
     fn a_partition_let_go_leaves_its_copy_until_taken_again() {
         let partitions = Partitions::default();
@@ -210,8 +247,19 @@ mod tests {
         assert_eq!(partitions.copy_of(0).map(|c| c.applied), Some(Some(3)));
         assert_eq!(partitions.copy_of(1).map(|c| c.applied), Some(None));
         assert_eq!(partitions.copy_of(2), None, "never owned");
-        partitions.take(0, Some(3), 0);
+        let first = partitions.term_of(0).unwrap();
+        assert!(matches!(partitions.holds(&first), Held::Copy(_)));
+        let second = partitions.take(0, Some(3), 0);
         assert_eq!(partitions.copy_of(0), None, "taken again");
+        assert_eq!(
+            partitions.holds(&first),
+            Held::Gone,
+            "a read of the first copy must tell"
+        );
+        assert_eq!(partitions.holds(&second), Held::Owned);
+        partitions.let_go(&[0]);
+        assert!(matches!(partitions.holds(&second), Held::Copy(_)));
+        assert_eq!(partitions.holds(&first), Held::Gone);
         partitions.forget_copy(1);
         assert_eq!(partitions.copy_of(1), None, "forgotten");
     }
