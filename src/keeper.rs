@@ -195,7 +195,7 @@ impl Standby {
     /// the keeper takes `p` (it waits for the step in progress).
     async fn refresh(&self, p: i32) -> Result<(), BootstrapError> {
         let (config, hlc, store) = (&self.config, &self.hlc, &self.store);
-        let caught_up = bootstrap::catch_up(config, hlc, store, p).await?;
+        let caught_up = bootstrap::catch_up(config, hlc, store, p, &|| {}).await?;
         metrics::counter!(m::CATCH_UP_DELTAS, "by" => "standby")
             .increment(caught_up.recovered.deltas as u64);
         for remote in &config.replication.remotes {
@@ -230,7 +230,7 @@ pub async fn warm_copies(
 ) -> Result<(), BootstrapError> {
     let started = std::time::Instant::now();
     let mut warming = futures_util::stream::iter(partitions.iter().copied())
-        .map(|p| async move { (p, bootstrap::catch_up(config, hlc, store, p).await) })
+        .map(|p| async move { (p, bootstrap::catch_up(config, hlc, store, p, &|| {}).await) })
         .buffer_unordered(WARM_AT_ONCE);
     while let Some((partition, caught_up)) = warming.next().await {
         match caught_up.map_err(Retry::fatal) {
@@ -480,8 +480,6 @@ impl Keeper {
         mut stop: watch::Receiver<bool>,
     ) -> Result<Option<Ready>, KeeperError> {
         let started = std::time::Instant::now();
-        // the catch-up may discard the copy first: no read is answered from it from now on
-        self.partitions.forget_copy(partition);
         let fencing = retried(
             "starting its shipping producer",
             partition,
@@ -496,8 +494,11 @@ impl Keeper {
         };
         let topic = &self.config.kafka.updates_topic;
         let mut also_stop = stop.clone();
+        // reads go on from the copy while it catches up (merges only add to it), and stop
+        // before it is discarded
+        let discarding = || self.partitions.forget_copy(partition);
         let caught_up = retried("catching it up", partition, &mut stop, || {
-            bootstrap::catch_up(&self.config, &self.hlc, &self.store, partition)
+            bootstrap::catch_up(&self.config, &self.hlc, &self.store, partition, &discarding)
         });
         // what the previous owner may have applied and acknowledged: up to the end now
         let ends = retried("reading its end", partition, &mut also_stop, || {

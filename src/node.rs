@@ -317,7 +317,7 @@ impl Opened {
         let mut tasks = Tasks::default();
         // The lease group member and this region's leases run from here on, bootstrap or
         // not.
-        let (member, leases) = self.start_leases(&mut tasks, &stop_rx).await?;
+        let (member, leases) = self.start_leases(&mut tasks, &owned, &stop_rx).await?;
         self.learner_catches_up(member.as_ref()).await;
         crate::keeper::warm_copies(config, &self.hlc, store, partitions).await?;
         let freshness = Arc::new(Freshness::default());
@@ -540,6 +540,7 @@ impl Opened {
     async fn start_leases(
         &self,
         tasks: &mut Tasks,
+        owned: &Arc<Partitions>,
         stop: &watch::Receiver<bool>,
     ) -> Result<(Option<Member>, Option<Arc<Leases>>), NodeError> {
         let config = &self.config;
@@ -573,8 +574,11 @@ impl Opened {
             stop.clone(),
         );
         tasks.spawn("the Kafka reach probe", OnStop::Finish, returns(reach));
+        let (writable, can_write) = watch::channel(true);
+        let follow = follow_writable(kafka, owned.clone(), writable, stop.clone());
+        tasks.spawn("the writability follower", OnStop::Abort, returns(follow));
         let (mut joined, mut stopping) = (member.joined.clone(), stop.clone());
-        let run = leases.clone().run(stop.clone(), kafka);
+        let run = leases.clone().run(stop.clone(), can_write);
         let run = async move {
             // a learner holds no lease before the group lists it (`Member::joined`)
             let listed = tokio::select! {
@@ -842,6 +846,51 @@ fn all_caught_up(remotes: &[Arc<RemoteProgress>]) -> impl Future<Output = ()> + 
     async move {
         for mut done in receivers {
             let _ = done.wait_for(|&done| done).await;
+        }
+    }
+}
+
+/// How long after its Kafka answers again a node that owned partitions before waits to
+/// own as many again before its region takes leases again (the group may have given them
+/// to other nodes meanwhile).
+const REJOIN_AT_MOST: Duration = Duration::from_secs(30);
+
+/// Whether this region may hold leases, as this node sees it, into `writable`: its Kafka
+/// answers (`reachable`, `log::reach`), and after Kafka did not, this node owns again as
+/// many partitions as when Kafka stopped answering (its writes need them; taking its home
+/// shards back before would refuse their writes as moving), or [`REJOIN_AT_MOST`] passed.
+async fn follow_writable(
+    mut reachable: watch::Receiver<bool>,
+    partitions: Arc<Partitions>,
+    writable: watch::Sender<bool>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut owned = partitions.subscribe();
+    // the partitions owned as Kafka stopped answering; when to stop waiting for them again
+    let (mut before, mut until) = (0, None);
+    loop {
+        let up = *reachable.borrow_and_update();
+        let now = owned.borrow_and_update().len();
+        if !up {
+            if *writable.borrow() {
+                before = now;
+            }
+            until = None;
+            writable.send_if_modified(|w| std::mem::replace(w, false));
+        } else if !*writable.borrow() {
+            let deadline =
+                *until.get_or_insert_with(|| tokio::time::Instant::now() + REJOIN_AT_MOST);
+            if now >= before || tokio::time::Instant::now() >= deadline {
+                until = None;
+                writable.send_replace(true);
+            }
+        }
+        let waiting = until.unwrap_or_else(tokio::time::Instant::now);
+        tokio::select! {
+            () = stopped(&mut stop) => return,
+            changed = reachable.changed() => if changed.is_err() { return },
+            _ = owned.changed() => {}
+            () = tokio::time::sleep_until(waiting), if until.is_some() => {}
         }
     }
 }

@@ -91,7 +91,7 @@ pub async fn recover_own_past(
 ) -> Result<Recovered, BootstrapError> {
     let mut all = Recovered::default();
     for p in log::partitions(&config.kafka, &config.kafka.deltas_topic).await? {
-        let recovered = catch_up(config, hlc, store, p).await?.recovered;
+        let recovered = catch_up(config, hlc, store, p, &|| {}).await?.recovered;
         all.deltas += recovered.deltas;
         all.superseded += recovered.superseded;
         all.keys += recovered.keys;
@@ -123,12 +123,14 @@ pub struct CaughtUp {
 /// from the incarnation that wrote those entries (the same actor's entry only grows, over
 /// the same records): a round of another incarnation applied those records again under
 /// its own actor, and merging both would count them twice, so the copy is discarded and
-/// rebuilt from the deltas topic alone.
+/// rebuilt from the deltas topic alone; `discarding` is called first (reads answered from
+/// the copy must stop before it is rebuilt).
 pub async fn catch_up(
     config: &Arc<Config>,
     hlc: &Arc<Hlc>,
     store: &Arc<Store>,
     partition: i32,
+    discarding: &(dyn Fn() + Sync),
 ) -> Result<CaughtUp, BootstrapError> {
     // a writer of the copy that started before (an aborted shipper's last store writes)
     // finishes before anything of it is read
@@ -144,6 +146,7 @@ pub async fn catch_up(
                 partition,
                 "this node's copy of the partition holds increments it never shipped, and another node shipped the partition since: discarding the copy and rebuilding it from the deltas topic"
             );
+            discarding();
             // every key of the partition: off the async threads
             let (copy, writer) = (store.clone(), store.writer(partition).await);
             tokio::task::spawn_blocking(move || {
