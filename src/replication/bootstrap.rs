@@ -135,6 +135,18 @@ pub async fn catch_up(
     // a writer of the copy that started before (an aborted shipper's last store writes)
     // finishes before anything of it is read
     drop(store.writer(partition).await);
+    // a copy that will be discarded must not be read while another incarnation's rounds
+    // are merged into it (they count its unshipped records a second time): found out
+    // before merging anything
+    if store.outbox_len_in(&BTreeSet::from([partition])) > 0 {
+        let writer = store.outbox_writer(partition)?;
+        let region = &config.region;
+        let (_, shipped_by) =
+            committed_since(&config.kafka, region, store, partition, "catch-up").await?;
+        if shipped_by.iter().any(|&w| Some(w) != writer) {
+            discarding();
+        }
+    }
     let mut discarded = false;
     loop {
         let recovered = merge_own_topic(config, hlc, store, vec![partition]).await?;
@@ -276,13 +288,26 @@ pub async fn committed_resume(
     store: &Arc<Store>,
     partition: i32,
 ) -> Result<Option<ResumePoint>, BootstrapError> {
+    Ok(committed_since(kafka, region, store, partition, "shipper")
+        .await?
+        .0)
+}
+
+/// [`committed_resume`], and the incarnations that wrote those resume points.
+async fn committed_since(
+    kafka: &KafkaConfig,
+    region: &RegionId,
+    store: &Arc<Store>,
+    partition: i32,
+    role: &'static str,
+) -> Result<(Option<ResumePoint>, BTreeSet<u32>), BootstrapError> {
     let topic = kafka.deltas_topic.clone();
-    let mut reader = own_deltas(kafka, region, store, vec![partition], "shipper").await?;
+    let mut reader = own_deltas(kafka, region, store, vec![partition], role).await?;
     let (_running, mut never_stopped) = tokio::sync::watch::channel(false);
-    let mut resume = None;
+    let (mut resume, mut writers) = (None, BTreeSet::new());
     loop {
         let Some(batch) = reader.next_batch(BATCHING, &mut never_stopped).await else {
-            return Ok(resume);
+            return Ok((resume, writers));
         };
         if let Some(source) = batch.failed {
             return Err(BootstrapError::Read { topic, source });
@@ -292,11 +317,12 @@ pub async fn committed_resume(
                 && let Ok(point) =
                     ResumePoint::decode(record.payload.as_deref().unwrap_or_default())
             {
+                writers.insert(point.incarnation);
                 ResumePoint::absorb_into(&mut resume, point);
             }
         }
         if batch.at_end.iter().any(|(p, _)| *p == partition) {
-            return Ok(resume);
+            return Ok((resume, writers));
         }
     }
 }
