@@ -121,6 +121,8 @@ pub struct RouteTable {
     pub asked_at: Option<Instant>,
     /// Whether an ask is on its way (one at a time).
     pub asking: bool,
+    /// Whether the last ask was answered (the region's Kafka answers group reads).
+    pub answered: bool,
     /// Counts the asks that ended, answered or not (routes wait on it).
     pub asked: tokio::sync::watch::Sender<u64>,
     pub owners: BTreeMap<i32, String>,
@@ -132,6 +134,7 @@ impl Default for RouteTable {
             read_at: None,
             asked_at: None,
             asking: false,
+            answered: true,
             asked: tokio::sync::watch::Sender::new(0),
             owners: BTreeMap::new(),
         }

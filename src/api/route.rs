@@ -18,9 +18,10 @@ use crate::pb;
 /// How long a read of the region's group (which node owns which partition) is used, and
 /// how often the group is asked at most.
 const ROUTES_FOR: Duration = Duration::from_secs(1);
-/// How long a request waits for the group's answer (the ask goes on without it, and its
-/// answer is kept): a region whose Kafka is down answers none, and the routes last read
-/// stand meanwhile.
+/// How long a request waits for the group's answer once the last ask went unanswered (the
+/// ask goes on without it, and its answer is kept): a region whose Kafka is down answers
+/// none, and the routes last read stand meanwhile. While asks are answered, a request
+/// waits for the answer, however long Kafka takes.
 const ROUTES_WAIT: Duration = Duration::from_millis(500);
 
 impl Handler {
@@ -34,8 +35,9 @@ impl Handler {
     /// from the region's group. The group is asked when the routes are older than
     /// [`ROUTES_FOR`], name no owner or this node, or a routed request was answered
     /// `UNAVAILABLE`: one ask at a time, on a task of its own, at most every
-    /// [`ROUTES_FOR`] (sooner after `UNAVAILABLE`), waited for at most [`ROUTES_WAIT`] from
-    /// its start, whoever waits, and never under the routes' lock (a slow answer, from a new client or a broker gone, is
+    /// [`ROUTES_FOR`] (sooner after `UNAVAILABLE`), waited for until it ends (after one
+    /// went unanswered, at most [`ROUTES_WAIT`] from its start), never under the routes'
+    /// lock (a slow answer, from a new client or a broker gone, is
     /// kept for the next route). While the group rebalances or does not answer, the routes
     /// it last gave stand: a node that no longer owns the partition answers so.
     async fn owner_of(&self, partition: i32) -> Option<String> {
@@ -53,8 +55,13 @@ impl Handler {
                 (routes.asking, routes.asked_at) = (true, Some(Instant::now()));
                 tokio::spawn(read_routes(api.clone()));
             }
-            // an ask waited for at most ROUTES_WAIT from its start, by every route
-            let left = (routes.asked_at).and_then(|at| ROUTES_WAIT.checked_sub(at.elapsed()));
+            // an ask waited for until it ends, or at most ROUTES_WAIT from its start after
+            // one went unanswered
+            let wait = match routes.answered {
+                true => crate::log::METADATA_TIMEOUT + ROUTES_WAIT,
+                false => ROUTES_WAIT,
+            };
+            let left = (routes.asked_at).and_then(|at| wait.checked_sub(at.elapsed()));
             if let (true, Some(left)) = (routes.asking, left) {
                 drop(routes);
                 let _ = tokio::time::timeout(left, asked.changed()).await;
@@ -117,6 +124,11 @@ impl Handler {
                 if status.code() == tonic::Code::Unavailable {
                     let mut routes = self.0.routes.lock().await;
                     (routes.read_at, routes.asked_at) = (None, None);
+                    // a node that cannot be reached (its connection failed: gone) owns
+                    // nothing until the group names it again
+                    if std::error::Error::source(&status).is_some() {
+                        routes.owners.retain(|_, owner| *owner != node);
+                    }
                 }
                 Err(ApiError::Routed { node, status })
             }
@@ -229,6 +241,7 @@ async fn read_routes(api: std::sync::Arc<super::Api>) {
     let wait = crate::log::METADATA_TIMEOUT;
     let read = crate::log::membership::owners(kafka, &group, topic, wait).await;
     let mut routes = api.routes.lock().await;
+    routes.answered = read.is_ok();
     if let Ok(Some(read)) = read {
         routes.read_at = Some(Instant::now());
         routes.owners = read;
