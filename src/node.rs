@@ -317,7 +317,7 @@ impl Opened {
         let mut tasks = Tasks::default();
         // The lease group member and this region's leases run from here on, bootstrap or
         // not.
-        let (member, leases) = self.start_leases(&mut tasks, &owned, &stop_rx).await?;
+        let (member, leases, kafka) = self.start_leases(&mut tasks, &owned, &stop_rx).await?;
         self.learner_catches_up(member.as_ref()).await;
         crate::keeper::warm_copies(config, &self.hlc, store, partitions).await?;
         let freshness = Arc::new(Freshness::default());
@@ -366,6 +366,7 @@ impl Opened {
             checkpoint_status,
             objects: self.objects.clone(),
             leases,
+            kafka,
             peers: Channels::new(tls.clone()),
             guard: Guard::new(policy),
             tls,
@@ -542,10 +543,17 @@ impl Opened {
         tasks: &mut Tasks,
         owned: &Arc<Partitions>,
         stop: &watch::Receiver<bool>,
-    ) -> Result<(Option<Member>, Option<Arc<Leases>>), NodeError> {
+    ) -> Result<
+        (
+            Option<Member>,
+            Option<Arc<Leases>>,
+            Option<watch::Receiver<bool>>,
+        ),
+        NodeError,
+    > {
         let config = &self.config;
         let Some(lease) = &config.lease else {
-            return Ok((None, None));
+            return Ok((None, None, None));
         };
         let member = Member::start(
             lease,
@@ -575,7 +583,7 @@ impl Opened {
         );
         tasks.spawn("the Kafka reach probe", OnStop::Finish, returns(reach));
         let (writable, can_write) = watch::channel(true);
-        let follow = follow_writable(kafka, owned.clone(), writable, stop.clone());
+        let follow = follow_writable(kafka.clone(), owned.clone(), writable, stop.clone());
         tasks.spawn("the writability follower", OnStop::Abort, returns(follow));
         let (mut joined, mut stopping) = (member.joined.clone(), stop.clone());
         let run = leases.clone().run(stop.clone(), can_write);
@@ -592,7 +600,7 @@ impl Opened {
         // it finishes by releasing what it holds, through the member (stopped after it)
         tasks.spawn("the lease manager", OnStop::Finish, returns(run));
         tracing::info!(member = lease.member_id, learner = lease.learner, listen = %lease.listen, shards = lease.all_shards().end, "lease group member started");
-        Ok((Some(member), Some(leases)))
+        Ok((Some(member), Some(leases), Some(kafka)))
     }
 
     /// One merger per remote region, feeding `freshness`.

@@ -77,6 +77,9 @@ pub struct Api {
     pub objects: checkpoint::objects::Objects,
     /// This region's leases on owned shards (`None`: no `[lease]` section).
     pub leases: Option<Arc<Leases>>,
+    /// Whether the region's Kafka answers (`log::reach`; `None`: not followed, without a
+    /// `[lease]` section): while it does not, a route waits for the group briefly.
+    pub kafka: Option<tokio::sync::watch::Receiver<bool>>,
     /// Connections to other regions' APIs, for forwarded owned writes.
     pub peers: Channels,
     /// Per other region, which of its entry addresses answered last.
@@ -121,8 +124,6 @@ pub struct RouteTable {
     pub asked_at: Option<Instant>,
     /// Whether an ask is on its way (one at a time).
     pub asking: bool,
-    /// Whether the last ask was answered (the region's Kafka answers group reads).
-    pub answered: bool,
     /// Counts the asks that ended, answered or not (routes wait on it).
     pub asked: tokio::sync::watch::Sender<u64>,
     pub owners: BTreeMap<i32, String>,
@@ -134,7 +135,6 @@ impl Default for RouteTable {
             read_at: None,
             asked_at: None,
             asking: false,
-            answered: true,
             asked: tokio::sync::watch::Sender::new(0),
             owners: BTreeMap::new(),
         }

@@ -18,10 +18,10 @@ use crate::pb;
 /// How long a read of the region's group (which node owns which partition) is used, and
 /// how often the group is asked at most.
 const ROUTES_FOR: Duration = Duration::from_secs(1);
-/// How long a request waits for the group's answer once the last ask went unanswered (the
-/// ask goes on without it, and its answer is kept): a region whose Kafka is down answers
-/// none, and the routes last read stand meanwhile. While asks are answered, a request
-/// waits for the answer, however long Kafka takes.
+/// How long a request waits for the group's answer while the region's Kafka does not
+/// answer (`log::reach`; the ask goes on without it, and its answer is kept): the routes
+/// last read stand meanwhile. Otherwise a request waits for the answer, however long
+/// Kafka takes.
 const ROUTES_WAIT: Duration = Duration::from_millis(500);
 
 impl Handler {
@@ -35,9 +35,9 @@ impl Handler {
     /// from the region's group. The group is asked when the routes are older than
     /// [`ROUTES_FOR`], name no owner or this node, or a routed request was answered
     /// `UNAVAILABLE`: one ask at a time, on a task of its own, at most every
-    /// [`ROUTES_FOR`] (sooner after `UNAVAILABLE`), waited for until it ends (after one
-    /// went unanswered, at most [`ROUTES_WAIT`] from its start), never under the routes'
-    /// lock (a slow answer, from a new client or a broker gone, is
+    /// [`ROUTES_FOR`] (sooner after `UNAVAILABLE`), waited for until it ends (while the
+    /// region's Kafka does not answer, at most [`ROUTES_WAIT`] from its start), never under
+    /// the routes' lock (a slow answer, from a new client or a broker gone, is
     /// kept for the next route). While the group rebalances or does not answer, the routes
     /// it last gave stand: a node that no longer owns the partition answers so.
     async fn owner_of(&self, partition: i32) -> Option<String> {
@@ -55,11 +55,12 @@ impl Handler {
                 (routes.asking, routes.asked_at) = (true, Some(Instant::now()));
                 tokio::spawn(read_routes(api.clone()));
             }
-            // an ask waited for until it ends, or at most ROUTES_WAIT from its start after
-            // one went unanswered
-            let wait = match routes.answered {
-                true => crate::log::METADATA_TIMEOUT + ROUTES_WAIT,
-                false => ROUTES_WAIT,
+            // an ask waited for until it ends, or at most ROUTES_WAIT from its start while
+            // the region's Kafka does not answer
+            let down = (api.kafka.as_ref()).is_some_and(|reachable| !*reachable.borrow());
+            let wait = match down {
+                false => crate::log::METADATA_TIMEOUT + ROUTES_WAIT,
+                true => ROUTES_WAIT,
             };
             let left = (routes.asked_at).and_then(|at| wait.checked_sub(at.elapsed()));
             if let (true, Some(left)) = (routes.asking, left) {
@@ -241,7 +242,6 @@ async fn read_routes(api: std::sync::Arc<super::Api>) {
     let wait = crate::log::METADATA_TIMEOUT;
     let read = crate::log::membership::owners(kafka, &group, topic, wait).await;
     let mut routes = api.routes.lock().await;
-    routes.answered = read.is_ok();
     if let Ok(Some(read)) = read {
         routes.read_at = Some(Instant::now());
         routes.owners = read;
