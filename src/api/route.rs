@@ -32,12 +32,11 @@ impl Handler {
     }
 
     /// The node of this region owning `partition`: this one (`None`), or another's address
-    /// from the region's group. The group is asked when the routes are older than
-    /// [`ROUTES_FOR`], name no owner or this node, or a routed request was answered
-    /// `UNAVAILABLE`: one ask at a time, on a task of its own, at most every
-    /// [`ROUTES_FOR`] (sooner after `UNAVAILABLE`), waited for until it ends (while the
-    /// region's Kafka does not answer, at most [`ROUTES_WAIT`] from its start), never under
-    /// the routes' lock (a slow answer, from a new client or a broker gone, is
+    /// from the region's group. The group is asked when the routes name no owner or this
+    /// node, or a routed request was answered `UNAVAILABLE`, and refreshed when they are
+    /// older than [`ROUTES_FOR`] (at most that often): one ask at a time, on a task of its
+    /// own, never under the routes' lock, waited for until it ends (while the region's
+    /// Kafka does not answer, at most [`ROUTES_WAIT`] from its start; a later answer is
     /// kept for the next route). While the group rebalances or does not answer, the routes
     /// it last gave stand: a node that no longer owns the partition answers so.
     async fn owner_of(&self, partition: i32) -> Option<String> {
@@ -46,12 +45,13 @@ impl Handler {
             return None;
         }
         let mut routes = api.routes.lock().await;
-        let known = (routes.owners.get(&partition)).filter(|owner| **owner != api.address);
+        let known = owner_in(&routes, partition, api).is_some();
         let fresh = routes.read_at.is_some_and(|at| at.elapsed() < ROUTES_FOR);
-        if known.is_none() || !fresh {
+        if !known || !fresh {
             let mut asked = routes.asked.subscribe();
+            // known routes are refreshed at most every ROUTES_FOR; none known, at once
             let recently = routes.asked_at.is_some_and(|at| at.elapsed() < ROUTES_FOR);
-            if !routes.asking && !recently {
+            if !routes.asking && (!known || !recently) {
                 (routes.asking, routes.asked_at) = (true, Some(Instant::now()));
                 tokio::spawn(read_routes(api.clone()));
             }
@@ -69,9 +69,7 @@ impl Handler {
                 routes = api.routes.lock().await;
             }
         }
-        (routes.owners.get(&partition))
-            .filter(|owner| **owner != api.address)
-            .cloned()
+        owner_in(&routes, partition, api)
     }
 
     /// Where a request for `key` is answered: here (`Ok(None)`), or at the address of the
@@ -232,6 +230,15 @@ impl Handler {
             node,
         })
     }
+}
+
+/// The other node `routes` name as the owner of `partition`, unless this node owned it
+/// since they were read (its copy was let go after: they are older than that).
+fn owner_in(routes: &super::RouteTable, partition: i32, api: &super::Api) -> Option<String> {
+    let owner = routes.owners.get(&partition)?;
+    let read_before_owned = |age| routes.read_at.is_none_or(|at| at.elapsed() > age);
+    let stale = (api.owned.copy_of(partition)).is_some_and(|c| read_before_owned(c.age));
+    (*owner != api.address && !stale).then(|| owner.clone())
 }
 
 /// Reads which node of the region owns which partition from the region's group, into
