@@ -392,7 +392,9 @@ impl Leases {
             let me = self.clone();
             releases.spawn(async move { me.release_all().await });
         } else if was {
-            tracing::info!("this region's Kafka answers again; proposing lease commands");
+            tracing::info!(
+                "this region can write again (its Kafka answers, this node owns its partitions): proposing lease commands"
+            );
         }
         !reachable
     }
